@@ -1,0 +1,131 @@
+"""Token log-probabilities under the sampling distribution, and the clipped policy-gradient loss.
+
+The training log-prob of a token must be the log-prob it had when it was sampled: the same
+temperature and the same top-k / top-p truncation (renormalised over the kept tokens). Both the
+generator and the learner call :func:`process_logits`, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """fp32 logits of the sampling distribution: divided by temperature, truncated to -inf.
+
+    The truncation mask is computed without gradient; the kept logits keep theirs.
+    """
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k and top_k < logits.size(-1):
+        with torch.no_grad():
+            kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+            drop = logits < kth
+        logits = logits.masked_fill(drop, float("-inf"))
+    if top_p < 1.0:
+        with torch.no_grad():
+            sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            # drop a token when the mass strictly before it already reaches top_p (the first always stays)
+            before = probs.cumsum(-1) - probs
+            drop_sorted = before >= top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop)."""
+    logz = torch.logsumexp(processed_logits, dim=-1)
+    picked = processed_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - logz
+
+
+def entropy_from_logits(processed_logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position (no gradient)."""
+    with torch.no_grad():
+        logp = torch.log_softmax(processed_logits, dim=-1)
+        p = logp.exp()
+        return -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
+
+
+@dataclass
+class LossTotals:
+    """Batch-wide normalisers, so micro-batches accumulate to the loss of the whole batch."""
+
+    num_tokens: int
+    num_seqs: int
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate from sampled tokens: k1 = log ratio, k3 = e^-x + x - 1."""
+    log_ratio = logp - ref_logp
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    totals: LossTotals,
+    *,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    agg: str = "token_mean",
+    kl_coef: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+    kl_estimator: str = "k3",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped-ratio surrogate (PPO/GRPO) of one micro-batch, normalised by batch-wide totals.
+
+    Args:
+        logp, old_logp, mask: (b, T) current and sampling log-probs and the completion mask.
+        advantages: (b,) one advantage per sequence.
+        totals: token and sequence counts of the whole batch being accumulated.
+        agg: ``token_mean`` (sum over all tokens / all tokens), ``seq_mean_token_mean`` (mean over
+            sequences of each sequence's token mean) or ``seq_sum`` (sum over a sequence's tokens,
+            mean over sequences).
+    Returns:
+        The loss contribution of this micro-batch and unnormalised statistic sums (divide by
+        ``totals.num_tokens`` to average).
+    """
+    mask = mask.to(logp.dtype)
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = torch.exp(logp - old_logp)
+    adv = advantages.unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - epsilon, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl = None
+    if kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        per_token = per_token + kl_coef * kl
+    if agg == "token_mean":
+        loss = (per_token * mask).sum() / totals.num_tokens
+    elif agg == "seq_mean_token_mean":
+        lengths = mask.sum(-1).clamp(min=1)
+        loss = ((per_token * mask).sum(-1) / lengths).sum() / totals.num_seqs
+    elif agg == "seq_sum":
+        loss = (per_token * mask).sum() / totals.num_seqs
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}")
+    with torch.no_grad():
+        stats = {
+            "pg": (-torch.minimum(unclipped, clipped) * mask).sum(),
+            "clip_frac": (((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0)))
+            .to(mask.dtype).mul(mask).sum(),
+            "ratio": (ratio * mask).sum(),
+        }
+        if kl is not None:
+            stats["kl"] = (kl * mask).sum()
+    return loss, stats

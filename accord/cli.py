@@ -1,0 +1,88 @@
+"""Command line: ``accord train | report | envs``.
+
+    accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
+    accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
+    accord train --resume runs/writing-tldr [run.steps=30]
+    accord report runs/writing-tldr
+    accord envs
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from accord.config import ConfigError, describe, load_config
+
+logger = logging.getLogger("accord")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from accord.trainer import train
+
+    positional = list(args.args)
+    config_path = None
+    if positional and "=" not in positional[0]:
+        config_path = positional.pop(0)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if config_path is not None:
+            raise ConfigError("--resume takes its config from RUN_DIR/config.yaml; pass only key=value overrides")
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"{run_dir} has no config.yaml; --resume needs the directory of an earlier run")
+        cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
+    else:
+        cfg = load_config(config_path, positional)
+    run_dir = train(cfg, resume=bool(args.resume))
+    logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from accord.report import write_report
+
+    path = write_report(args.run_dir)
+    sys.stdout.write(f"{path}\n")
+    return 0
+
+
+def _envs(args: argparse.Namespace) -> int:
+    from accord.envs import TASKS
+
+    for name, (_, description) in sorted(TASKS.items()):
+        sys.stdout.write(f"{name:12s} {description}\n")
+    return 0
+
+
+def _config_help() -> str:
+    return "\n".join(f"  {key} (default {default!r}): {text}" for key, default, text in describe())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accord", description="Multi-agent RL for cooperating LLM agents.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train agents", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="config keys:\n" + _config_help())
+    p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.set_defaults(func=_train)
+    p = sub.add_parser("report", help="plots and a markdown summary of a run")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_report)
+    p = sub.add_parser("envs", help="list the tasks")
+    p.set_defaults(func=_envs)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as err:
+        logger.error("%s", err)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,459 @@
+"""Configuration: one dataclass per section, built from YAML plus dotted ``key=value`` overrides.
+
+Every field carries help text in ``metadata["help"]``; invariants are checked when the config is
+built (``__post_init__`` of each section and :meth:`Config.validate` for the cross-section ones)
+and every error names the key and how to fix it.
+
+    cfg = load_config("examples/tiny.yaml", ["rollout.batch_size=8", "policies.main.lr=1e-4"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or inconsistent. The message says how to fix it."""
+
+
+def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = dataclasses.MISSING):
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{section}.{name}={value!r} is not valid; choose one of {list(choices)}")
+
+
+def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
+    if value < minimum:
+        raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
+
+
+@dataclass
+class RunConfig:
+    name: str = _f("writing-tldr", "Run name, used for the run directory under output_dir.")
+    output_dir: str = _f("runs", "Parent directory of run directories.")
+    run_dir: str | None = _f(None, "Exact run directory; default output_dir/name.")
+    seed: int = _f(0, "One seed drives model init, data order, sampling and dropout.")
+    steps: int = _f(12, "Number of training steps (one rollout batch and its updates per step).")
+    threads: int | None = _f(None, "torch.set_num_threads; None leaves torch's default.")
+    checkpoint_every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = _f(2, "How many most-recent checkpoints to keep (>= 1).")
+    eval_every: int = _f(0, "Evaluate on held-out tasks every N steps (0: only before and after).")
+    eval_before: bool = _f(True, "Evaluate before the first step (step 0).")
+    eval_after: bool = _f(True, "Evaluate after the last step.")
+
+    def __post_init__(self) -> None:
+        _positive("run", "steps", self.steps)
+        _positive("run", "keep_checkpoints", self.keep_checkpoints)
+        _positive("run", "checkpoint_every", self.checkpoint_every, 0)
+        _positive("run", "eval_every", self.eval_every, 0)
+        if self.threads is not None:
+            _positive("run", "threads", self.threads)
+
+
+@dataclass
+class PolicyConfig:
+    model: str = _f(
+        "smollm2-135m",
+        "Model: 'smollm2-135m' (bundled), 'tiny-qwen2' / 'tiny-llama' (random test models), "
+        "a local directory, or a Hugging Face hub id.",
+    )
+    model_kwargs: dict = _f(help="Options of tiny models (hidden_size, num_layers, vocab_size, ...).", factory=dict)
+    lr: float | None = _f(None, "Learning rate of this policy; None uses training.lr.")
+
+
+@dataclass
+class AgentConfig:
+    name: str = _f(dataclasses.MISSING, "Agent (role) name; must be one of the task's agents.")
+    policy: str = _f("main", "Name of the policy (under `policies`) that acts for this agent.")
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("writing", "Task name (see `accord envs`).")
+    options: dict = _f(help="Task-specific options, e.g. {variant: tldr, source: auto}.", factory=dict)
+    train_size: int | None = _f(None, "Use at most this many training instances (None: all).")
+    eval_size: int = _f(16, "Number of held-out instances to evaluate on.")
+
+    def __post_init__(self) -> None:
+        _positive("task", "eval_size", self.eval_size, 0)
+
+
+ADVANTAGES = ("mean", "rloo", "max", "raw")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = _f("magrpo", "Algorithm: 'magrpo'.")
+    num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2).")
+    joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
+    advantage: str = _f("mean", f"Baseline of the group-relative advantage: {list(ADVANTAGES)}.")
+    normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
+    epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
+    epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
+    ppo_epochs: int = _f(1, "Passes over each rollout batch.")
+    loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
+    kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
+    kl_estimator: str = _f("k3", "KL estimator: 'k1' (log ratio) or 'k3' (unbiased, non-negative).")
+    max_cross_joint: int = _f(4096, "Refuse cross mode when K^N joint actions per instance exceed this.")
+
+    def __post_init__(self) -> None:
+        _choice("algorithm", "name", self.name, ("magrpo",))
+        if self.num_generations < 2:
+            raise ConfigError(
+                f"algorithm.num_generations={self.num_generations}: group-relative advantages need K >= 2 "
+                "samples per group; set algorithm.num_generations=4 (the papers' default)"
+            )
+        _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
+        _choice("algorithm", "advantage", self.advantage, ADVANTAGES)
+        _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
+        _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _positive("algorithm", "ppo_epochs", self.ppo_epochs)
+        if not 0 < self.epsilon < 1:
+            raise ConfigError(f"algorithm.epsilon={self.epsilon} must be in (0, 1); 0.2 is the usual value")
+        if self.epsilon_high is not None and self.epsilon_high <= 0:
+            raise ConfigError(f"algorithm.epsilon_high={self.epsilon_high} must be > 0 (or null to use epsilon)")
+        if self.kl_coef < 0:
+            raise ConfigError(f"algorithm.kl_coef={self.kl_coef} must be >= 0")
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = _f(4, "B: task instances per training step.")
+    max_new_tokens: int = _f(96, "Completion length cap in tokens.")
+    max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens; a longer prompt is an error.")
+    temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
+    top_p: float = _f(1.0, "Nucleus sampling; training log-probs renormalise over the same nucleus.")
+    top_k: int = _f(0, "Top-k sampling (0: off); training log-probs renormalise over the same k tokens.")
+    generation_batch_size: int = _f(64, "Most sequences in one generate call (larger batches are chunked).")
+    eval_temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")
+
+    def __post_init__(self) -> None:
+        _positive("rollout", "batch_size", self.batch_size)
+        _positive("rollout", "max_new_tokens", self.max_new_tokens)
+        _positive("rollout", "max_prompt_tokens", self.max_prompt_tokens)
+        _positive("rollout", "generation_batch_size", self.generation_batch_size)
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"rollout.temperature={self.temperature} must be > 0 for training (sampling log-probs are "
+                "needed); use rollout.eval_temperature=0 for greedy evaluation"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
+        _positive("rollout", "top_k", self.top_k, 0)
+        _positive("rollout", "eval_temperature", self.eval_temperature, 0)
+
+
+@dataclass
+class TrainingConfig:
+    lr: float = _f(2e-5, "AdamW learning rate (per-policy `lr` overrides it).")
+    betas: tuple = _f((0.9, 0.999), "AdamW betas.")
+    weight_decay: float = _f(0.0, "AdamW decoupled weight decay.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    warmup_steps: int = _f(0, "Linear warm-up optimizer steps.")
+    schedule: str = _f("constant", "LR schedule after warm-up: constant, linear or cosine (to 0 at the end).")
+    max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
+    micro_batch_size: int = _f(8, "Sequences per forward/backward in the update (gradient accumulation).")
+    num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
+    bf16: bool = _f(False, "bf16 autocast for forward/backward over fp32 master weights.")
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"training.lr={self.lr} must be > 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"training.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+        self.betas = tuple(float(b) for b in self.betas)
+        _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
+        _positive("training", "warmup_steps", self.warmup_steps, 0)
+        _positive("training", "micro_batch_size", self.micro_batch_size)
+        _positive("training", "num_mini_batches", self.num_mini_batches)
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ConfigError(f"training.max_grad_norm={self.max_grad_norm} must be > 0 (or null: no clipping)")
+
+
+@dataclass
+class LoggingConfig:
+    console: bool = _f(True, "Progress bar with step, ETA and reward.")
+    tensorboard: bool = _f(True, "TensorBoard events under RUN_DIR/tb.")
+    completions_every: int = _f(1, "Write the completions table every N steps (0: never).")
+
+    def __post_init__(self) -> None:
+        _positive("logging", "completions_every", self.completions_every, 0)
+
+
+def _default_policies() -> dict:
+    return {"main": PolicyConfig()}
+
+
+@dataclass
+class Config:
+    run: RunConfig = _f(help="Run identity, length, seed, checkpoints.", factory=RunConfig)
+    specialization: str = _f("shared", "'shared': one model for all agents; 'separate': one model per policy.")
+    policies: dict = _f(help="Policy name -> PolicyConfig.", factory=_default_policies)
+    agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents on 'main'.", factory=list)
+    task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
+    algorithm: AlgorithmConfig = _f(help="Algorithm and loss.", factory=AlgorithmConfig)
+    rollout: RolloutConfig = _f(help="Sampling.", factory=RolloutConfig)
+    training: TrainingConfig = _f(help="Optimizer and update.", factory=TrainingConfig)
+    logging: LoggingConfig = _f(help="Sinks.", factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        _choice("", "specialization", self.specialization, ("shared", "separate"))
+        if not self.policies:
+            raise ConfigError("policies is empty; define at least one, e.g. policies: {main: {model: tiny-qwen2}}")
+        names = [a.name for a in self.agents]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"agents: duplicate agent names {sorted(dup)}; each agent needs a unique name")
+        for a in self.agents:
+            if a.policy not in self.policies:
+                raise ConfigError(
+                    f"agent {a.name!r} uses policy {a.policy!r}, which is not defined; defined policies: "
+                    f"{sorted(self.policies)}. Add policies.{a.policy}.model=... or set the agent's policy"
+                )
+        if self.agents:
+            used = {a.policy for a in self.agents}
+            unused = sorted(set(self.policies) - used)
+            if unused:
+                raise ConfigError(f"policies {unused} are used by no agent; remove them or assign them to an agent")
+            if self.specialization == "shared" and len(used) > 1:
+                raise ConfigError(
+                    f"specialization=shared trains one model, but agents use policies {sorted(used)}; "
+                    "map every agent to one policy or set specialization=separate"
+                )
+
+    def resolve_agents(self, task_agents: tuple[str, ...]) -> None:
+        """Fill or check ``agents`` against the task's agent names (called once the task is known)."""
+        if not self.agents:
+            if self.specialization == "shared":
+                (policy,) = self.policies if len(self.policies) == 1 else ("main",)
+                if policy not in self.policies:
+                    raise ConfigError(
+                        f"agents are not listed and policies {sorted(self.policies)} has no 'main'; list agents "
+                        "with their policy, or keep one policy"
+                    )
+                self.agents = [AgentConfig(name=n, policy=policy) for n in task_agents]
+            else:
+                base = next(iter(self.policies.values()))
+                self.policies = {n: self.policies.get(n, dataclasses.replace(base)) for n in task_agents}
+                self.agents = [AgentConfig(name=n, policy=n) for n in task_agents]
+            return
+        names = [a.name for a in self.agents]
+        if sorted(names) != sorted(task_agents):
+            raise ConfigError(
+                f"agents {names} do not match the agents of task {self.task.name!r}: {list(task_agents)}; "
+                "list exactly the task's agents (or leave `agents` empty to use them all)"
+            )
+        order = {n: i for i, n in enumerate(task_agents)}
+        self.agents.sort(key=lambda a: order[a.name])
+
+    def validate_sizes(self, num_agents_per_policy: dict[str, int]) -> None:
+        """Check that each policy's samples split evenly into mini-batches."""
+        k = self.algorithm.num_generations
+        for policy, n_agents in num_agents_per_policy.items():
+            n = self.rollout.batch_size * k * n_agents
+            if n % self.training.num_mini_batches:
+                raise ConfigError(
+                    f"policy {policy!r} gets {n} samples per step (batch_size {self.rollout.batch_size} x K {k} x "
+                    f"{n_agents} agents), not divisible by training.num_mini_batches={self.training.num_mini_batches}; "
+                    "choose a divisor"
+                )
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.run_dir) if self.run.run_dir else Path(self.run.output_dir) / self.run.name
+
+    def to_dict(self) -> dict:
+        return _to_plain(self)
+
+
+# --- building from plain data -------------------------------------------------------------
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+_NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
+
+
+def _unknown_key(path: str, key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
+    where = path or "the top level"
+    return ConfigError(f"unknown config key {(path + '.' if path else '') + key!r}; {hint}valid keys at {where}: {valid}")
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    """Coerce a YAML/CLI value to the annotated type, or raise a ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(path, value, inner[0])
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif tp in (dict, list, tuple) or origin in (dict, list, tuple):
+        base = origin or tp
+        if isinstance(value, (list, tuple)) and base in (list, tuple):
+            return base(value)
+        if isinstance(value, dict) and base is dict:
+            return value
+    else:
+        return value
+    raise ConfigError(f"{path}={value!r} is not a valid {getattr(tp, '__name__', tp)}")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} must be a mapping of keys to values, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key(path, str(key), list(fields))
+        sub = f"{path}.{key}" if path else key
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub)
+        elif key in _NESTED and cls is Config:
+            item = _NESTED[key]
+            if key == "policies":
+                if not isinstance(value, dict):
+                    raise ConfigError("policies must be a mapping name -> {model: ...}")
+                kwargs[key] = {str(k): _build(item, v, f"policies.{k}") for k, v in value.items()}
+            else:
+                if not isinstance(value, list):
+                    raise ConfigError("agents must be a list of {name: ..., policy: ...}")
+                kwargs[key] = [_build(item, v, f"agents.{i}") for i, v in enumerate(value)]
+        else:
+            kwargs[key] = _coerce(sub, value, tp)
+    missing = [f.name for f in fields.values() if f.name not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}")
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict) -> Config:
+    """Build and validate a :class:`Config` from nested plain data."""
+    return _build(Config, data, "")
+
+
+def apply_override(data: dict, dotted: str) -> None:
+    """Apply one ``a.b.c=value`` override to nested plain data (value parsed as YAML)."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like key.sub=value, e.g. rollout.batch_size=8")
+    key, raw = dotted.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    parts = key.strip().split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        prefix = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, prefix)]
+            continue
+        if part not in node or node[part] is None:
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, key)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items")
+    return int(part)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
+        loaded = yaml.safe_load(p.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p} must hold a YAML mapping at the top level")
+        data = loaded or {}
+    for item in overrides:
+        apply_override(data, item)
+    return config_from_dict(data)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every field, for docs and ``accord train --help-config``."""
+    out = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.extend(describe(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out.append((key, _to_plain(default), f.metadata.get("help", "")))
+    for name, item in (("policies.<name>.", PolicyConfig), ("agents.<i>.", AgentConfig)):
+        if cls is Config:
+            out.extend(describe(item, name))
+    return out

@@ -1,0 +1,5 @@
+"""Generation backends. ``hf``: batched Hugging Face ``generate`` (default)."""
+
+from accord.generation.hf import Generation, generate
+
+__all__ = ["Generation", "generate"]

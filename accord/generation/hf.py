@@ -1,0 +1,143 @@
+"""Batched generation with Hugging Face ``generate``, returning sampling log-probs.
+
+``generate`` applies its own warpers after user processors, so accord passes a neutral generation
+config (temperature 1, no top-k/top-p, no penalties) plus one processor that applies
+:func:`accord.algorithms.losses.process_logits` and records the log-prob of each sampled token.
+The distribution sampled from is therefore exactly the one the learner evaluates.
+
+Prompts are left-padded for generation. The boundary between prompt and completion is the padded
+prompt width (a count, never a search for a pad or EOS id), and a completion ends after its first
+EOS token: everything after it is dropped, so padding never enters the loss.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from accord.algorithms.losses import process_logits
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Generation:
+    """One completion: token ids (through the first EOS, inclusive), their sampling log-probs, and
+    why it ended (``stop``: EOS emitted; ``length``: max_new_tokens reached)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class _SampleAndRecord(LogitsProcessor):
+    """Applies the sampling transform and records the log-prob of the token chosen at each step.
+
+    At step t, ``input_ids[:, -1]`` is the token sampled at step t-1, so its log-prob is read from
+    the distribution kept from the previous call; only one (batch, vocab) buffer is alive at a time.
+    """
+
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.prev: torch.Tensor | None = None
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prev is not None:
+            self._take(input_ids[:, -1])
+        processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
+        self.prev = torch.log_softmax(processed, dim=-1)
+        return processed
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        assert self.prev is not None
+        self.logprobs.append(self.prev.gather(1, tokens.unsqueeze(1)).squeeze(1))
+        self.prev = None
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the tokenizer and model define no EOS token; set tokenizer.eos_token before training")
+    return ids
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    batch_size: int = 64,
+) -> list[Generation]:
+    """Generate one completion per prompt (repeat a prompt K times for K samples).
+
+    Prompts are token-id lists (already chat-formatted). Batches of ``batch_size`` run through one
+    ``generate`` call each. Greedy decoding records the log-probs of the untransformed distribution.
+    """
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    was_training = model.training
+    model.eval()
+    out: list[Generation] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            out.extend(_generate_batch(model, prompts[start:start + batch_size], eos, pad, max_new_tokens,
+                                       1.0 if greedy else temperature, 0 if greedy else top_k,
+                                       1.0 if greedy else top_p, greedy))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy):
+    width = max(len(p) for p in prompts)
+    device = next(model.parameters()).device
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[i, width - len(p):] = 1
+    recorder = _SampleAndRecord(temperature, top_k, top_p)
+    config = GenerationConfig(
+        do_sample=not greedy, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
+        eos_token_id=eos, pad_token_id=pad, use_cache=True,
+    )
+    seqs = model.generate(
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+        logits_processor=LogitsProcessorList([recorder]),
+    )
+    completions = seqs[:, width:].cpu()
+    if recorder.prev is not None and completions.size(1) > len(recorder.logprobs):
+        recorder._take(completions[:, len(recorder.logprobs)].to(recorder.prev.device))
+    logprobs = torch.stack(recorder.logprobs, dim=1).float().cpu() if recorder.logprobs else torch.zeros(len(prompts), 0)
+    if logprobs.size(1) != completions.size(1):
+        raise RuntimeError(
+            f"generate returned {completions.size(1)} new tokens but {logprobs.size(1)} log-probs were recorded; "
+            "another logits processor or a generation config default interfered"
+        )
+    is_eos = torch.zeros_like(completions, dtype=torch.bool)
+    for e in eos:
+        is_eos |= completions == e
+    results = []
+    for i in range(len(prompts)):
+        hits = is_eos[i].nonzero()
+        if hits.numel():
+            n = int(hits[0]) + 1
+            reason = "stop"
+        else:
+            n = completions.size(1)
+            reason = "length"
+        results.append(Generation(completions[i, :n].tolist(), logprobs[i, :n].tolist(), reason))
+    return results

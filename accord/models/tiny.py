@@ -1,0 +1,126 @@
+"""Tiny, fully offline models for tests and smoke runs.
+
+``tiny_tokenizer`` trains a byte-level BPE on a small built-in English corpus (deterministic, well
+under a second) and wraps it with a ChatML chat template like SmolLM2/Qwen. ``build_tiny_model``
+pairs it with a randomly initialised Qwen2 or Llama decoder whose weights depend only on ``seed``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from ._corpus import corpus_lines
+
+IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
+
+# Same shape as SmolLM2-Instruct / Qwen2 templates, minus any default system prompt.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+TINY_ARCHS = ("qwen2", "llama")
+
+@functools.lru_cache(maxsize=8)
+def _trained_tokenizer_json(vocab_size: int) -> str:
+    """Train the BPE once per size; returned as JSON so each caller gets an independent object."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=[IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(IM_START, IM_END), trainer=trainer)
+    return tok.to_str()
+
+
+def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transformers.PreTrainedTokenizerFast:
+    """Return a fresh byte-level BPE tokenizer trained on accord's built-in English corpus.
+
+    Deterministic: every call with the same arguments yields the same vocabulary. Training is cached
+    per process; each call returns a new wrapper, so callers may mutate it freely (e.g. set
+    ``padding_side``; the default stays ``"right"``).
+
+    Special tokens: ``<|im_start|>`` (also used as BOS, never added automatically), ``<|im_end|>``
+    (EOS) and ``<|pad|>`` (appended last, so the other ids match the ``pad_is_eos`` variant). With
+    ``pad_is_eos`` there is no ``<|pad|>`` and ``pad_token == eos_token == "<|im_end|>"``.
+    ``len(tokenizer) == vocab_size`` unless the corpus runs out of merges for a very large size.
+    """
+    min_size = 256 + 3
+    if vocab_size < min_size:
+        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {min_size} "
+                         "(256 bytes + special tokens); pass a larger vocab_size.")
+    raw = Tokenizer.from_str(_trained_tokenizer_json(vocab_size if pad_is_eos else vocab_size - 1))
+    if not pad_is_eos:
+        raw.add_special_tokens([PAD])
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=IM_START,
+        eos_token=IM_END,
+        pad_token=IM_END if pad_is_eos else PAD,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1024,
+    )
+
+
+def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_heads: int,
+                 max_position_embeddings: int) -> transformers.PretrainedConfig:
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny arch {arch!r}; valid choices are {', '.join(TINY_ARCHS)}")
+    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
+        raise ValueError(f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads} with an even "
+                         "head dimension (needed by rotary embeddings); e.g. hidden_size=64, num_heads=4.")
+    config_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
+    return config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        use_cache=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_tiny_model(
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    vocab_size: int = 2048,
+    seed: int = 0,
+    pad_is_eos: bool = False,
+    max_position_embeddings: int = 1024,
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
+    """Build a randomly initialised fp32 causal LM (``arch`` in ``"qwen2"``, ``"llama"``) and its tokenizer.
+
+    Weights depend only on ``seed``; the global torch RNG is left untouched. Embeddings are tied,
+    ``intermediate_size = 2 * hidden_size`` and ``num_key_value_heads = num_heads // 2`` (GQA) when
+    ``num_heads`` is even. The model's vocabulary is ``len(tokenizer)`` and the config and
+    generation config carry the tokenizer's bos/eos/pad ids. Returned in eval mode.
+    """
+    tokenizer = tiny_tokenizer(vocab_size=vocab_size, pad_is_eos=pad_is_eos)
+    tokenizer.model_max_length = max_position_embeddings
+    config = _tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gen = model.generation_config
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (
+        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return model.eval(), tokenizer

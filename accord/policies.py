@@ -1,0 +1,219 @@
+"""A policy: model + tokenizer + optimizer + LR schedule, its log-probs, update and state.
+
+Weights are fp32 (master weights); ``training.bf16`` runs forward/backward under bf16 autocast.
+The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import logging
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, policy_loss,
+                                      process_logits)
+from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.models import load_model_and_tokenizer
+from accord.rollout.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """The update cannot go on (non-finite loss or gradient); the message names step and policy."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt does not fit the configured or model context."""
+
+
+def lr_lambda(warmup: int, total: int, schedule: str):
+    """Multiplier of the base LR at optimizer step ``s``: linear warm-up, then constant/linear/cosine."""
+
+    def f(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+class Policy:
+    """One trainable model used by one or more agents."""
+
+    def __init__(self, name: str, cfg: PolicyConfig, training: TrainingConfig, algo: AlgorithmConfig,
+                 rollout: RolloutConfig, total_optimizer_steps: int, seed: int):
+        self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
+        self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
+        self.model.train()
+        self.ref_model = None
+        if algo.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr or training.lr, betas=training.betas,
+                                           weight_decay=training.weight_decay, eps=training.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
+        self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.context_len = getattr(self.model.config, "max_position_embeddings", None)
+
+    # --- prompts -------------------------------------------------------------------------------
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat prompt ending with the assistant turn's opening."""
+        if self.tokenizer.chat_template:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = list(ids)
+        limit = self.rollout.max_prompt_tokens
+        if len(ids) > limit:
+            raise PromptTooLongError(
+                f"a prompt of policy {self.name!r} has {len(ids)} tokens, more than rollout.max_prompt_tokens="
+                f"{limit}; raise rollout.max_prompt_tokens or shorten the task's texts")
+        if self.context_len and len(ids) + self.rollout.max_new_tokens > self.context_len:
+            raise PromptTooLongError(
+                f"a prompt of policy {self.name!r} has {len(ids)} tokens; with rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens} it exceeds the model context of {self.context_len}; lower "
+                "max_new_tokens or rollout.max_prompt_tokens")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # --- log-probs -------------------------------------------------------------------------------
+    def autocast(self):
+        if self.training.bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward_completion(self, model, batch: list[Sample], want_entropy: bool):
+        """Log-probs of each sample's completion tokens, right-aligned in a (b, C) tensor.
+
+        Sequences are left-padded so that every completion ends at the last position; only the last
+        C + 1 positions' logits are computed (C = longest completion).
+        """
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch]
+        width, c = max(lengths), max(len(s.completion_ids) for s in batch)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        targets = torch.full((len(batch), c), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), c), dtype=torch.bool)
+        for i, s in enumerate(batch):
+            seq = s.prompt_ids + s.completion_ids
+            ids[i, width - len(seq):] = torch.tensor(seq)
+            attn[i, width - len(seq):] = 1
+            n = len(s.completion_ids)
+            targets[i, c - n:] = torch.tensor(s.completion_ids)
+            mask[i, c - n:] = True
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        kwargs = {"logits_to_keep": c + 1} if self._keep_arg else {}
+        with self.autocast():
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
+                           **kwargs).logits
+        logits = logits[:, -(c + 1):-1]
+        processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
+        logp = gather_logprobs(processed, targets)
+        ent = entropy_from_logits(processed) if want_entropy else None
+        return logp, ent, mask
+
+    # --- update ----------------------------------------------------------------------------------
+    def update(self, samples: list[Sample], step: int) -> dict[str, float]:
+        """``ppo_epochs`` passes of clipped policy gradient over this policy's samples.
+
+        With one epoch and one mini-batch the samples are fresh: the ratio is exactly 1, so the
+        current log-probs (detached) serve as the old ones and no extra forward is paid; the stored
+        sampling log-probs are then only compared to them (``logp_diff``) as a health check.
+        """
+        algo, tr = self.algo, self.training
+        fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
+        n_mb = tr.num_mini_batches
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+        sums: dict[str, float] = {}
+        tokens_total = 0
+        grad_norms = []
+        self.model.train()
+        for epoch in range(algo.ppo_epochs):
+            for mb in range(n_mb):
+                idx = order[mb::n_mb]
+                mb_samples = [samples[i] for i in idx]
+                totals = LossTotals(num_tokens=max(1, sum(len(s.completion_ids) for s in mb_samples)),
+                                    num_seqs=len(mb_samples))
+                self.optimizer.zero_grad(set_to_none=True)
+                for start in range(0, len(mb_samples), tr.micro_batch_size):
+                    micro = mb_samples[start:start + tr.micro_batch_size]
+                    logp, ent, mask = self._forward_completion(self.model, micro, want_entropy=epoch == 0)
+                    c = mask.size(1)
+                    stored = torch.zeros_like(logp)
+                    for i, s in enumerate(micro):
+                        stored[i, c - len(s.logprobs):] = torch.tensor(s.logprobs)
+                    old = logp.detach() if fresh else stored
+                    ref = None
+                    if algo.kl_coef > 0:
+                        with torch.no_grad():
+                            ref, _, _ = self._forward_completion(self.ref_model, micro, want_entropy=False)
+                    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype)
+                    loss, stats = policy_loss(
+                        logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
+                        agg=algo.loss_agg, kl_coef=algo.kl_coef, ref_logp=ref, kl_estimator=algo.kl_estimator)
+                    if not torch.isfinite(loss):
+                        raise TrainingError(
+                            f"step {step}: loss of policy {self.name!r} is {loss.item()} (epoch {epoch}, mini-batch "
+                            f"{mb}); lower training.lr, enable training.max_grad_norm, or check the rewards")
+                    loss.backward()
+                    if epoch == 0:
+                        fm = mask.float()
+                        stats["entropy"] = (ent * fm).sum()
+                        stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                        tokens_total += int(fm.sum())
+                    for key, v in stats.items():
+                        if key in ("entropy", "logp_diff") or epoch == 0:
+                            sums[key] = sums.get(key, 0.0) + float(v)
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                max_norm = tr.max_grad_norm if tr.max_grad_norm is not None else float("inf")
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                if not torch.isfinite(norm):
+                    raise TrainingError(
+                        f"step {step}: gradient norm of policy {self.name!r} is {norm.item()}; lower training.lr "
+                        "or check the rewards for extreme values")
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+                self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        denom = max(1, tokens_total)
+        metrics = {key: v / denom for key, v in sums.items()}
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    # --- state -----------------------------------------------------------------------------------
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        save_model(self.model, str(directory / "model.safetensors"))
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                   directory / "optimizer.pt")
+
+    def load(self, directory: Path) -> None:
+        missing, unexpected = load_model(self.model, str(directory / "model.safetensors"), strict=True)
+        state = torch.load(directory / "optimizer.pt", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def export(self, directory: Path) -> None:
+        """Save as a Hugging Face model directory (loadable with from_pretrained or as a policy model)."""
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)

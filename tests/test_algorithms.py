@@ -1,0 +1,166 @@
+"""Advantages and losses against slow, loop-based reference implementations."""
+
+import itertools
+import math
+import statistics
+
+import pytest
+import torch
+
+from accord.algorithms.advantages import check_advantage_config, cross_marginals, group_advantages
+from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, kl_penalty, policy_loss,
+                                      process_logits)
+
+
+def slow_advantages(returns, groups, variant, normalize_std, eps=1e-6):
+    out = []
+    for r, g in zip(returns, groups):
+        members = [x for x, h in zip(returns, groups) if h == g]
+        mean = sum(members) / len(members)
+        if normalize_std:
+            std = statistics.pstdev(members)
+            out.append((r - mean) / (std + eps))
+        elif variant == "mean":
+            out.append(r - mean)
+        elif variant == "rloo":
+            others = list(members)
+            others.remove(r)
+            out.append(r - sum(others) / len(others))
+        elif variant == "max":
+            out.append(r - max(members))
+        else:
+            out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["mean", "rloo", "max", "raw"])
+@pytest.mark.parametrize("normalize_std", [False, True])
+def test_advantages_match_reference(variant, normalize_std):
+    g = torch.Generator().manual_seed(1)
+    returns = torch.rand(24, generator=g) * 3
+    groups = torch.tensor([i // 4 for i in range(24)])[torch.randperm(24, generator=g)]
+    got = group_advantages(returns, groups, variant, normalize_std)
+    want = slow_advantages(returns.tolist(), groups.tolist(), variant, normalize_std)
+    assert torch.allclose(got, torch.tensor(want), atol=1e-5)
+
+
+def test_constant_group_has_zero_advantage():
+    adv = group_advantages(torch.tensor([1.0, 1.0, 1.0, 2.0, 0.0]), torch.tensor([0, 0, 0, 1, 1]), "mean", True)
+    assert adv[:3].abs().max() == 0
+    assert adv[3] > 0 > adv[4]
+
+
+def test_normalisation_warning(caplog):
+    check_advantage_config("rloo", True)
+    assert "identical to advantage=mean" in caplog.text
+
+
+def test_cross_marginals_match_loops():
+    k, n = 3, 3
+    grid = torch.rand((k,) * n, dtype=torch.float64)
+    m = cross_marginals(grid)
+    for i in range(n):
+        for s in range(k):
+            vals = [grid[c].item() for c in itertools.product(range(k), repeat=n) if c[i] == s]
+            assert math.isclose(m[i, s].item(), sum(vals) / len(vals), rel_tol=1e-9)
+
+
+def slow_logprobs(logits, targets, temperature, top_k, top_p):
+    out = torch.zeros(targets.shape)
+    for b in range(logits.size(0)):
+        for t in range(logits.size(1)):
+            row = (logits[b, t].double() / temperature).tolist()
+            order = sorted(range(len(row)), key=lambda i: -row[i])
+            keep = set(order[:top_k]) if top_k else set(order)
+            if top_p < 1:
+                # nucleus of the distribution left after top-k (the order the sampler applies them)
+                zmax = max(row)
+                probs = {i: math.exp(row[i] - zmax) for i in keep}
+                z = sum(probs.values())
+                mass, kept = 0.0, set()
+                for i in [i for i in order if i in keep]:
+                    if mass >= top_p:
+                        break
+                    kept.add(i)
+                    mass += probs[i] / z
+                keep &= kept
+            z = sum(math.exp(row[i]) for i in keep)
+            tok = int(targets[b, t])
+            out[b, t] = row[tok] - math.log(z) if tok in keep else -math.inf
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8),
+                                                     (0.6, 7, 0.9)])
+def test_logprobs_match_reference(temperature, top_k, top_p):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=g) * 2
+    # targets drawn from inside the kept set so the reference is finite
+    processed = process_logits(logits, temperature, top_k, top_p)
+    targets = torch.distributions.Categorical(logits=processed).sample()
+    got = gather_logprobs(processed, targets)
+    want = slow_logprobs(logits, targets, temperature, top_k, top_p)
+    assert torch.allclose(got, want.float(), atol=1e-5)
+    ent = entropy_from_logits(processed)
+    assert torch.isfinite(ent).all() and (ent >= 0).all()
+
+
+def slow_loss(logp, old, adv, mask, eps_lo, eps_hi, agg, kl_coef, ref, est):
+    per_seq, tok_sum, tok_count = [], 0.0, 0
+    for b in range(logp.size(0)):
+        s, n = 0.0, 0
+        for t in range(logp.size(1)):
+            if not mask[b, t]:
+                continue
+            ratio = math.exp(logp[b, t] - old[b, t])
+            clipped = min(max(ratio, 1 - eps_lo), 1 + eps_hi)
+            v = -min(ratio * adv[b], clipped * adv[b])
+            if kl_coef:
+                x = float(logp[b, t] - ref[b, t])
+                v += kl_coef * (x if est == "k1" else math.exp(-x) + x - 1)
+            s, n = s + v, n + 1
+        per_seq.append((s, n))
+        tok_sum, tok_count = tok_sum + s, tok_count + n
+    if agg == "token_mean":
+        return tok_sum / tok_count
+    if agg == "seq_mean_token_mean":
+        return sum(s / n for s, n in per_seq) / len(per_seq)
+    return sum(s for s, _ in per_seq) / len(per_seq)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_sum"])
+@pytest.mark.parametrize("kl_coef,est", [(0.0, "k3"), (0.1, "k1"), (0.1, "k3")])
+def test_loss_matches_reference_and_accumulates(agg, kl_coef, est):
+    g = torch.Generator().manual_seed(3)
+    b, t = 6, 7
+    old = -torch.rand(b, t, generator=g) * 3
+    logp = old + torch.randn(b, t, generator=g) * 0.3
+    ref = old + torch.randn(b, t, generator=g) * 0.2
+    adv = torch.randn(b, generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 2])
+    mask = torch.arange(t).unsqueeze(0) >= (t - lengths).unsqueeze(1)  # right-aligned completions
+    totals = LossTotals(num_tokens=int(mask.sum()), num_seqs=b)
+    want = slow_loss(logp, old, adv, mask, 0.2, 0.28, agg, kl_coef, ref, est)
+    full, _ = policy_loss(logp, old, adv, mask, totals, epsilon=0.2, epsilon_high=0.28, agg=agg, kl_coef=kl_coef,
+                          ref_logp=ref, kl_estimator=est)
+    assert math.isclose(full.item(), want, rel_tol=1e-5)
+    # micro-batches with batch-wide totals add up to the full-batch loss
+    parts = sum(policy_loss(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], totals, epsilon=0.2,
+                            epsilon_high=0.28, agg=agg, kl_coef=kl_coef, ref_logp=ref[i:i + 2],
+                            kl_estimator=est)[0] for i in range(0, b, 2))
+    assert math.isclose(parts.item(), want, rel_tol=1e-5)
+
+
+def test_ratio_one_gradient_is_policy_gradient():
+    logp = torch.randn(3, 4, requires_grad=True)
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    loss, stats = policy_loss(logp, logp.detach(), adv, mask, LossTotals(12, 3))
+    loss.backward()
+    assert torch.allclose(logp.grad, -adv.unsqueeze(1).expand(3, 4) / 12)
+    assert stats["clip_frac"].item() == 0
+
+
+def test_k3_is_nonnegative():
+    x = torch.linspace(-3, 3, 13)
+    assert (kl_penalty(x, torch.zeros(13), "k3") >= 0).all()

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+from accord.report import moving_average, write_report
+
+N_STEPS = 30
+
+
+def _synthetic_run(run_dir: Path, *, config: str | None = None, nan_step: int | None = None) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        for step in range(N_STEPS):
+            alice = 0.1 + step * 0.02 + rng.normal(0, 0.02)
+            bob = 0.2 + step * 0.01 + rng.normal(0, 0.02)
+            row = {
+                "step": step,
+                "team/reward": (alice + bob) / 2,
+                "agent/alice/reward": alice,
+                "agent/bob/reward": bob,
+                "agent/alice/completion_len": 100 - step,
+                "agent/bob/completion_len": 80 + step,
+                "loss/shared/pg": -0.1 + rng.normal(0, 0.01),
+                "loss/shared/kl": 0.001 * step,
+                "loss/shared/entropy": 1.0,
+                "time/rollout": 2.0,
+                "time/update": 1.0,
+                "time/step": 3.0,
+                "perf/tokens_per_s": 1000.0 + step,
+            }
+            if step % 10 == 9:
+                row["eval/reward"] = 0.3 + step * 0.01
+            if step == nan_step:
+                row["loss/shared/kl"] = float("nan")
+            fh.write(json.dumps(row) + "\n")
+    if config is not None:
+        (run_dir / "config.yaml").write_text(config)
+
+
+def _table_row(md: str, metric: str) -> list[str]:
+    line = next(line for line in md.splitlines() if line.startswith(f"| `{metric}` |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_write_report_full(tmp_path):
+    run = tmp_path / "run"
+    _synthetic_run(
+        run,
+        config="run:\n  name: demo-run\nalgorithm:\n  name: magrpo\ntask: {}\n",
+        nan_step=7,
+    )
+    report = write_report(run)
+    assert report == run / "report" / "report.md"
+    for name in ("reward.png", "loss.png", "lengths.png", "time.png"):
+        path = run / "report" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(path)
+        assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
+
+    md = report.read_text()
+    assert md.startswith("# Training report: demo-run")
+    assert "- **Algorithm:** magrpo" in md and "**Task:**" not in md  # task: {} has no name
+    assert "| Metric | First | Last | Best | Mean of last 5 | Points |" in md
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    team = [r["team/reward"] for r in rows]
+    cells = _table_row(md, "team/reward")
+    assert cells[1] == f"{team[0]:.4g}" and cells[2] == f"{team[-1]:.4g}"
+    assert cells[3].startswith(f"{max(team):.4g} (step {int(np.argmax(team))}")
+    assert cells[4] == f"{np.mean(team[-5:]):.4g}" and cells[5] == str(N_STEPS)
+    for metric in ("agent/alice/reward", "agent/bob/reward", "eval/reward"):
+        _table_row(md, metric)
+    assert _table_row(md, "eval/reward")[5] == "3"
+    assert "Steps logged:** 30 (step 0 to 29)" in md
+    assert "Total time:** 0:01:30 (90.0 s, sum of `time/step`)" in md
+    assert f"Throughput:** {1000 + 14.5:.4g} tokens/s" in md
+    assert "non-finite" in md and "`loss/shared/kl` (1)" in md
+    for name in ("reward", "loss", "lengths", "time"):
+        assert f"![{name}]({name}.png)" in md
+
+
+def test_write_report_partial_data_and_out_dir(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step in range(3):
+            fh.write(json.dumps({"step": step, "team/reward": step * 0.1, "time/rollout": 1.5}) + "\n")
+    (run / "config.yaml").write_text("just a string\n")
+    out = tmp_path / "elsewhere"
+    (out).mkdir()
+    (out / "loss.png").write_bytes(b"stale")
+    report = write_report(run, out_dir=out)
+    assert report == out / "report.md"
+    assert sorted(p.name for p in out.glob("*.png")) == ["reward.png", "time.png"]
+    md = report.read_text()
+    assert md.startswith("# Training report: run")
+    assert "config.yaml is not a mapping" in md
+    assert "sum of all `time/*` phases" in md and "Throughput:** n/a" in md
+    assert "loss.png" not in md
+
+
+def test_write_report_missing_metrics(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist.*accord train"):
+        write_report(tmp_path / "empty_run")
+
+
+def test_write_report_empty_metrics(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no logged steps"):
+        write_report(tmp_path)
+
+
+def test_moving_average_ignores_nan():
+    out = moving_average(np.array([1.0, 3.0, math.nan, 5.0]), 2)
+    assert out.tolist() == [1.0, 2.0, 3.0, 5.0]
