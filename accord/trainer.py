@@ -126,7 +126,7 @@ class Trainer:
                 outs = generate(pol.model, pol.tokenizer, [prompt_ids[a][b] for a, b, _ in slots],
                                 max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature,
                                 top_k=self.cfg.rollout.top_k, top_p=self.cfg.rollout.top_p, greedy=greedy,
-                                batch_size=self.cfg.rollout.generation_batch_size)
+                                batch_size=self.cfg.rollout.generation_batch_size, name=pname)
             for (a, b, s), g in zip(slots, outs):
                 gens[a][b][s] = g
                 texts[a][b][s] = pol.decode(g.ids)

@@ -628,12 +628,12 @@ _MAX_PROMPT_WORDS = 450  # keeps prompt + answers inside a ~2048-token context
 
 _INSTRUCTIONS = {
     ("tldr", "concise"): (
-        "Summarize the text below in 1-3 sentences (about 15-50 words). "
+        "Summarize the text below in 1-3 sentences (about 20-40 words). "
         "Be brief and keep only the main point. Reply with the summary only."
     ),
     ("tldr", "detailed"): (
         "Write a detailed summary of the text below, about two to three times as long as a "
-        "1-3 sentence summary (roughly 60-150 words). Cover the key details with varied wording "
+        "1-3 sentence summary (roughly 50-100 words). Cover the key details with varied wording "
         "and link ideas with transition words (e.g. however, because, for example, therefore). "
         "Reply with the summary only."
     ),

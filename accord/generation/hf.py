@@ -33,6 +33,10 @@ class Generation:
     finish_reason: str
 
 
+class GenerationError(RuntimeError):
+    """The model produced non-finite logits while generating."""
+
+
 class _SampleAndRecord(LogitsProcessor):
     """Applies the sampling transform and records the log-prob of the token chosen at each step.
 
@@ -40,14 +44,18 @@ class _SampleAndRecord(LogitsProcessor):
     the distribution kept from the previous call; only one (batch, vocab) buffer is alive at a time.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float):
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    def __init__(self, temperature: float, top_k: int, top_p: float, name: str):
+        self.temperature, self.top_k, self.top_p, self.name = temperature, top_k, top_p, name
         self.prev: torch.Tensor | None = None
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.prev is not None:
             self._take(input_ids[:, -1])
+        if torch.isnan(scores).any():
+            raise GenerationError(
+                f"policy {self.name!r} produced non-finite (NaN) logits at generation step {len(self.logprobs)}; its "
+                "weights have diverged: lower training.lr or resume from an earlier checkpoint")
         processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
         self.prev = torch.log_softmax(processed, dim=-1)
         return processed
@@ -80,6 +88,7 @@ def generate(
     top_p: float = 1.0,
     greedy: bool = False,
     batch_size: int = 64,
+    name: str = "model",
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
@@ -95,13 +104,13 @@ def generate(
         for start in range(0, len(prompts), batch_size):
             out.extend(_generate_batch(model, prompts[start:start + batch_size], eos, pad, max_new_tokens,
                                        1.0 if greedy else temperature, 0 if greedy else top_k,
-                                       1.0 if greedy else top_p, greedy))
+                                       1.0 if greedy else top_p, greedy, name))
     finally:
         model.train(was_training)
     return out
 
 
-def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy):
+def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy, name):
     width = max(len(p) for p in prompts)
     device = next(model.parameters()).device
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -109,15 +118,24 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     for i, p in enumerate(prompts):
         input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         attention[i, width - len(p):] = 1
-    recorder = _SampleAndRecord(temperature, top_k, top_p)
-    config = GenerationConfig(
-        do_sample=not greedy, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-        eos_token_id=eos, pad_token_id=pad, use_cache=True,
-    )
-    seqs = model.generate(
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-        logits_processor=LogitsProcessorList([recorder]),
-    )
+    recorder = _SampleAndRecord(temperature, top_k, top_p, name)
+    # generate() fills unset fields from model.generation_config (a checkpoint's file may set
+    # top_k, top_p, temperature or a repetition penalty) and then from global defaults (top_k=50).
+    # Both would transform the logits after our processor, so the model's config is swapped for a
+    # neutral one during the call and top_k=0 is set explicitly when sampling.
+    config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=pad, use_cache=True)
+    if not greedy:
+        config.top_k = 0
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    try:
+        seqs = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+            logits_processor=LogitsProcessorList([recorder]),
+        )
+    finally:
+        model.generation_config = saved
     completions = seqs[:, width:].cpu()
     if recorder.prev is not None and completions.size(1) > len(recorder.logprobs):
         recorder._take(completions[:, len(recorder.logprobs)].to(recorder.prev.device))

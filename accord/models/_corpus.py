@@ -55,6 +55,24 @@ corrected mistakes and finally agreed on a solution. Collaboration, communicatio
 persistence are valuable qualities. Therefore, whenever possible, share knowledge generously.
 Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday make a week. January, February,
 March, April, May, June, July, August, September, October, November and December make a year.
+The old lighthouse keeper climbed the spiral staircase every evening, polished the enormous lens, and
+watched fishing boats return through fog, thunderstorms and moonlight. His neighbour, a retired
+sailor, repaired nets, carved wooden figures, and told exciting stories about whales, pirates,
+shipwrecks and treasure hidden beneath coral reefs.
+Economists analyse markets, prices, wages, taxes, inflation, unemployment, investment and trade.
+Governments publish budgets, regulations and policies; citizens vote in elections, pay taxes, and
+volunteer for charities. Universities organise lectures, seminars, laboratories and examinations.
+Gardening requires patience: prepare the soil, sow seeds, water seedlings, remove weeds, prune
+branches, harvest tomatoes, potatoes, carrots, onions, lettuce, cabbage, peppers and cucumbers.
+Musicians practise scales, rhythms and melodies on pianos, violins, guitars, trumpets, flutes and drums.
+An orchestra rehearses for weeks before performing a concert in a crowded auditorium.
+Engineers calculate loads, test materials such as steel, concrete, glass, copper, aluminium and
+plastic, and build bridges, tunnels, towers, dams, highways, railways, turbines and satellites.
+Please summarise the following paragraph, translate the sentence into French, classify the review as
+positive or negative, extract every date, and format the result as a numbered list.
+Frequently, surprisingly, unfortunately, immediately, certainly, probably, usually and rarely are adverbs.
+Happiness, kindness, darkness, freedom, wisdom, friendship, leadership, knowledge, courage, honesty,
+justice, beauty, silence, patience and gratitude are abstract nouns.
 """
 
 CODE = """\
@@ -89,6 +107,9 @@ VERBS = ["bought", "found", "collected", "painted", "baked", "borrowed", "sold",
          "planted", "cleaned", "repaired", "ordered", "wrapped", "delivered", "returned"]
 PLACES = ["library", "garden", "kitchen", "station", "museum", "office", "school", "market", "harbour",
           "hospital", "bakery", "theatre", "stadium", "village", "factory", "warehouse"]
+ADJECTIVES = ["bright", "quiet", "ancient", "modern", "gentle", "fierce", "tiny", "huge", "fragile", "sturdy",
+              "curious", "clever", "careful", "brave", "honest", "elegant", "narrow", "spacious", "shiny", "dusty",
+              "crowded", "peaceful", "noisy", "delicious", "bitter", "smooth", "rough", "frozen", "golden", "purple"]
 UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
          "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
@@ -114,6 +135,9 @@ def corpus_lines(im_start: str, im_end: str) -> list[str]:
         place = PLACES[i % len(PLACES)]
         lines.append(f"{name} {verb} {a} {thing} at the {place} and then {b} more. "
                      f"How many {thing} did {name} get in total? {a} + {b} = {a + b}. The answer is {a + b}.")
+    for i, (adjective, place) in enumerate(itertools.product(ADJECTIVES, PLACES)):
+        lines.append(f"The {adjective} {place} near {NAMES[i % len(NAMES)]}'s house was {ADJECTIVES[-1 - i % 30]} "
+                     f"and full of {THINGS[i % len(THINGS)]}.")
     for a in range(0, 1000, 3):
         b = (a * 37 + 11) % 1000
         lines.append(f"{a} + {b} = {a + b}; {a} - {b} = {a - b}; {a % 50} * {b % 12} = {(a % 50) * (b % 12)}; "

@@ -8,14 +8,19 @@ pairs it with a randomly initialised Qwen2 or Llama decoder whose weights depend
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ._corpus import corpus_lines
 
-IM_START, IM_END, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
+IM_START, IM_END, PAD, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|pad|>", "<|endoftext|>"
+# Qwen2/SmolLM2-style pre-tokenisation (single digits, contractions, words, punctuation runs). Matching it
+# matters: AutoTokenizer always rebuilds tokenizers saved next to a qwen2 config with this exact pipeline.
+_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 # Same shape as SmolLM2-Instruct / Qwen2 templates, minus any default system prompt.
 CHAT_TEMPLATE = (
@@ -27,16 +32,23 @@ CHAT_TEMPLATE = (
 
 TINY_ARCHS = ("qwen2", "llama")
 
+logger = logging.getLogger(__name__)
+
+
 @functools.lru_cache(maxsize=8)
 def _trained_tokenizer_json(vocab_size: int) -> str:
     """Train the BPE once per size; returned as JSON so each caller gets an independent object."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_SPLIT_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=1,
-        special_tokens=[IM_START, IM_END],
+        special_tokens=[ENDOFTEXT, IM_START, IM_END],  # ids 0, 1, 2 as in SmolLM2
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -51,22 +63,28 @@ def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transfor
     per process; each call returns a new wrapper, so callers may mutate it freely (e.g. set
     ``padding_side``; the default stays ``"right"``).
 
-    Special tokens: ``<|im_start|>`` (also used as BOS, never added automatically), ``<|im_end|>``
-    (EOS) and ``<|pad|>`` (appended last, so the other ids match the ``pad_is_eos`` variant). With
+    Special tokens, laid out like SmolLM2: ``<|endoftext|>`` (0, unk; never produced by byte-level
+    BPE), ``<|im_start|>`` (1, also BOS but never added automatically), ``<|im_end|>`` (2, EOS) and
+    ``<|pad|>`` (appended last, so the other ids match the ``pad_is_eos`` variant). With
     ``pad_is_eos`` there is no ``<|pad|>`` and ``pad_token == eos_token == "<|im_end|>"``.
+    Pre-tokenisation matches Qwen2's, so ``AutoTokenizer`` round trips next to a qwen2 config are exact.
     ``len(tokenizer) == vocab_size`` unless the corpus runs out of merges for a very large size.
     """
-    min_size = 256 + 3
+    min_size = 256 + 4
     if vocab_size < min_size:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {min_size} "
                          "(256 bytes + special tokens); pass a larger vocab_size.")
     raw = Tokenizer.from_str(_trained_tokenizer_json(vocab_size if pad_is_eos else vocab_size - 1))
     if not pad_is_eos:
         raw.add_special_tokens([PAD])
+    if raw.get_vocab_size() < vocab_size:
+        logger.warning("tiny_tokenizer: the built-in corpus supports only %d tokens (asked for %d)",
+                       raw.get_vocab_size(), vocab_size)
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=raw,
         bos_token=IM_START,
         eos_token=IM_END,
+        unk_token=ENDOFTEXT,
         pad_token=IM_END if pad_is_eos else PAD,
         chat_template=CHAT_TEMPLATE,
         model_max_length=1024,
@@ -74,7 +92,7 @@ def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transfor
 
 
 def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_heads: int,
-                 max_position_embeddings: int) -> transformers.PretrainedConfig:
+                 max_position_embeddings: int) -> transformers.PreTrainedConfig:
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; valid choices are {', '.join(TINY_ARCHS)}")
     if hidden_size % num_heads or (hidden_size // num_heads) % 2:

@@ -1,0 +1,595 @@
+#!/usr/bin/env python
+"""Throughput of single-turn MAGRPO: accord vs CoMLRL (the reference implementation), same workload.
+
+    python bench/vs_comlrl.py                      # defaults: hidden 64, 2 layers, vocab 2048, K 4, B 4, T 32, 4 steps
+    python bench/vs_comlrl.py --steps 8 --json /tmp/bench.json
+
+Both frameworks train the same tiny random Qwen2 model (built by accord, saved once with
+``save_pretrained`` and loaded from that directory by both) on accord's synthetic ``letters`` task
+(agents ``e`` and ``o``, identical chat-formatted prompts, identical team reward), with K samples per
+agent per prompt, temperature 1 / top-p 1 / no top-k, at most ``--max-new-tokens`` tokens, AdamW at
+lr 1e-4, one separate model and optimizer per agent (CoMLRL's MAGRPO always trains one model per
+agent, so accord runs ``specialization: separate`` unless ``--accord-specialization shared``).
+
+The metric is completions trained per second: agent completions that were generated, rewarded and
+used in a gradient update, divided by the wall time of the measured steps (generation + reward +
+advantage + update: everything). One warm-up step is run and excluded. See bench/README.md.
+
+CoMLRL (``comlrl==1.4.3``) runs in its own virtual environment, created here on first use under
+``$ACCORD_BENCH_DIR`` (default ``<repo>/.bench``): torch 2.13.0 is installed first (the CPU wheel),
+then comlrl with a constraints file pinning torch, transformers and tokenizers to the versions of the
+interpreter running this script, so both sides run the same Hugging Face model and generate code.
+Each side runs as its own subprocess (same thread count, same offline environment), so peak RSS is
+per framework. The last line of stdout is the results as JSON (also written to ``--json PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMLRL_VERSION = "1.4.3"
+TORCH_VERSION = "2.13.0"
+RESULT_TAG = "@@VS_COMLRL_RESULT@@ "
+AGENT_LETTERS = ("e", "o")  # accord's letters task: agent e writes words with 'e', agent o with 'o'
+
+
+# ------------------------------------------------------------------------------------------------
+# environment shared by both sides
+# ------------------------------------------------------------------------------------------------
+
+def worker_env(threads: int, bench_dir: Path) -> dict[str, str]:
+    """Offline, telemetry-free, fixed-thread environment for both framework subprocesses."""
+    env = dict(os.environ)
+    for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(key, None)
+    env.update({
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HOME": str(bench_dir / "hf-home"),
+        "HF_DATASETS_CACHE": str(bench_dir / "hf-home" / "datasets"),
+        "WANDB_MODE": "disabled",
+        "WANDB_DISABLED": "true",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(bench_dir / "wandb"),
+        "DO_NOT_TRACK": "1",
+        "TQDM_DISABLE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+# ------------------------------------------------------------------------------------------------
+# the model: built once by accord, loaded from disk by both frameworks
+# ------------------------------------------------------------------------------------------------
+
+def import_build_tiny_model(wait_s: float):
+    """``accord.models.build_tiny_model``; polls while accord/models is being finished elsewhere."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            from accord.models import build_tiny_model
+            return build_tiny_model
+        except ImportError as err:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"cannot import accord.models.build_tiny_model: {err}") from err
+            print(f"[bench] accord.models not ready ({err}); retrying in 30 s", file=sys.stderr)
+            for name in [m for m in sys.modules if m == "accord.models" or m.startswith("accord.models.")]:
+                del sys.modules[name]
+            time.sleep(30)
+
+
+def ensure_model(args, bench_dir: Path) -> Path:
+    name = f"tiny-qwen2-h{args.hidden}-l{args.layers}-a{args.heads}-v{args.vocab}-s{args.seed}"
+    path = bench_dir / "models" / name
+    if (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file():
+        return path
+    build_tiny_model = import_build_tiny_model(args.import_wait)
+    model, tokenizer = build_tiny_model(arch="qwen2", hidden_size=args.hidden, num_layers=args.layers,
+                                        num_heads=args.heads, vocab_size=args.vocab, seed=args.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=name + ".tmp.", dir=path.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    shutil.move(str(tmp), str(path))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# CoMLRL's own virtual environment
+# ------------------------------------------------------------------------------------------------
+
+def _installed_version(dist: str) -> str:
+    from importlib.metadata import version
+    return version(dist)
+
+
+def ensure_comlrl_venv(bench_dir: Path, reinstall: bool) -> tuple[Path, float]:
+    """Create (or reuse) bench_dir/venv-comlrl; return (python, seconds spent installing)."""
+    venv = bench_dir / "venv-comlrl"
+    py = venv / "bin" / "python"
+    marker = venv / ".vs_comlrl.json"
+    want = {
+        "comlrl": COMLRL_VERSION,
+        "torch": TORCH_VERSION,
+        "transformers": _installed_version("transformers"),
+        "tokenizers": _installed_version("tokenizers"),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+    if not reinstall and py.exists() and marker.is_file():
+        try:
+            if json.loads(marker.read_text()) == want:
+                return py, 0.0
+        except ValueError:
+            pass
+    if venv.exists():
+        shutil.rmtree(venv)
+    print(f"[bench] creating {venv} (torch=={TORCH_VERSION}, comlrl=={COMLRL_VERSION}, "
+          f"transformers=={want['transformers']}, tokenizers=={want['tokenizers']})", file=sys.stderr)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    constraints = venv / "constraints.txt"
+    constraints.write_text(f"torch=={TORCH_VERSION}\ntransformers=={want['transformers']}\n"
+                           f"tokenizers=={want['tokenizers']}\n")
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+    env = dict(os.environ, PIP_NO_INPUT="1")
+    env.pop("PYTHONPATH", None)
+
+    def pip_install(*reqs: str) -> None:
+        print(f"[bench]   pip install {' '.join(reqs)}", file=sys.stderr)
+        proc = subprocess.run(pip + list(reqs), env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"pip install {' '.join(reqs)} failed in {venv}:\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-4000:]}")
+
+    # torch first and alone: a bare `torch` requirement resolved later could pull a CUDA build.
+    pip_install(f"torch=={TORCH_VERSION}")
+    pip_install("-c", str(constraints), f"comlrl=={COMLRL_VERSION}")
+    check = subprocess.run(
+        [str(py), "-c", "import json, torch, transformers, comlrl; print(json.dumps({'torch': torch.__version__, "
+         "'cuda': torch.version.cuda, 'transformers': transformers.__version__, 'comlrl': comlrl.__version__}))"],
+        check=True, capture_output=True, text=True, env=worker_env(1, bench_dir))
+    got = json.loads(check.stdout.strip().splitlines()[-1])
+    if not got["torch"].startswith(TORCH_VERSION) or got["cuda"] is not None or got["comlrl"] != COMLRL_VERSION:
+        raise SystemExit(f"the comlrl venv has unexpected versions: {got}; remove {venv} and retry")
+    seconds = time.perf_counter() - t0
+    marker.write_text(json.dumps(want))
+    print(f"[bench] comlrl venv ready in {seconds:.1f} s: {got}", file=sys.stderr)
+    return py, seconds
+
+
+# ------------------------------------------------------------------------------------------------
+# the CoMLRL driver (runs inside the comlrl venv; plain CoMLRL API, timing by wrapping its methods)
+# ------------------------------------------------------------------------------------------------
+
+COMLRL_DRIVER = r'''
+import json, os, random, resource, sys, time
+
+spec = json.load(open(sys.argv[1]))
+import numpy as np
+import torch
+
+torch.set_num_threads(spec["threads"])
+random.seed(spec["seed"]); np.random.seed(spec["seed"]); torch.manual_seed(spec["seed"])
+
+import comlrl, transformers
+from datasets import Dataset
+from transformers import AutoTokenizer
+from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+B, K, W, S = spec["batch"], spec["k"], spec["warmup"], spec["steps"]
+letters = spec["letters"]
+n_agents = len(letters)
+
+# Same prompt tokens as accord: the instances' chat messages through the model's chat template
+# (comlrl tokenizes formatter output as plain text, adding no special tokens of its own here).
+tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+def chat(messages):
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+records = []
+for inst in spec["instances"]:
+    rec = {"id": inst["id"]}
+    for i, messages in enumerate(inst["messages"]):
+        rec[f"prompt_{i}"] = chat(messages)
+    records.append(rec)
+train = Dataset.from_list(records)
+formatters = [(lambda item, i=i: item[f"prompt_{i}"]) for i in range(n_agents)]
+
+def share(text, letter):
+    words = text.split()
+    return sum(letter in w.lower() for w in words) / len(words) if words else 0.0
+
+def team_reward(*agent_completions):
+    # comlrl calls this once per joint action, each argument a one-element list of one agent's text
+    return [sum(share(c[0], l) for c, l in zip(agent_completions, letters)) / n_agents]
+
+args = MAGRPOConfig(
+    num_train_epochs=1,
+    agent_learning_rate=spec["lr"],
+    logging_steps=10**9,
+    num_agents=n_agents,
+    agent_devices="cpu",
+    num_generations=K,
+    max_new_tokens=spec["max_new_tokens"],
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,                      # 0 disables HF's top-k warper (None would fall back to generation_config)
+    num_turns=1,
+    joint_mode="aligned",
+    early_termination_threshold=None,
+    eval_interval=0,
+    rollout_buffer_size=B,        # one update per agent per B prompts, over those B prompts' samples
+    train_batch_size=B,
+    advantage_normalization=True,
+    advantage_mode="mean",
+)
+t_load = time.perf_counter()
+trainer = MAGRPOTrainer(agent_model=spec["model_dir"], num_agents=n_agents, reward_func=team_reward,
+                        formatters=formatters, train_dataset=train, args=args, wandb_config=None)
+load_s = time.perf_counter() - t_load
+
+marks, cpu_marks, gen_calls, upd_calls, rewards, prompt_lens = [], [], [], [], [], []
+orig_step = trainer._train_step_returns
+def timed_step(item, **kw):
+    out = orig_step(item, **kw)
+    marks.append(time.perf_counter())
+    cpu_marks.append(time.process_time())
+    return out
+trainer._train_step_returns = timed_step
+
+orig_gen = trainer._generate_completions
+def timed_gen(*a, **kw):
+    t = time.perf_counter()
+    out = orig_gen(*a, **kw)
+    gen_calls.append((t, time.perf_counter() - t, len(out["completions"][0]), sum(out["response_lens"])))
+    prompt_lens.append(int(out["prompt_input_ids"].shape[1]))
+    return out
+trainer._generate_completions = timed_gen
+
+orig_rew = trainer._compute_rewards
+def recorded_rewards(*a, **kw):
+    out = orig_rew(*a, **kw)
+    rewards.extend(out)
+    return out
+trainer._compute_rewards = recorded_rewards
+
+orig_upd = trainer._update_from_samples
+def timed_upd(agent_idx, samples):
+    t = time.perf_counter()
+    n_seq = sum(len(s.completions_data["completion_input_ids"][0]) for s in samples)
+    n_tok = sum(int(c.numel()) for s in samples for c in s.completions_data["completion_input_ids"][0])
+    out = orig_upd(agent_idx, samples)
+    upd_calls.append((t, time.perf_counter() - t, n_seq, n_tok))
+    return out
+trainer._update_from_samples = timed_upd
+
+t_start, cpu_start = time.perf_counter(), time.process_time()
+trainer.train()
+t_end = time.perf_counter()
+
+n_prompts = len(marks)
+assert n_prompts == B * (W + S), (n_prompts, B, W, S)
+step_ends = [marks[(i + 1) * B - 1] for i in range(W + S)]
+begin = step_ends[W - 1] if W else t_start
+step_times = [b - a for a, b in zip([begin] + step_ends[W:-1], step_ends[W:])]
+measured = step_ends[-1] - begin
+cpu_ends = [cpu_marks[(i + 1) * B - 1] for i in range(W + S)]
+measured_cpu = cpu_ends[-1] - (cpu_ends[W - 1] if W else cpu_start)
+in_window = lambda calls: [c for c in calls if begin <= c[0] <= step_ends[-1]]
+gen_w, upd_w = in_window(gen_calls), in_window(upd_calls)
+completions_trained = sum(c[2] for c in upd_w)
+result = {
+    "framework": "comlrl",
+    "versions": {"comlrl": comlrl.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+    "threads": torch.get_num_threads(),
+    "load_s": load_s,
+    "steps": S,
+    "measured_s": measured,
+    "measured_cpu_s": measured_cpu,
+    "step_times_s": step_times,
+    "mean_prompt_tokens": float(np.mean(prompt_lens)),
+    "completions_generated": sum(c[2] for c in gen_w),
+    "completions_trained": completions_trained,
+    "completions_per_step": completions_trained / S,
+    "completions_per_s": completions_trained / measured,
+    "generate_calls_per_step": len(gen_w) / S,
+    "optimizer_steps_per_step": len(upd_w) / S,
+    "gen_s_per_step": sum(c[1] for c in gen_w) / S,
+    "update_s_per_step": sum(c[1] for c in upd_w) / S,
+    "mean_completion_tokens": sum(c[3] for c in gen_w) / max(1, sum(c[2] for c in gen_w)),
+    "trained_tokens_per_completion": sum(c[3] for c in upd_w) / max(1, completions_trained),
+    "mean_team_reward": float(np.mean(rewards)) if rewards else None,
+    "tail_s": t_end - step_ends[-1],
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+}
+print("@@VS_COMLRL_RESULT@@ " + json.dumps(result), flush=True)
+'''
+
+
+# ------------------------------------------------------------------------------------------------
+# the accord side (runs as a subprocess of this script, in this interpreter)
+# ------------------------------------------------------------------------------------------------
+
+def accord_worker(spec: dict) -> dict:
+    import torch
+
+    from accord.config import config_from_dict
+    from accord.trainer import Trainer
+
+    B, K, W, S = spec["batch"], spec["k"], spec["warmup"], spec["steps"]
+    cfg = config_from_dict({
+        "run": {"name": "vs-comlrl", "run_dir": spec["run_dir"], "seed": spec["seed"], "steps": W + S,
+                "threads": spec["threads"], "eval_before": False, "eval_after": False},
+        "specialization": spec["specialization"],
+        "policies": {"main": {"model": spec["model_dir"]}},
+        "task": {"name": "letters", "eval_size": 0},
+        "algorithm": {"num_generations": K, "joint_mode": "aligned", "advantage": "mean",
+                      "normalize_std": True,   # comlrl's default advantage_normalization (z-score per group)
+                      "loss_agg": "seq_sum"},  # comlrl: sum of token log-probs per sequence, mean over sequences
+        "rollout": {"batch_size": B, "max_new_tokens": spec["max_new_tokens"], "temperature": 1.0,
+                    "top_p": 1.0, "top_k": 0},
+        "training": {"lr": spec["lr"], "micro_batch_size": spec["micro_batch_size"],
+                     "max_grad_norm": None},   # comlrl does not clip
+        "logging": {"console": False, "tensorboard": False, "completions_every": 0},
+    })
+    t = time.perf_counter()
+    trainer = Trainer(cfg)
+    load_s = time.perf_counter() - t
+    instances, step_times, metrics_seen, completions, prompt_lens = [], [], [], 0, []
+    for step in range(W + S):
+        for row in trainer.batch_rows(step):
+            messages = [trainer.task.prompt(a, row) for a in trainer.agents]
+            instances.append({"id": str(row.get("id")), "messages": messages})
+            for a, m in zip(trainer.agents, messages):
+                prompt_lens.append(len(trainer.policies[trainer.agent_policy[a]].encode_chat(m)))
+    begin, cpu_begin = time.perf_counter(), time.process_time()
+    for step in range(W + S):
+        if step == W:
+            begin, cpu_begin = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
+        metrics, table = trainer.train_step(step)
+        dt = time.perf_counter() - t
+        if step >= W:
+            step_times.append(dt)
+            metrics_seen.append(metrics)
+            completions += len(table)
+    measured = time.perf_counter() - begin
+    measured_cpu = time.process_time() - cpu_begin
+
+    def mean_of(key_pred):
+        vals = [v for m in metrics_seen for k, v in m.items() if key_pred(k)]
+        return sum(vals) / len(vals) if vals else None
+
+    return {
+        "framework": "accord",
+        "versions": {"torch": torch.__version__, "transformers": _installed_version("transformers")},
+        "threads": torch.get_num_threads(),
+        "specialization": spec["specialization"],
+        "policies": len(trainer.policies),
+        "load_s": load_s,
+        "steps": S,
+        "measured_s": measured,
+        "measured_cpu_s": measured_cpu,
+        "step_times_s": step_times,
+        "mean_prompt_tokens": sum(prompt_lens) / len(prompt_lens),
+        "completions_generated": completions,
+        "completions_trained": completions,
+        "completions_per_step": completions / S,
+        "completions_per_s": completions / measured,
+        "generate_calls_per_step": None,
+        "optimizer_steps_per_step": len(trainer.policies) * cfg.training.num_mini_batches * cfg.algorithm.ppo_epochs,
+        "gen_s_per_step": mean_of(lambda k: k == "time/gen"),
+        "update_s_per_step": mean_of(lambda k: k == "time/update"),
+        "mean_completion_tokens": mean_of(lambda k: k.startswith("agent/") and k.endswith("/completion_len")),
+        "trained_tokens_per_completion": mean_of(lambda k: k.startswith("agent/") and k.endswith("/completion_len")),
+        "mean_team_reward": mean_of(lambda k: k == "team/reward"),
+        "instances": instances,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# orchestration
+# ------------------------------------------------------------------------------------------------
+
+def run_worker(cmd: list[str], env: dict, label: str, timeout: float) -> dict:
+    print(f"[bench] running {label} ...", file=sys.stderr)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
+        raise SystemExit(f"{label} failed (exit {proc.returncode}):\n{tail}")
+    res = json.loads(lines[-1][len(RESULT_TAG):])
+    print(f"[bench]   {label}: {res['completions_per_s']:.1f} completions/s, steps "
+          f"{' '.join(f'{t:.2f}' for t in res['step_times_s'])} s", file=sys.stderr)
+    return res
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Best round (highest throughput: least disturbed by other load) plus robust aggregates."""
+    best = max(runs, key=lambda r: r["completions_per_s"])
+    all_steps = [t for r in runs for t in r["step_times_s"]]
+    per_step = best["completions_per_step"]
+    return {
+        **best,
+        "rounds": len(runs),
+        "completions_per_s_rounds": [r["completions_per_s"] for r in runs],
+        "completions_per_s_median_round": _median([r["completions_per_s"] for r in runs]),
+        "median_step_s": _median(all_steps),
+        "completions_per_s_median_step": per_step / _median(all_steps),
+        "completions_per_cpu_s": per_step * best["steps"] / best["measured_cpu_s"],
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+    }
+
+
+def fmt_table(res: dict) -> str:
+    head = (f"{'framework':<10} {'completions/s':>14} {'step time (s)':>14} {'completions/step':>17} "
+            f"{'gen s/step':>11} {'update s/step':>14} {'peak RSS MiB':>13}")
+    lines = [head]
+    for side in ("accord", "comlrl"):
+        r = res.get(side)
+        if not r:
+            continue
+        step = r["measured_s"] / r["steps"]
+        lines.append(f"{side:<10} {r['completions_per_s']:>14.1f} {step:>14.3f} {r['completions_per_step']:>17.0f} "
+                     f"{r['gen_s_per_step']:>11.3f} {r['update_s_per_step']:>14.3f} {r['peak_rss_mib']:>13.0f}")
+    if res.get("ratio") is not None:
+        lines.append(f"ratio accord/comlrl: {res['ratio']:.2f}  (target >= 5)")
+        rb = res["ratio_robust"]
+        lines.append(f"  other estimates: median round {rb['median_round']:.2f}, median step time "
+                     f"{rb['median_step']:.2f}, per CPU-second {rb['per_cpu_s']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--hidden", type=int, default=64, help="tiny model hidden size")
+    p.add_argument("--layers", type=int, default=2, help="tiny model layers")
+    p.add_argument("--heads", type=int, default=4, help="tiny model attention heads")
+    p.add_argument("--vocab", type=int, default=2048, help="tiny model vocabulary size")
+    p.add_argument("--k", type=int, default=4, help="K: completions per agent per prompt")
+    p.add_argument("--batch", type=int, default=4, help="B: task instances (prompts) per step")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--steps", type=int, default=4, help="measured steps")
+    p.add_argument("--warmup", type=int, default=1, help="warm-up steps, excluded from timing")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="fresh process pairs per framework, alternating; the fastest round of each is reported")
+    p.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--accord-specialization", choices=("separate", "shared"), default="separate",
+                   help="separate = one model + optimizer per agent, as CoMLRL does")
+    p.add_argument("--micro-batch-size", type=int, default=64, help="accord training.micro_batch_size")
+    p.add_argument("--bench-dir", default=os.environ.get("ACCORD_BENCH_DIR", str(REPO / ".bench")),
+                   help="models, runs and the comlrl venv ($ACCORD_BENCH_DIR)")
+    p.add_argument("--reinstall", action="store_true", help="recreate the comlrl venv")
+    p.add_argument("--skip-comlrl", action="store_true", help="run accord only")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per framework run")
+    p.add_argument("--import-wait", type=float, default=900, help="seconds to wait for accord.models")
+    p.add_argument("--json", dest="json_path", help="also write the results JSON here")
+    p.add_argument("--worker", choices=("accord",), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker == "accord":
+        spec = json.loads(Path(args.spec).read_text())
+        print(RESULT_TAG + json.dumps(accord_worker(spec)), flush=True)
+        return 0
+
+    if args.warmup < 0 or args.steps < 1 or args.rounds < 1:
+        p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
+    bench_dir = Path(args.bench_dir).resolve()
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    env = worker_env(args.threads, bench_dir)
+
+    install_s = None
+    comlrl_py = None
+    if not args.skip_comlrl:
+        comlrl_py, install_s = ensure_comlrl_venv(bench_dir, args.reinstall)
+    model_dir = ensure_model(args, bench_dir)
+
+    common = {"model_dir": str(model_dir), "batch": args.batch, "k": args.k, "warmup": args.warmup,
+              "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+              "lr": args.lr, "seed": args.seed}
+    results: dict = {
+        "config": {**common, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
+                   "vocab": args.vocab, "agents": list(AGENT_LETTERS), "rounds": args.rounds,
+                   "accord_specialization": args.accord_specialization},
+        "comlrl_venv_install_s": install_s,
+    }
+    runs: dict[str, list[dict]] = {"accord": [], "comlrl": []}
+    with tempfile.TemporaryDirectory(prefix="vs_comlrl.") as tmp:
+        run_dir = bench_dir / "runs" / "vs-comlrl"
+        spec_path = Path(tmp) / "accord_spec.json"
+        spec_path.write_text(json.dumps({**common, "run_dir": str(run_dir),
+                                         "specialization": args.accord_specialization,
+                                         "micro_batch_size": args.micro_batch_size}))
+        driver = Path(tmp) / "comlrl_driver.py"
+        driver.write_text(COMLRL_DRIVER)
+        cspec = Path(tmp) / "comlrl_spec.json"
+        instances = None
+
+        def run_accord(rnd: int) -> None:
+            nonlocal instances
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            res = run_worker([sys.executable, str(Path(__file__).resolve()), "--worker", "accord", "--spec",
+                              str(spec_path)], env, f"accord (round {rnd + 1}/{args.rounds})", args.timeout)
+            got = res.pop("instances")
+            if instances is None:
+                instances = got
+                # exactly the prompts accord trains on, in the same order
+                cspec.write_text(json.dumps({**common, "letters": list(AGENT_LETTERS), "instances": instances}))
+            runs["accord"].append(res)
+
+        def run_comlrl(rnd: int) -> None:
+            runs["comlrl"].append(run_worker([str(comlrl_py), str(driver), str(cspec)], env,
+                                             f"comlrl (round {rnd + 1}/{args.rounds})", args.timeout))
+
+        for rnd in range(args.rounds):
+            order = [run_accord] if args.skip_comlrl else (
+                [run_accord, run_comlrl] if rnd % 2 == 0 or instances is None else [run_comlrl, run_accord])
+            for fn in order:
+                fn(rnd)
+
+    for side, rs in runs.items():
+        if rs:
+            results[side] = summarize(rs)
+    results["ratio"] = None
+    if results.get("comlrl"):
+        a, c = results["accord"], results["comlrl"]
+        results["ratio"] = a["completions_per_s"] / c["completions_per_s"]
+        results["ratio_robust"] = {
+            "median_round": a["completions_per_s_median_round"] / c["completions_per_s_median_round"],
+            "median_step": a["completions_per_s_median_step"] / c["completions_per_s_median_step"],
+            "per_cpu_s": a["completions_per_cpu_s"] / c["completions_per_cpu_s"],
+        }
+        if abs(a["mean_prompt_tokens"] - c["mean_prompt_tokens"]) > 1e-9:
+            print(f"[bench] WARNING: mean prompt length differs: accord {a['mean_prompt_tokens']:.2f}, "
+                  f"comlrl {c['mean_prompt_tokens']:.2f} tokens", file=sys.stderr)
+
+    cfg = results["config"]
+    print(f"MAGRPO single-turn, letters task, 2 agents, tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, "
+          f"vocab {cfg['vocab']}), K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
+          f"{cfg['steps']} measured steps (+{cfg['warmup']} warm-up), {cfg['threads']} threads, "
+          f"best of {cfg['rounds']} rounds; accord specialization={cfg['accord_specialization']}")
+    print(fmt_table(results))
+    if install_s:
+        print(f"comlrl venv installed in {install_s:.1f} s")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""End-to-end behaviour of the trainer on tiny real models: learning, updates, resume, errors."""
+
+import math
+
+import pytest
+import torch
+
+from accord.config import config_from_dict
+from accord.envs.base import register_task
+from accord.envs.synthetic import LettersTask
+from accord.logging import read_metrics
+from accord.policies import TrainingError
+from accord.rollout.magrpo import RewardError
+from accord.trainer import Trainer
+
+
+def weights(trainer):
+    return {f"{p}/{k}": v.detach().clone() for p, pol in trainer.policies.items()
+            for k, v in pol.model.named_parameters()}
+
+
+def test_every_trainable_parameter_changes(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1})))
+    before = weights(trainer)
+    trainer.train()
+    after = weights(trainer)
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert not unchanged, f"parameters not updated: {unchanged}"
+
+
+def test_separate_policies_each_update(tiny_cfg):
+    data = tiny_cfg(run={"steps": 1}, specialization="separate",
+                    policies={"pe": {"model": "tiny-llama"}, "po": {"model": "tiny-qwen2"}},
+                    agents=[{"name": "e", "policy": "pe"}, {"name": "o", "policy": "po"}])
+    trainer = Trainer(config_from_dict(data))
+    assert set(trainer.policies) == {"pe", "po"}
+    before = weights(trainer)
+    trainer.train()
+    after = weights(trainer)
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    rec = read_metrics(trainer.run_dir)[-1]
+    assert "loss/pe/pg" in rec and "loss/po/pg" in rec
+
+
+def test_team_reward_rises(tiny_cfg):
+    """The learning test: on the cooperative letters task the team reward must rise within 30 steps."""
+    data = tiny_cfg(run={"steps": 30, "eval_before": True, "eval_after": True},
+                    task={"name": "letters", "eval_size": 16},
+                    algorithm={"num_generations": 4, "normalize_std": True},
+                    rollout={"batch_size": 8, "max_new_tokens": 12, "temperature": 1.0, "eval_temperature": 1.0},
+                    training={"lr": 2e-2, "micro_batch_size": 64})
+    trainer = Trainer(config_from_dict(data))
+    trainer.train()
+    recs = read_metrics(trainer.run_dir)
+    train = [r["team/reward"] for r in recs if "team/reward" in r]
+    first, last = sum(train[:5]) / 5, sum(train[-5:]) / 5
+    assert last > first + 0.15, f"team reward did not rise: first five {first:.3f}, last five {last:.3f}"
+    evals = [r["eval/team/reward"] for r in recs if "eval/team/reward" in r]
+    assert evals[-1] > evals[0], f"held-out reward did not rise: {evals}"
+
+
+@pytest.mark.parametrize("joint_mode,loss_agg,kl", [("aligned", "token_mean", 0.0), ("cross", "seq_mean_token_mean", 0.1)])
+def test_resume_is_exact(tiny_cfg, tmp_path, joint_mode, loss_agg, kl):
+    common = dict(algorithm={"num_generations": 3, "joint_mode": joint_mode, "loss_agg": loss_agg, "kl_coef": kl,
+                             "ppo_epochs": 2},
+                  training={"lr": 1e-3, "micro_batch_size": 5, "schedule": "cosine", "warmup_steps": 1})
+    full = Trainer(config_from_dict(tiny_cfg(run={"steps": 4, "run_dir": str(tmp_path / "a")}, **common)))
+    full.train()
+    cfg_b = tiny_cfg(run={"steps": 4, "run_dir": str(tmp_path / "b"), "checkpoint_every": 2}, **common)
+    Trainer(config_from_dict(cfg_b)).train(stop_after=2)
+    resumed = Trainer(config_from_dict(cfg_b), resume=True)
+    assert resumed.start_step == 2
+    resumed.train()
+    a, b = weights(full), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["step"] for r in rb] == [1, 2, 3, 4]
+    assert [r["team/reward"] for r in ra] == [r["team/reward"] for r in rb]
+
+
+class _BadReward(LettersTask):
+    mode = "nan"
+
+    def reward(self, *, prompts=None, completions, agents, **kwargs):
+        out = super().reward(prompts=prompts, completions=completions, agents=agents)
+        if self.mode == "nan":
+            out[3] = math.nan
+        elif self.mode == "short":
+            out = out[:-1]
+        else:
+            raise KeyError("missing column")
+        return out
+
+
+@register_task("bad-reward-test", "test only")
+def _make_bad(mode: str = "nan"):
+    task = _BadReward()
+    task.mode = mode
+    return task
+
+
+@pytest.mark.parametrize("mode,text", [("nan", "is nan for joint action 3"), ("short", "returned 7 values for 8"),
+                                       ("raise", "raised KeyError")])
+def test_bad_rewards_are_named_errors(tiny_cfg, mode, text):
+    trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "bad-reward-test", "options": {"mode": mode},
+                                                      "eval_size": 0})))
+    with pytest.raises(RewardError, match=text) as info:
+        trainer.train()
+    if mode == "nan":
+        assert "row 'train-" in str(info.value) and "e: " in str(info.value)
+
+
+def test_nan_loss_stops_with_step_and_policy(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg()))
+    model = trainer.policies["main"].model
+
+    def poison(module, args, output):  # only the update's forward (generation runs without grad)
+        return output * float("nan") if torch.is_grad_enabled() else output
+
+    model.model.norm.register_forward_hook(poison)
+    with pytest.raises(TrainingError, match="step 0: loss of policy 'main' is nan"):
+        trainer.train()
+
+
+def test_nan_weights_stop_generation_with_a_clear_error(tiny_cfg):
+    from accord.generation.hf import GenerationError
+
+    trainer = Trainer(config_from_dict(tiny_cfg()))
+    with torch.no_grad():
+        next(trainer.policies["main"].model.parameters()).fill_(float("nan"))
+    with pytest.raises(GenerationError, match="policy 'main'.*non-finite"):
+        trainer.train()
+
+
+def test_prompt_longer_than_limit(tiny_cfg):
+    from accord.policies import PromptTooLongError
+
+    trainer = Trainer(config_from_dict(tiny_cfg(rollout={"batch_size": 2, "max_prompt_tokens": 4})))
+    with pytest.raises(PromptTooLongError, match="max_prompt_tokens"):
+        trainer.train()
+
+
+def test_metrics_and_completions_are_written(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 2, "eval_before": True, "eval_after": True},
+                                                task={"name": "letters", "eval_size": 4})))
+    trainer.train()
+    recs = read_metrics(trainer.run_dir)
+    assert recs[0]["step"] == 0 and "eval/team/reward" in recs[0]
+    last = recs[-1]
+    for key in ["team/reward", "agent/e/reward", "agent/o/completion_len", "loss/main/pg", "loss/main/entropy",
+                "loss/main/clip_frac", "loss/main/grad_norm", "time/gen", "time/update", "perf/gen_tokens_per_s",
+                "eval/team/reward"]:
+        assert key in last and math.isfinite(last[key]), key
+    assert abs(last["loss/main/logp_diff"]) < 1e-3  # stored sampling log-probs = training log-probs
+    rows = (trainer.run_dir / "completions" / "step_000002.jsonl").read_text().splitlines()
+    assert len(rows) == 2 * 4 * 2
+    assert (trainer.run_dir / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors").is_file()
