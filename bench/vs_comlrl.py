@@ -13,7 +13,11 @@ agent, so accord runs ``specialization: separate`` unless ``--accord-specializat
 
 The metric is completions trained per second: agent completions that were generated, rewarded and
 used in a gradient update, divided by the wall time of the measured steps (generation + reward +
-advantage + update: everything). One warm-up step is run and excluded. See bench/README.md.
+advantage + update: everything). One warm-up step is run and excluded. Each framework runs
+``--rounds`` times (fresh processes, alternating order) and its fastest round is reported, with the
+median-round, median-step and per-CPU-second ratios alongside. Both sides run with
+OMP_WAIT_POLICY=PASSIVE by default, which keeps timings stable on a machine shared with other jobs.
+See bench/README.md for what exactly is compared and why it is fair.
 
 CoMLRL (``comlrl==1.4.3``) runs in its own virtual environment, created here on first use under
 ``$ACCORD_BENCH_DIR`` (default ``<repo>/.bench``): torch 2.13.0 is installed first (the CPU wheel),
@@ -47,7 +51,7 @@ AGENT_LETTERS = ("e", "o")  # accord's letters task: agent e writes words with '
 # environment shared by both sides
 # ------------------------------------------------------------------------------------------------
 
-def worker_env(threads: int, bench_dir: Path) -> dict[str, str]:
+def worker_env(threads: int, bench_dir: Path, omp_wait_policy: str = "") -> dict[str, str]:
     """Offline, telemetry-free, fixed-thread environment for both framework subprocesses."""
     env = dict(os.environ)
     for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
@@ -72,6 +76,13 @@ def worker_env(threads: int, bench_dir: Path) -> dict[str, str]:
         "PYTHONNOUSERSITE": "1",
         "PYTHONUNBUFFERED": "1",
     })
+    if omp_wait_policy:
+        # PASSIVE: idle OpenMP workers sleep instead of spinning. On a machine shared with other
+        # jobs, spinning workers of a 2-thread process fight for the cores and single steps can
+        # take 10-100x longer; with passive waiting timings stay stable. Same setting both sides.
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
+    else:
+        env.pop("OMP_WAIT_POLICY", None)
     return env
 
 
@@ -398,7 +409,9 @@ def accord_worker(spec: dict) -> dict:
         "completions_trained": completions,
         "completions_per_step": completions / S,
         "completions_per_s": completions / measured,
-        "generate_calls_per_step": None,
+        "generate_calls_per_step": sum(
+            -(-B * K * sum(1 for a in trainer.agents if trainer.agent_policy[a] == name)
+              // cfg.rollout.generation_batch_size) for name in trainer.policies),
         "optimizer_steps_per_step": len(trainer.policies) * cfg.training.num_mini_batches * cfg.algorithm.ppo_epochs,
         "gen_s_per_step": mean_of(lambda k: k == "time/gen"),
         "update_s_per_step": mean_of(lambda k: k == "time/update"),
@@ -415,13 +428,14 @@ def accord_worker(spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def run_worker(cmd: list[str], env: dict, label: str, timeout: float) -> dict:
-    print(f"[bench] running {label} ...", file=sys.stderr)
+    print(f"[bench] running {label} (load average {os.getloadavg()[0]:.2f}) ...", file=sys.stderr)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if proc.returncode != 0 or not lines:
         tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
         raise SystemExit(f"{label} failed (exit {proc.returncode}):\n{tail}")
     res = json.loads(lines[-1][len(RESULT_TAG):])
+    res["loadavg_1min_after"] = os.getloadavg()[0]  # other jobs on the machine disturb timings
     print(f"[bench]   {label}: {res['completions_per_s']:.1f} completions/s, steps "
           f"{' '.join(f'{t:.2f}' for t in res['step_times_s'])} s", file=sys.stderr)
     return res
@@ -484,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3,
                    help="fresh process pairs per framework, alternating; the fastest round of each is reported")
     p.add_argument("--threads", type=int, default=2, help="torch threads on both sides")
+    p.add_argument("--omp-wait-policy", default="PASSIVE", choices=("PASSIVE", "ACTIVE", ""),
+                   help="OMP_WAIT_POLICY for both sides ('' = library default, spinning)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--accord-specialization", choices=("separate", "shared"), default="separate",
@@ -509,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     bench_dir = Path(args.bench_dir).resolve()
     bench_dir.mkdir(parents=True, exist_ok=True)
-    env = worker_env(args.threads, bench_dir)
+    env = worker_env(args.threads, bench_dir, args.omp_wait_policy)
 
     install_s = None
     comlrl_py = None
@@ -523,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {
         "config": {**common, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                    "vocab": args.vocab, "agents": list(AGENT_LETTERS), "rounds": args.rounds,
+                   "omp_wait_policy": args.omp_wait_policy, "cpu_count": os.cpu_count(),
                    "accord_specialization": args.accord_specialization},
         "comlrl_venv_install_s": install_s,
     }
