@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
+from accord.envs.base import TaskError
+from accord.models import ModelNotFoundError
+from accord.policies import PromptTooLongError
 
 logger = logging.getLogger("accord")
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError) as err:
         logger.error("%s", err)
         return 2
 

@@ -46,7 +46,7 @@ class RunConfig:
     output_dir: str = _f("runs", "Parent directory of run directories.")
     run_dir: str | None = _f(None, "Exact run directory; default output_dir/name.")
     seed: int = _f(0, "One seed drives model init, data order, sampling and dropout.")
-    steps: int = _f(12, "Number of training steps (one rollout batch and its updates per step).")
+    steps: int = _f(15, "Number of training steps (one rollout batch and its updates per step).")
     threads: int | None = _f(None, "torch.set_num_threads; None leaves torch's default.")
     checkpoint_every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = _f(2, "How many most-recent checkpoints to keep (>= 1).")
@@ -85,7 +85,7 @@ class TaskConfig:
     name: str = _f("writing", "Task name (see `accord envs`).")
     options: dict = _f(help="Task-specific options, e.g. {variant: tldr, source: auto}.", factory=dict)
     train_size: int | None = _f(None, "Use at most this many training instances (None: all).")
-    eval_size: int = _f(16, "Number of held-out instances to evaluate on.")
+    eval_size: int = _f(12, "Number of held-out instances to evaluate on.")
 
     def __post_init__(self) -> None:
         _positive("task", "eval_size", self.eval_size, 0)
@@ -132,7 +132,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    batch_size: int = _f(4, "B: task instances per training step.")
+    batch_size: int = _f(2, "B: task instances per training step.")
     max_new_tokens: int = _f(96, "Completion length cap in tokens.")
     max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens; a longer prompt is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
@@ -159,7 +159,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainingConfig:
-    lr: float = _f(2e-5, "AdamW learning rate (per-policy `lr` overrides it).")
+    lr: float = _f(3e-5, "AdamW learning rate (per-policy `lr` overrides it).")
     betas: tuple = _f((0.9, 0.999), "AdamW betas.")
     weight_decay: float = _f(0.0, "AdamW decoupled weight decay.")
     eps: float = _f(1e-8, "AdamW epsilon.")
@@ -168,7 +168,8 @@ class TrainingConfig:
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
     micro_batch_size: int = _f(8, "Sequences per forward/backward in the update (gradient accumulation).")
     num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
-    bf16: bool = _f(False, "bf16 autocast for forward/backward over fp32 master weights.")
+    bf16: bool = _f(False, "bf16 autocast for the update's forward/backward over fp32 master weights. Fast only "
+                    "where the hardware has bf16 matrix units (GPU, AMX/AVX512-BF16 CPUs); warned otherwise.")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -65,6 +65,10 @@ class Policy:
                                            weight_decay=training.weight_decay, eps=training.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
+        if training.bf16 and torch.backends.cpu.get_cpu_capability() not in ("AVX512_BF16", "AMX"):
+            logger.warning(
+                "training.bf16=true on a CPU without bf16 matrix units (torch reports %s): bf16 matmuls run "
+                "10-100x slower than fp32 here; set training.bf16=false", torch.backends.cpu.get_cpu_capability())
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -127,8 +131,8 @@ class Policy:
                            **kwargs).logits
         logits = logits[:, -(c + 1):-1]
         processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
-        logp = gather_logprobs(processed, targets)
-        ent = entropy_from_logits(processed) if want_entropy else None
+        logp, logz = gather_logprobs(processed, targets, return_logz=True)
+        ent = entropy_from_logits(processed, logz.detach()) if want_entropy else None
         return logp, ent, mask
 
     # --- update ----------------------------------------------------------------------------------

@@ -312,11 +312,11 @@ def _render_markdown(
         lines.append(f"- **Total time:** {_fmt_duration(total)} ({total:.1f} s, {source})")
     else:
         lines.append("- **Total time:** n/a (no `time/*` metrics)")
-    tput = series.get("perf/tokens_per_s")
+    tput = series.get("perf/gen_tokens_per_s")
     if tput is not None and tput.finite.size:
-        lines.append(f"- **Throughput:** {_fmt(float(tput.finite.mean()))} tokens/s (mean of `perf/tokens_per_s`)")
+        lines.append(f"- **Throughput:** {_fmt(float(tput.finite.mean()))} generated tokens/s (mean of `perf/gen_tokens_per_s`)")
     else:
-        lines.append("- **Throughput:** n/a (no `perf/tokens_per_s`)")
+        lines.append("- **Throughput:** n/a (no `perf/gen_tokens_per_s`)")
     lines.append("")
 
     main = (["team/reward"] if "team/reward" in series else []) + sorted(

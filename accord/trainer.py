@@ -78,6 +78,7 @@ class Trainer:
         for i, name in enumerate(sorted(per_policy)):
             self.policies[name] = Policy(name, cfg.policies[name], cfg.training, algo, cfg.rollout, total_opt,
                                          seed=cfg.run.seed + i)
+        self._perm_epoch, self._perm = -1, []
         self.run_dir = cfg.run_dir
         self.start_step = 0
         if resume:
@@ -87,9 +88,8 @@ class Trainer:
             state = load_checkpoint(ckpt, self.policies)
             self.start_step = state["step"]
             logger.info("resumed %s at step %d", self.run_dir, self.start_step)
-        else:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.run_dir / "config.yaml")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
         self.sinks = None
 
     # --- data --------------------------------------------------------------------------------------
@@ -100,10 +100,15 @@ class Trainer:
         out = []
         for i in range(step * b, (step + 1) * b):
             epoch, pos = divmod(i, n)
-            perm = list(range(n))
-            random.Random(self.cfg.run.seed * 1_000_003 + epoch).shuffle(perm)
-            out.append(self.train_rows[perm[pos]])
+            out.append(self.train_rows[self._permutation(epoch)[pos]])
         return out
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if self._perm_epoch != epoch:
+            perm = list(range(len(self.train_rows)))
+            random.Random(self.cfg.run.seed * 1_000_003 + epoch).shuffle(perm)
+            self._perm_epoch, self._perm = epoch, perm
+        return self._perm
 
     # --- rollout -----------------------------------------------------------------------------------
     def _generate(self, rows: list[dict], k: int, greedy: bool, temperature: float):
@@ -122,11 +127,11 @@ class Trainer:
         for pname, pol in self.policies.items():
             slots = [(a, b, s) for a in self.agents if self.agent_policy[a] == pname
                      for b in range(len(rows)) for s in range(k)]
-            with pol.autocast():
-                outs = generate(pol.model, pol.tokenizer, [prompt_ids[a][b] for a, b, _ in slots],
-                                max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature,
-                                top_k=self.cfg.rollout.top_k, top_p=self.cfg.rollout.top_p, greedy=greedy,
-                                batch_size=self.cfg.rollout.generation_batch_size, name=pname)
+            # fp32 even with training.bf16: bf16 autocast makes CPU decoding about 4x slower
+            outs = generate(pol.model, pol.tokenizer, [prompt_ids[a][b] for a, b, _ in slots],
+                            max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature,
+                            top_k=self.cfg.rollout.top_k, top_p=self.cfg.rollout.top_p, greedy=greedy,
+                            batch_size=self.cfg.rollout.generation_batch_size, name=pname)
             for (a, b, s), g in zip(slots, outs):
                 gens[a][b][s] = g
                 texts[a][b][s] = pol.decode(g.ids)

@@ -33,7 +33,7 @@ def _synthetic_run(run_dir: Path, *, config: str | None = None, nan_step: int | 
                 "time/rollout": 2.0,
                 "time/update": 1.0,
                 "time/step": 3.0,
-                "perf/tokens_per_s": 1000.0 + step,
+                "perf/gen_tokens_per_s": 1000.0 + step,
             }
             if step % 10 == 9:
                 row["eval/reward"] = 0.3 + step * 0.01

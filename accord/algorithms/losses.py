@@ -37,19 +37,27 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     return logits
 
 
-def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop)."""
+def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor, return_logz: bool = False):
+    """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop).
+
+    Only the normaliser is computed over the vocabulary; no full log-softmax tensor is built.
+    """
     logz = torch.logsumexp(processed_logits, dim=-1)
     picked = processed_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - logz
+    return (picked - logz, logz) if return_logz else picked - logz
 
 
-def entropy_from_logits(processed_logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the sampling distribution at each position (no gradient)."""
+def entropy_from_logits(processed_logits: torch.Tensor, logz: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position (no gradient).
+
+    ``logz`` (the logsumexp over the vocabulary) can be passed when already computed.
+    """
     with torch.no_grad():
-        logp = torch.log_softmax(processed_logits, dim=-1)
-        p = logp.exp()
-        return -(p * logp.nan_to_num(neginf=0.0)).sum(-1)
+        if logz is None:
+            logz = torch.logsumexp(processed_logits, dim=-1)
+        p = torch.exp(processed_logits - logz.unsqueeze(-1))
+        # H = logz - sum p * logit; truncated tokens have p = 0 and logit -inf, so skip them
+        return logz - torch.where(p > 0, p * processed_logits, 0.0).sum(-1)
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""The command line, run as a user would: real subprocesses, real files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def accord(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "accord.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_train_report_resume_from_the_cli(tmp_path):
+    example = REPO / "examples" / "tiny.yaml"
+    run = accord("train", str(example), "run.steps=3", "run.checkpoint_every=2", f"run.output_dir={tmp_path}",
+                 "task.eval_size=4", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    run_dir = tmp_path / "tiny"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+    assert (run_dir / "config.yaml").is_file() and list((run_dir / "tb").iterdir())
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
+
+    more = accord("train", "--resume", str(run_dir), "run.steps=5", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr
+    assert "resumed" in more.stderr
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5]
+
+    rep = accord("report", str(run_dir), cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    report_dir = run_dir / "report"
+    assert {"reward.png", "loss.png", "report.md"} <= {p.name for p in report_dir.iterdir()}
+    assert "team/reward" in (report_dir / "report.md").read_text()
+
+
+def test_envs_lists_tasks(tmp_path):
+    out = accord("envs", cwd=tmp_path)
+    assert out.returncode == 0
+    assert "writing" in out.stdout and "letters" in out.stdout
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
+    bad_key = accord("train", "rollout.bach_size=3", cwd=tmp_path)
+    assert bad_key.returncode == 2
+    assert "did you mean 'rollout.batch_size'" in bad_key.stderr and "Traceback" not in bad_key.stderr
+    missing = accord("train", "policies.main.model=/no/such/model", "task.name=letters", cwd=tmp_path)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "/no/such/model" in missing.stderr
+    no_run = accord("train", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
+    assert no_run.returncode == 2 and "no config.yaml" in no_run.stderr
