@@ -79,7 +79,7 @@ def test_write_report_full(tmp_path):
     assert _table_row(md, "eval/reward")[5] == "3"
     assert "Steps logged:** 30 (step 0 to 29)" in md
     assert "Total time:** 0:01:30 (90.0 s, sum of `time/step`)" in md
-    assert f"Throughput:** {1000 + 14.5:.4g} tokens/s" in md
+    assert f"Throughput:** {1000 + 14.5:.4g} generated tokens/s" in md
     assert "non-finite" in md and "`loss/shared/kl` (1)" in md
     for name in ("reward", "loss", "lengths", "time"):
         assert f"![{name}]({name}.png)" in md
