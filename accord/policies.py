@@ -62,7 +62,7 @@ class Policy:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr or training.lr, betas=training.betas,
-                                           weight_decay=training.weight_decay, eps=training.eps)
+                                           weight_decay=training.weight_decay, eps=training.eps, foreach=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
         if training.bf16 and torch.backends.cpu.get_cpu_capability() not in ("AVX512_BF16", "AMX"):

@@ -83,3 +83,22 @@ def test_greedy_is_deterministic():
     a = generate(pol.model, pol.tokenizer, [prompt] * 3, max_new_tokens=6, greedy=True)
     b = generate(pol.model, pol.tokenizer, [prompt], max_new_tokens=6, greedy=True)
     assert a[0].ids == a[2].ids == b[0].ids
+
+
+def test_sampler_draws_from_the_processed_distribution():
+    """The in-processor sampler (inverse CDF) reproduces the truncated, tempered distribution."""
+    from accord.algorithms.losses import process_logits
+    from accord.generation.hf import _Sampler
+
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0, -3.0]]).expand(40000, 6)
+    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.5, 0, 0.8)]:
+        sampler = _Sampler(temperature, top_k, top_p, greedy=False, name="t")
+        scores = sampler(torch.zeros(40000, 1, dtype=torch.long), logits.clone())
+        tokens = scores.argmax(-1)
+        assert (scores.isfinite().sum(-1) == 1).all()
+        want = torch.softmax(process_logits(logits[:1], temperature, top_k, top_p), -1)[0]
+        freq = torch.bincount(tokens, minlength=6).float() / tokens.numel()
+        assert torch.allclose(freq, want, atol=0.01), (freq, want)
+        assert (freq[want == 0] == 0).all()
+        assert torch.allclose(sampler.logprobs[0], want.log()[tokens])

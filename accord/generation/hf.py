@@ -1,9 +1,9 @@
 """Batched generation with Hugging Face ``generate``, returning sampling log-probs.
 
-``generate`` applies its own warpers after user processors, so accord passes a neutral generation
-config (temperature 1, no top-k/top-p, no penalties) plus one processor that applies
-:func:`accord.algorithms.losses.process_logits` and records the log-prob of each sampled token.
-The distribution sampled from is therefore exactly the one the learner evaluates.
+``generate`` would apply its own warpers after user processors, so accord runs it in greedy mode
+with a neutral generation config and one processor that applies
+:func:`accord.algorithms.losses.process_logits`, draws the token from that distribution and records
+its log-prob. The distribution sampled from is therefore exactly the one the learner evaluates.
 
 Prompts are left-padded for generation. The boundary between prompt and completion is the padded
 prompt width (a count, never a search for a pad or EOS id), and a completion ends after its first
@@ -37,33 +37,38 @@ class GenerationError(RuntimeError):
     """The model produced non-finite logits while generating."""
 
 
-class _SampleAndRecord(LogitsProcessor):
-    """Applies the sampling transform and records the log-prob of the token chosen at each step.
+class _Sampler(LogitsProcessor):
+    """Draws each next token itself and records its log-prob under the sampling distribution.
 
-    At step t, ``input_ids[:, -1]`` is the token sampled at step t-1, so its log-prob is read from
-    the distribution kept from the previous call; only one (batch, vocab) buffer is alive at a time.
+    ``generate`` runs in greedy mode and this processor returns a score row that is 0 at the chosen
+    token and -inf elsewhere, so the argmax is the token drawn here. Drawing here rather than
+    through ``generate``'s ``torch.multinomial`` keeps the chosen token and its log-prob together
+    (no bookkeeping across steps) and is faster: inverse-CDF sampling draws one uniform number per
+    row, while multinomial (and an exponential race) draw one per vocabulary entry, which was a fifth
+    of a tiny model's decoding time.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, name: str):
-        self.temperature, self.top_k, self.top_p, self.name = temperature, top_k, top_p, name
-        self.prev: torch.Tensor | None = None
+    def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str):
+        self.temperature, self.top_k, self.top_p, self.greedy, self.name = temperature, top_k, top_p, greedy, name
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.prev is not None:
-            self._take(input_ids[:, -1])
         if torch.isnan(scores).any():
             raise GenerationError(
                 f"policy {self.name!r} produced non-finite (NaN) logits at generation step {len(self.logprobs)}; its "
                 "weights have diverged: lower training.lr or resume from an earlier checkpoint")
         processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
-        self.prev = torch.log_softmax(processed, dim=-1)
-        return processed
-
-    def _take(self, tokens: torch.Tensor) -> None:
-        assert self.prev is not None
-        self.logprobs.append(self.prev.gather(1, tokens.unsqueeze(1)).squeeze(1))
-        self.prev = None
+        logz = torch.logsumexp(processed, dim=-1, keepdim=True)
+        if self.greedy:
+            tokens = processed.argmax(dim=-1, keepdim=True)
+        else:
+            # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
+            # a zero-probability (truncated) token, whose CDF step is flat
+            cdf = (processed - logz).exp_().double().cumsum_(dim=-1)
+            u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+            tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(1) - 1)
+        self.logprobs.append((processed.gather(1, tokens) - logz).squeeze(1))
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -118,15 +123,13 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     for i, p in enumerate(prompts):
         input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         attention[i, width - len(p):] = 1
-    recorder = _SampleAndRecord(temperature, top_k, top_p, name)
+    recorder = _Sampler(temperature, top_k, top_p, greedy, name)
     # generate() fills unset fields from model.generation_config (a checkpoint's file may set
-    # top_k, top_p, temperature or a repetition penalty) and then from global defaults (top_k=50).
-    # Both would transform the logits after our processor, so the model's config is swapped for a
-    # neutral one during the call and top_k=0 is set explicitly when sampling.
-    config = GenerationConfig(do_sample=not greedy, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                              pad_token_id=pad, use_cache=True)
-    if not greedy:
-        config.top_k = 0
+    # sampling options or a repetition penalty) and then from global defaults. In greedy mode no
+    # warper runs after our processor, and the model's config is swapped for a neutral one during
+    # the call so that no penalty or suppression list from a checkpoint's file applies either.
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+                              use_cache=True)
     saved = model.generation_config
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     try:
@@ -137,8 +140,6 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     finally:
         model.generation_config = saved
     completions = seqs[:, width:].cpu()
-    if recorder.prev is not None and completions.size(1) > len(recorder.logprobs):
-        recorder._take(completions[:, len(recorder.logprobs)].to(recorder.prev.device))
     logprobs = torch.stack(recorder.logprobs, dim=1).float().cpu() if recorder.logprobs else torch.zeros(len(prompts), 0)
     if logprobs.size(1) != completions.size(1):
         raise RuntimeError(
