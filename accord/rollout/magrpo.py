@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -123,9 +122,3 @@ def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_
                 ))
     return out
 
-
-def group_by(items, key) -> dict:
-    out = defaultdict(list)
-    for it in items:
-        out[key(it)].append(it)
-    return out
