@@ -212,7 +212,7 @@ class Policy:
                    directory / "optimizer.pt")
 
     def load(self, directory: Path) -> None:
-        missing, unexpected = load_model(self.model, str(directory / "model.safetensors"), strict=True)
+        load_model(self.model, str(directory / "model.safetensors"), strict=True)
         state = torch.load(directory / "optimizer.pt", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
