@@ -559,3 +559,13 @@ def test_prompt_truncates_long_texts():
     row = {"id": "x", "text": words(2000)}
     content = writing_prompt("detailed", row)[-1]["content"]
     assert len(content.split()) < 600 and content.endswith("...")
+
+
+def test_task_pins_the_auto_source_for_both_splits(monkeypatch):
+    from accord.envs.writing_task import WritingTask
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    task = WritingTask(source="auto")
+    train = task.rows("train")
+    assert task.source == "offline" and {r["source"] for r in train} == {"offline"}
+    assert {r["source"] for r in task.rows("eval")} == {"offline"}

@@ -20,8 +20,13 @@ class WritingTask:
         self.agents = TLDR_AGENTS if variant == "tldr" else ARXIV_AGENTS
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        return load_writing_rows(self.variant, split, source=self.source, limit=limit, seed=seed,
+        rows = load_writing_rows(self.variant, split, source=self.source, limit=limit, seed=seed,
                                  data_files=self.data_files)
+        if self.source == "auto" and rows and self.data_files is None:
+            # pin the first choice: train and eval must come from one corpus, even if the hub
+            # stops answering between the two calls
+            self.source = rows[0]["source"]
+        return rows
 
     def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
         return writing_prompt(agent, row, self.variant)
