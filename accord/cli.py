@@ -16,6 +16,8 @@ from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
 from accord.envs.base import TaskError
+from accord.envs.check import EnvCheckError
+from accord.rollout.multiturn import TreeTooLargeError
 from accord.models import ModelNotFoundError
 from accord.policies import PromptTooLongError
 
@@ -52,9 +54,21 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from accord.envs import TASKS
+    from accord.envs import TASKS, make_task
+    from accord.envs.protocol import is_env
 
-    for name, (_, description) in sorted(TASKS.items()):
+    if args.check:
+        from accord.envs.check import check_env
+
+        for name in args.check:
+            if name not in TASKS:
+                make_task(name)  # raises TaskError with the closest name
+            if not is_env(make_task(name)):
+                raise TaskError(f"{name!r} is a single-turn task, not a multi-turn environment; nothing to check")
+            check_env(lambda: make_task(name))
+            sys.stdout.write(f"{name}: conforms to the environment protocol\n")
+        return 0
+    for name, (factory, description) in sorted(TASKS.items()):
         sys.stdout.write(f"{name:12s} {description}\n")
     return 0
 
@@ -75,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
     p.set_defaults(func=_report)
-    p = sub.add_parser("envs", help="list the tasks")
+    p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
+    p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
     p.set_defaults(func=_envs)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError) as err:
+    except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError, EnvCheckError,
+            TreeTooLargeError) as err:
         logger.error("%s", err)
         return 2
 

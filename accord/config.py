@@ -97,7 +97,11 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum")
 
 @dataclass
 class AlgorithmConfig:
-    name: str = _f("magrpo", "Algorithm: 'magrpo'.")
+    name: str = _f("magrpo", "Algorithm: 'magrpo' (team reward, joint-action trees) or 'atgrpo' (agent- and "
+                   "turn-wise groups; turn-based environments).")
+    baseline: str = _f("none", "Baseline variant: 'none', 'single_agent' (the task's one-agent variant), "
+                       "'centralized' (one model writes all roles in one completion) or 'independent' (each "
+                       "agent trained on its local reward only).")
     num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2).")
     joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: {list(ADVANTAGES)}.")
@@ -109,9 +113,24 @@ class AlgorithmConfig:
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
     kl_estimator: str = _f("k3", "KL estimator: 'k1' (log ratio) or 'k3' (unbiased, non-negative).")
     max_cross_joint: int = _f(4096, "Refuse cross mode when K^N joint actions per instance exceed this.")
+    gamma: float = _f(1.0, "MAGRPO multi-turn discount: G = r + gamma * mean(G of the children).")
+    early_stop_reward: float | None = _f(None, "MAGRPO multi-turn: end a branch when its team reward reaches this "
+                                         "(null: episodes end only on the environment's done or the turn limit).")
+    alpha: float = _f(1.0, "AT-GRPO: candidate reward = alpha * team + local (the paper's ablation favours 0.7).")
+    norm_scope: str = _f("group", "Advantage baseline/normalisation over each 'group' (node or instance-turn-agent) "
+                         "or over all of an 'agent''s samples in the step.")
+    parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
 
     def __post_init__(self) -> None:
-        _choice("algorithm", "name", self.name, ("magrpo",))
+        _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
+        _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
+        _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent"))
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"algorithm.gamma={self.gamma} must be in [0, 1]")
+        if self.alpha < 0:
+            raise ConfigError(f"algorithm.alpha={self.alpha} must be >= 0 (0: local rewards only)")
+        if self.parse_penalty < 0:
+            raise ConfigError(f"algorithm.parse_penalty={self.parse_penalty} is subtracted; give a value >= 0")
         if self.num_generations < 2:
             raise ConfigError(
                 f"algorithm.num_generations={self.num_generations}: group-relative advantages need K >= 2 "
@@ -140,6 +159,9 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling (0: off); training log-probs renormalise over the same k tokens.")
     generation_batch_size: int = _f(64, "Most sequences in one generate call (larger batches are chunked).")
     eval_temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")
+    max_turns: int | None = _f(None, "Multi-turn environments: turns per episode (null: the environment's max_turns).")
+    history_turns: int | None = _f(None, "Earlier (observation, action) exchanges kept in an agent's prompt (null: all).")
+    max_tree_generations: int = _f(2048, "Refuse a MAGRPO tree that would sample more completions than this per step.")
 
     def __post_init__(self) -> None:
         _positive("rollout", "batch_size", self.batch_size)
@@ -155,6 +177,11 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
         _positive("rollout", "top_k", self.top_k, 0)
         _positive("rollout", "eval_temperature", self.eval_temperature, 0)
+        if self.max_turns is not None:
+            _positive("rollout", "max_turns", self.max_turns)
+        if self.history_turns is not None:
+            _positive("rollout", "history_turns", self.history_turns, 0)
+        _positive("rollout", "max_tree_generations", self.max_tree_generations)
 
 
 @dataclass

@@ -14,6 +14,8 @@ The trainer knows tasks only through :mod:`accord.envs.base` and models only thr
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import random
 import time
@@ -28,13 +30,32 @@ from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import check_advantage_config, group_advantages
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
-from accord.envs.base import make_task
+from accord.envs.base import TASKS, TaskError, make_task
+from accord.envs.centralized import CentralizedEnv, CentralizedTask
+from accord.envs.protocol import is_env
 from accord.generation import generate
 from accord.logging import MetricAccumulator, make_sinks
 from accord.policies import Policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
+from accord.rollout.multiturn import atgrpo_rollout, check_tree_size, magrpo_tree, play_episodes
+from accord.rollout.sample import Completion
 
 logger = logging.getLogger(__name__)
+
+
+def build_task(cfg: Config):
+    """The task or environment a config names, with its baseline variant applied."""
+    algo, options = cfg.algorithm, dict(cfg.task.options)
+    if algo.baseline == "single_agent":
+        if cfg.task.name in TASKS and "single_agent" not in inspect.signature(TASKS[cfg.task.name][0]).parameters:
+            raise ConfigError(f"algorithm.baseline=single_agent: task {cfg.task.name!r} has no single-agent variant "
+                              "(no `single_agent` option); use baseline=centralized for a one-model baseline")
+        options["single_agent"] = True
+    task = make_task(cfg.task.name, options)
+    if algo.baseline == "centralized":
+        wrap = CentralizedEnv if is_env(task) else CentralizedTask
+        task = wrap(task, parse_penalty=algo.parse_penalty)
+    return task
 
 
 def seed_everything(seed: int) -> None:
@@ -51,28 +72,49 @@ class Trainer:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed)
-        self.task = make_task(cfg.task.name, cfg.task.options)
+        self.task = build_task(cfg)
+        self.multi_turn = is_env(self.task)
         cfg.resolve_agents(tuple(self.task.agents))
         self.agents = tuple(a.name for a in cfg.agents)
         self.agent_policy = {a.name: a.policy for a in cfg.agents}
         per_policy = defaultdict(int)
         for a in cfg.agents:
             per_policy[a.policy] += 1
-        cfg.validate_sizes(dict(per_policy))
         algo = cfg.algorithm
-        if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
-            raise ConfigError(
-                f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, more "
-                f"than algorithm.max_cross_joint={algo.max_cross_joint}; lower algorithm.num_generations or use "
-                "joint_mode=aligned")
         check_advantage_config(algo.advantage, algo.normalize_std)
-        self.train_rows = self.task.rows("train", limit=cfg.task.train_size, seed=cfg.run.seed)
-        self.eval_rows = self.task.rows("eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
+        if self.multi_turn:
+            self.turns = cfg.rollout.max_turns or self.task.max_turns
+            if algo.name == "atgrpo" and self.task.simultaneous:
+                raise ConfigError(f"algorithm.name=atgrpo needs a turn-based environment; {self.task.name!r} is "
+                                  "simultaneous (set its option simultaneous=false if it has one, or use magrpo)")
+            if algo.name == "magrpo":
+                if algo.joint_mode == "cross" and not self.task.simultaneous:
+                    raise ConfigError("algorithm.joint_mode=cross needs a simultaneous environment (in a turn-based "
+                                      "one later agents see earlier actions); use joint_mode=aligned")
+                check_tree_size(cfg.rollout.batch_size, len(self.agents), algo.num_generations, self.turns,
+                                algo.joint_mode, cfg.rollout.max_tree_generations)
+        else:
+            if algo.name == "atgrpo":
+                raise ConfigError(f"algorithm.name=atgrpo needs a multi-turn environment; {cfg.task.name!r} is a "
+                                  "single-turn task: use algorithm.name=magrpo (see `accord envs`)")
+            if algo.baseline == "independent":
+                raise ConfigError(f"algorithm.baseline=independent needs per-agent local rewards; the single-turn task "
+                                  f"{cfg.task.name!r} has only a team reward")
+            cfg.validate_sizes(dict(per_policy))
+            if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
+                raise ConfigError(
+                    f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, "
+                    f"more than algorithm.max_cross_joint={algo.max_cross_joint}; lower algorithm.num_generations "
+                    "or use joint_mode=aligned")
+        split = self.task.tasks if self.multi_turn else self.task.rows
+        self.train_rows = split("train", limit=cfg.task.train_size, seed=cfg.run.seed)
+        self.eval_rows = split("eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
         if not self.train_rows:
             raise ConfigError(f"task {cfg.task.name!r} has no training instances; check task.options and task.train_size")
         overlap = {r.get("id") for r in self.train_rows} & {r.get("id") for r in self.eval_rows}
         if overlap - {None}:
             raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits")
+        self._gen_tokens = 0
         total_opt = cfg.run.steps * algo.ppo_epochs * cfg.training.num_mini_batches
         self.policies: dict[str, Policy] = {}
         for i, name in enumerate(sorted(per_policy)):
@@ -111,61 +153,73 @@ class Trainer:
         return self._perm
 
     # --- rollout -----------------------------------------------------------------------------------
-    def _generate(self, rows: list[dict], k: int, greedy: bool, temperature: float):
-        """Prompts of every agent for every row, sampled k times; one generate call per policy."""
-        prompt_ids = {a: [] for a in self.agents}
-        prompt_texts = {a: [] for a in self.agents}
-        for a in self.agents:
-            pol = self.policies[self.agent_policy[a]]
-            for row in rows:
-                messages = self.task.prompt(a, row)
-                prompt_ids[a].append(pol.encode_chat(messages))
-                prompt_texts[a].append(messages[-1]["content"])
-        gens = {a: [[None] * k for _ in rows] for a in self.agents}
-        texts = {a: [[""] * k for _ in rows] for a in self.agents}
-        n_tokens = 0
+    def _complete(self, requests: list[tuple[str, list[dict]]], n: int, greedy: bool,
+                  temperature: float) -> list[list[Completion]]:
+        """``n`` completions of each (agent, chat) request; one generate call per policy for all of them."""
+        encoded = [self.policies[self.agent_policy[a]].encode_chat(msgs) for a, msgs in requests]
+        out: list[list[Completion | None]] = [[None] * n for _ in requests]
         for pname, pol in self.policies.items():
-            slots = [(a, b, s) for a in self.agents if self.agent_policy[a] == pname
-                     for b in range(len(rows)) for s in range(k)]
+            slots = [(r, s) for r, (a, _) in enumerate(requests) if self.agent_policy[a] == pname for s in range(n)]
+            if not slots:
+                continue
             # fp32 even with training.bf16: bf16 autocast makes CPU decoding about 4x slower
-            outs = generate(pol.model, pol.tokenizer, [prompt_ids[a][b] for a, b, _ in slots],
+            gens = generate(pol.model, pol.tokenizer, [encoded[r] for r, _ in slots],
                             max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature,
                             top_k=self.cfg.rollout.top_k, top_p=self.cfg.rollout.top_p, greedy=greedy,
                             batch_size=self.cfg.rollout.generation_batch_size, name=pname)
-            for (a, b, s), g in zip(slots, outs):
-                gens[a][b][s] = g
-                texts[a][b][s] = pol.decode(g.ids)
-                n_tokens += len(g.ids)
-        return prompt_ids, prompt_texts, gens, texts, n_tokens
+            for (r, s), g in zip(slots, gens):
+                out[r][s] = Completion(encoded[r], g.ids, g.logprobs, g.finish_reason, pol.decode(g.ids))
+                self._gen_tokens += len(g.ids)
+        return out
+
+    def _generate(self, rows: list[dict], k: int, greedy: bool, temperature: float):
+        """Single-turn tasks: every agent's prompt for every row, sampled k times."""
+        requests = [(a, self.task.prompt(a, row)) for a in self.agents for row in rows]
+        outs = iter(self._complete(requests, k, greedy, temperature))
+        prompt_ids, prompt_texts, gens, texts = {}, {}, {}, {}
+        reqs = iter(requests)
+        for a in self.agents:
+            prompt_ids[a], prompt_texts[a], gens[a], texts[a] = [], [], [], []
+            for _ in rows:
+                comps, (_, msgs) = next(outs), next(reqs)
+                prompt_ids[a].append(comps[0].prompt_ids)
+                prompt_texts[a].append(msgs[-1]["content"])
+                gens[a].append(comps)
+                texts[a].append([c.text for c in comps])
+        return prompt_ids, prompt_texts, gens, texts
 
     # --- one step ----------------------------------------------------------------------------------
-    def train_step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+    def _rollout(self, step: int, rows: list[dict], acc: MetricAccumulator):
+        """Generate and score one step's samples; returns them (rewards and returns credited)."""
         cfg, algo = self.cfg, self.cfg.algorithm
         k = algo.num_generations
-        acc = MetricAccumulator()
-        rows = self.batch_rows(step)
-        t_step = time.perf_counter()
+        complete = functools.partial(self._complete, temperature=cfg.rollout.temperature)
+        if self.multi_turn:
+            with self._phase(acc, "rollout"):
+                make_env = functools.partial(build_task, cfg)
+                seed = cfg.run.seed * 1_000_003 + step * len(rows)
+                if algo.name == "atgrpo":
+                    alpha = 0.0 if algo.baseline == "independent" else algo.alpha
+                    samples, raw, _ = atgrpo_rollout(make_env, rows, complete, agent_policy=self.agent_policy, k=k,
+                                                     turns=self.turns, alpha=alpha,
+                                                     history_turns=cfg.rollout.history_turns, seed=seed)
+                else:
+                    samples, raw = magrpo_tree(
+                        make_env, rows, complete, agent_policy=self.agent_policy, k=k, turns=self.turns,
+                        mode=algo.joint_mode, gamma=algo.gamma,
+                        reward_mode="local" if algo.baseline == "independent" else "team",
+                        early_stop_reward=algo.early_stop_reward, history_turns=cfg.rollout.history_turns, seed=seed)
+            for key, values in raw.items():
+                for v in values:
+                    acc.add(key, v)
+            return samples
         with self._phase(acc, "gen"):
-            prompt_ids, prompt_texts, gens, texts, n_tokens = self._generate(
-                rows, k, greedy=False, temperature=cfg.rollout.temperature)
+            prompt_ids, prompt_texts, gens, texts = self._generate(rows, k, greedy=False,
+                                                                   temperature=cfg.rollout.temperature)
         with self._phase(acc, "reward"):
             joint = score_joint_actions(self.task, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
             samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns)
-        with self._phase(acc, "adv"):
-            adv = group_advantages(torch.tensor([s.ret for s in samples]), torch.tensor([s.group for s in samples]),
-                                   algo.advantage, algo.normalize_std)
-            for s, a in zip(samples, adv.tolist()):
-                s.advantage = a
-        with self._phase(acc, "update"):
-            for pname, pol in self.policies.items():
-                mine = [s for s in samples if s.policy == pname]
-                for key, v in pol.update(mine, step).items():
-                    acc.add(f"loss/{pname}/{key}", v)
-        elapsed = time.perf_counter() - t_step
-        acc.add("time/step", elapsed)
-        acc.add("perf/gen_tokens_per_s", n_tokens / max(acc.mean()["time/gen"], 1e-9))
-        acc.add("perf/completions_per_s", len(samples) / elapsed)
         for r in joint.rewards:
             acc.add("team/reward", r)
         by_inst = defaultdict(list)
@@ -173,6 +227,38 @@ class Trainer:
             by_inst[b].append(r)
         for rs in by_inst.values():
             acc.add("team/reward_best", max(rs))
+        return samples
+
+    def train_step(self, step: int) -> tuple[dict[str, float], list[dict]]:
+        algo = self.cfg.algorithm
+        acc = MetricAccumulator()
+        rows = self.batch_rows(step)
+        t_step = time.perf_counter()
+        self._gen_tokens = 0
+        samples = self._rollout(step, rows, acc)
+        with self._phase(acc, "adv"):
+            if algo.norm_scope == "agent":
+                groups = [self.agents.index(s.agent) for s in samples]
+            else:
+                groups = [s.group for s in samples]
+            adv = group_advantages(torch.tensor([s.ret for s in samples]), torch.tensor(groups),
+                                   algo.advantage, algo.normalize_std)
+            for s, a in zip(samples, adv.tolist()):
+                s.advantage = a
+        with self._phase(acc, "update"):
+            for pname, pol in self.policies.items():
+                mine = [s for s in samples if s.policy == pname]
+                if not mine:
+                    continue
+                for key, v in pol.update(mine, step).items():
+                    acc.add(f"loss/{pname}/{key}", v)
+        elapsed = time.perf_counter() - t_step
+        acc.add("time/step", elapsed)
+        gen_time = acc.mean().get("time/gen", acc.mean().get("time/rollout", 0.0))
+        acc.add("perf/gen_tokens_per_s", self._gen_tokens / max(gen_time, 1e-9))
+        acc.add("perf/completions_per_s", len(samples) / elapsed)
+        acc.add("perf/samples", len(samples))
+        acc.add("perf/gen_tokens", self._gen_tokens)
         for s in samples:
             acc.add(f"agent/{s.agent}/reward", s.ret)
             acc.add(f"agent/{s.agent}/completion_len", len(s.completion_ids))
@@ -192,7 +278,9 @@ class Trainer:
 
     # --- evaluation --------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """One joint action per held-out instance (greedy unless rollout.eval_temperature > 0)."""
+        """Held-out instances, no branching: one joint action (single-turn) or one episode (multi-turn)
+        each, greedy unless rollout.eval_temperature > 0. ``eval/team/reward`` is the team reward
+        (single-turn) or the episode's team return (multi-turn)."""
         if not self.eval_rows:
             return {}
         temp = self.cfg.rollout.eval_temperature
@@ -200,14 +288,25 @@ class Trainer:
         t = time.perf_counter()
         with torch.random.fork_rng():  # evaluation must not shift the training RNG stream
             torch.manual_seed(self.cfg.run.seed + 7919)
-            _, prompt_texts, gens, texts, _ = self._generate(self.eval_rows, 1, greedy=temp == 0,
-                                                             temperature=temp or 1.0)
-        joint = score_joint_actions(self.task, self.agents, self.eval_rows, texts, prompt_texts, 1, "aligned")
-        for r in joint.rewards:
-            acc.add("eval/team/reward", r)
-        for a in self.agents:
-            for b in range(len(self.eval_rows)):
-                acc.add(f"eval/agent/{a}/completion_len", len(gens[a][b][0].ids))
+            if self.multi_turn:
+                complete = functools.partial(self._complete, temperature=temp or 1.0)
+                episodes = play_episodes(functools.partial(build_task, self.cfg), self.eval_rows, complete,
+                                         turns=self.turns, history_turns=self.cfg.rollout.history_turns,
+                                         seed=self.cfg.run.seed + 7919, greedy=temp == 0)
+                for ep in episodes:
+                    acc.add("eval/team/reward", ep.team_return)
+                    acc.add("eval/success", float(ep.success))
+                    acc.add("eval/turns", max(len(h) for h in ep.history.values()))
+            else:
+                _, prompt_texts, gens, texts = self._generate(self.eval_rows, 1, greedy=temp == 0,
+                                                              temperature=temp or 1.0)
+        if not self.multi_turn:
+            joint = score_joint_actions(self.task, self.agents, self.eval_rows, texts, prompt_texts, 1, "aligned")
+            for r in joint.rewards:
+                acc.add("eval/team/reward", r)
+            for a in self.agents:
+                for b in range(len(self.eval_rows)):
+                    acc.add(f"eval/agent/{a}/completion_len", len(gens[a][b][0].ids))
         acc.add("time/eval", time.perf_counter() - t)
         return acc.mean()
 

@@ -29,3 +29,14 @@ class Sample:
     ret: float = 0.0
     advantage: float = 0.0
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One generated completion of a chat prompt, as rollouts receive it from the trainer."""
+
+    prompt_ids: list[int]
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str

@@ -1,0 +1,87 @@
+"""The multi-turn, multi-agent text environment protocol.
+
+An environment holds the state of one task instance. Agents (roles) act by writing text; the
+environment parses that text, applies it, and answers with each agent's next observation, a team
+reward, per-agent local rewards, a ``done`` flag and an info dict. Environments know nothing of torch
+or models: they see strings and return strings and floats.
+
+Two ways of taking turns:
+
+- **turn-based** (``simultaneous = False``): within a turn the agents act one at a time, in the order
+  of ``agents``; each :meth:`Env.step` takes exactly one agent's action, and the next agent's
+  observation already reflects it (AT-GRPO's tool agent -> planner).
+- **simultaneous** (``simultaneous = True``): one :meth:`Env.step` takes every agent's action of the turn
+  (MAGRPO's writers).
+
+:meth:`Env.acting` names the agent(s) the next ``step`` expects. A *turn* is one round over all agents.
+
+Rewards are **increments**: the team reward of a step is what that step earned, so the return of an
+episode is the sum over its steps. ``local_rewards`` has a key for every agent (0.0 for agents that
+did not act in the step).
+
+Agent text that cannot be parsed is a legal move with the penalty the environment documents: ``step``
+never raises on model output. It raises only on protocol misuse (a step after ``done``, the wrong agent).
+
+``clone()`` returns an independent copy of the state: stepping the copy never changes the original
+(AT-GRPO steps each of K candidates on a clone; MAGRPO's tree branches on clones).
+
+Task instances come from :meth:`Env.tasks`: plain dicts with a unique ``id``, generated from seeds or
+loaded from data; the ``train`` and ``eval`` splits never share an id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Messages = list[dict[str, str]]
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`Env.step` returns."""
+
+    observations: dict[str, str]       # every agent's observation after this step
+    team_reward: float                 # team reward earned by this step (an increment)
+    local_rewards: dict[str, float]    # every agent's local reward for this step (0.0 if it did not act)
+    done: bool                         # the episode is over; no further step is allowed
+    info: dict[str, Any] = field(default_factory=dict)  # e.g. ``success`` (bool), ``parse_error`` per agent
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A text environment for cooperating agents (see the module docstring for the contract)."""
+
+    name: str
+    agents: tuple[str, ...]   # role names, in turn order
+    simultaneous: bool
+    max_turns: int            # the episode is cut after this many turns (rounds over all agents)
+
+    def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+        """Task instances of ``split`` ('train' or 'eval'), each with a unique ``id``."""
+        ...
+
+    def instructions(self, agent: str) -> str:
+        """The system prompt of ``agent``: its role and the output format it must follow."""
+        ...
+
+    def reset(self, task: dict[str, Any], seed: int = 0) -> dict[str, str]:
+        """Start an episode on ``task``; return every agent's first observation."""
+        ...
+
+    def acting(self) -> tuple[str, ...]:
+        """The agent(s) whose actions the next :meth:`step` takes (all agents when simultaneous)."""
+        ...
+
+    def step(self, actions: dict[str, str]) -> StepResult:
+        """Apply the acting agents' texts and return observations, rewards, ``done`` and info."""
+        ...
+
+    def clone(self) -> "Env":
+        """An independent copy of the current state."""
+        ...
+
+
+def is_env(obj: Any) -> bool:
+    """True for objects that follow the multi-turn :class:`Env` protocol (not single-turn tasks)."""
+    return all(callable(getattr(obj, m, None)) for m in ("reset", "step", "clone", "acting", "instructions"))

@@ -1,0 +1,371 @@
+"""Multi-turn rollouts over :mod:`accord.envs.protocol` environments: MAGRPO trees and AT-GRPO.
+
+Both build :class:`accord.rollout.sample.Sample` records; they differ only in how they branch, which
+reward a sample is credited with, and what its advantage group is. Neither knows torch models: text
+comes from a ``complete`` callback that the trainer implements with one batched generate call per
+policy.
+
+**MAGRPO tree** (:func:`magrpo_tree`). Every node is an environment state. At a node each agent samples
+K completions; joint actions are ``aligned`` (the j-th samples of all agents; K children) or ``cross``
+(all K^N combinations; simultaneous environments only). Each joint action steps a clone of the node's
+environment and becomes a child node unless the episode is done, the turn limit is reached, or (when
+``early_stop_reward`` is set) its team reward reaches that threshold. The return of a joint action is
+``G = r + gamma * mean(G of the child's joint actions)``; ``r`` is the team-reward increment of the
+joint action (with ``reward_mode='local'``, each agent's own local reward: independent learners). A
+sample is credited with the return of its joint action (aligned) or the mean return over the joint
+actions that contain it (cross). The advantage group is (node, agent). In a turn-based environment
+the agents of a joint action act in turn order: the j-th sample of a later agent is drawn from the
+state after the j-th samples of the earlier agents (it sees them), so a node's K samples of a later
+agent come from K sibling states.
+
+**AT-GRPO** (:func:`atgrpo_rollout`, turn-based environments). Each task instance keeps one real state.
+At each turn, for each agent in turn order: K candidates are sampled from the same state; each steps
+its own clone; each candidate's reward is ``alpha * team + local`` (its own step's increments); the K
+candidates form the group (instance, turn, agent); the clone of the best candidate (first argmax)
+becomes the real state, so the next agent of the same turn and every later turn see it. Every
+candidate is a sample for its agent's policy. No returns across turns: the reward of the candidate's
+step is its training signal, as in the paper.
+
+Prompts: an agent's chat is its ``instructions`` as the system message, then its earlier
+(observation, action) exchanges as user/assistant turns (the last ``history_turns`` of them; None keeps
+all), then its current observation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from accord.envs.protocol import Env, Messages, StepResult
+from accord.rollout.sample import Sample
+
+# complete(requests, n, greedy) -> for each (agent, messages) request, n completions
+CompleteFn = Callable[[list[tuple[str, Messages]], int, bool], list[list[Any]]]
+
+
+class TreeTooLargeError(ValueError):
+    """The MAGRPO tree would exceed the configured generation cap; raised before any generation."""
+
+
+@dataclass
+class Episode:
+    """One agent-facing view of an environment: the env plus each agent's chat so far."""
+
+    env: Env
+    obs: dict[str, str]
+    history: dict[str, list[tuple[str, str]]]   # agent -> [(observation, action), ...]
+    turn: int = 0
+    done: bool = False
+    team_return: float = 0.0
+    success: bool = False
+
+    def copy_with(self, env: Env) -> "Episode":
+        return Episode(env, dict(self.obs), {a: list(h) for a, h in self.history.items()}, self.turn, self.done,
+                       self.team_return, self.success)
+
+    def messages(self, agent: str, history_turns: int | None) -> Messages:
+        msgs: Messages = [{"role": "system", "content": self.env.instructions(agent)}]
+        past = self.history[agent] if history_turns is None else self.history[agent][-history_turns:] \
+            if history_turns > 0 else []
+        for obs, action in past:
+            msgs.append({"role": "user", "content": obs})
+            msgs.append({"role": "assistant", "content": action})
+        msgs.append({"role": "user", "content": self.obs[agent]})
+        return msgs
+
+    def apply(self, actions: dict[str, str], res: StepResult) -> None:
+        for a, text in actions.items():
+            self.history[a].append((self.obs[a], text))
+        self.obs = dict(res.observations)
+        self.team_return += float(res.team_reward)
+        self.success = bool(res.info.get("success", self.success))
+        self.done = bool(res.done)
+
+
+def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int) -> list[Episode]:
+    out = []
+    for b, row in enumerate(rows):
+        env = make_env()
+        obs = env.reset(row, seed=seed + b)
+        out.append(Episode(env, dict(obs), {a: [] for a in env.agents}))
+    return out
+
+
+def _sample(agent: str, policy: str, turn: int, group: int, instance: int, msgs: Messages, comp: Any,
+            reward: float) -> Sample:
+    return Sample(agent=agent, policy=policy, turn=turn, group=group, instance=instance,
+                  prompt_ids=comp.prompt_ids, completion_ids=comp.ids, logprobs=comp.logprobs,
+                  finish_reason=comp.finish_reason, prompt_text=msgs[-1]["content"], completion_text=comp.text,
+                  reward=reward, ret=reward)
+
+
+# --------------------------------------------------------------------------------------------------
+# MAGRPO tree
+# --------------------------------------------------------------------------------------------------
+
+def tree_generations(batch: int, n_agents: int, k: int, turns: int, mode: str) -> int:
+    """Completions a full MAGRPO tree samples per step (before episodes end early)."""
+    branching = k if mode == "aligned" else k ** n_agents
+    nodes = sum(branching ** t for t in range(turns))
+    return batch * n_agents * k * nodes
+
+
+def check_tree_size(batch: int, n_agents: int, k: int, turns: int, mode: str, cap: int) -> int:
+    """Refuse a tree past ``cap`` generations, naming which of K, N, T to lower and what it would give."""
+    total = tree_generations(batch, n_agents, k, turns, mode)
+    if total <= cap:
+        return total
+    options = []
+    for t in range(turns - 1, 0, -1):
+        if tree_generations(batch, n_agents, k, t, mode) <= cap:
+            options.append(f"rollout.max_turns={t} (T; gives {tree_generations(batch, n_agents, k, t, mode)})")
+            break
+    for kk in range(k - 1, 1, -1):
+        if tree_generations(batch, n_agents, kk, turns, mode) <= cap:
+            options.append(f"algorithm.num_generations={kk} (K; gives {tree_generations(batch, n_agents, kk, turns, mode)})")
+            break
+    if mode == "cross" and tree_generations(batch, n_agents, k, turns, "aligned") <= cap:
+        options.append("algorithm.joint_mode=aligned (K children per node instead of K^N)")
+    if n_agents > 1 and tree_generations(batch, n_agents - 1, k, turns, mode) <= cap:
+        options.append(f"fewer agents (N={n_agents - 1} gives {tree_generations(batch, n_agents - 1, k, turns, mode)})")
+    hint = "; ".join(options) if options else "lower algorithm.num_generations, rollout.max_turns or the number of agents"
+    raise TreeTooLargeError(
+        f"the MAGRPO tree samples {total} completions per step (batch {batch} x N {n_agents} agents x K {k} x "
+        f"nodes over T {turns} turns, {mode} mode), more than rollout.max_tree_generations={cap}. Lower one of: "
+        f"{hint}; or raise rollout.max_tree_generations")
+
+
+@dataclass
+class _Node:
+    ep: Episode
+    instance: int
+    samples: dict[str, list[Sample]] = field(default_factory=dict)   # agent -> K samples drawn here
+    joint: list[tuple[int, ...]] = field(default_factory=list)       # sample index per agent, per joint action
+    rewards: list[dict[str, float]] = field(default_factory=list)    # per joint action: agent -> reward
+    team: list[float] = field(default_factory=list)                  # per joint action: team increment
+    children: list["_Node | None"] = field(default_factory=list)
+
+
+def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *, agent_policy: dict[str, str],
+                k: int, turns: int, mode: str = "aligned", gamma: float = 1.0, reward_mode: str = "team",
+                early_stop_reward: float | None = None, history_turns: int | None = None, seed: int = 0,
+                group_offset: int = 0) -> tuple[list[Sample], dict[str, list[float]]]:
+    """Roll out one MAGRPO tree per row; return its samples (returns credited) and raw metrics."""
+    roots = [_Node(ep, b) for b, ep in enumerate(start_episodes(make_env, rows, seed))]
+    agents = roots[0].ep.env.agents
+    simultaneous = roots[0].ep.env.simultaneous
+    if mode == "cross" and not simultaneous:
+        raise ValueError("algorithm.joint_mode=cross needs a simultaneous environment: in a turn-based one a later "
+                         "agent's samples depend on the earlier agent's action; use joint_mode=aligned")
+    metrics: dict[str, list[float]] = {}
+    frontier = roots
+    all_nodes: list[_Node] = []
+    for t in range(turns):
+        if not frontier:
+            break
+        if simultaneous:
+            _expand_simultaneous(frontier, agents, complete, agent_policy, k, mode, reward_mode, history_turns)
+        else:
+            _expand_turn_based(frontier, agents, complete, agent_policy, k, reward_mode, history_turns)
+        nxt = []
+        for node in frontier:
+            all_nodes.append(node)
+            for j, child in enumerate(node.children):
+                metrics.setdefault(f"turn/{t}/reward", []).append(node.team[j])
+                stop = early_stop_reward is not None and node.team[j] >= early_stop_reward
+                if child is None or child.ep.done or stop or t + 1 >= turns:
+                    node.children[j] = None
+                    if child is not None:
+                        metrics.setdefault("team/success", []).append(float(child.ep.success))
+                        metrics.setdefault("team/return", []).append(child.ep.team_return)
+                        metrics.setdefault("episode/turns", []).append(t + 1)
+                else:
+                    nxt.append(child)
+        frontier = nxt
+    # returns, leaves first
+    returns: dict[int, list[dict[str, float]]] = {}
+    for node in reversed(all_nodes):
+        per_joint = []
+        for j, child in enumerate(node.children):
+            g = dict(node.rewards[j])
+            if child is not None:
+                child_returns = returns[id(child)]
+                for a in agents:
+                    g[a] += gamma * sum(cr[a] for cr in child_returns) / len(child_returns)
+            per_joint.append(g)
+        returns[id(node)] = per_joint
+    samples: list[Sample] = []
+    gid = group_offset
+    for node in all_nodes:
+        per_joint = returns[id(node)]
+        for i, a in enumerate(agents):
+            credit: dict[int, list[float]] = {}
+            immediate: dict[int, list[float]] = {}
+            for j, choice in enumerate(node.joint):
+                credit.setdefault(choice[i], []).append(per_joint[j][a])
+                immediate.setdefault(choice[i], []).append(node.rewards[j][a])
+            for s_idx, s in enumerate(node.samples[a]):
+                if s is None:
+                    continue   # the chain ended before this agent's turn: nothing was sampled
+                s.group = gid
+                s.ret = sum(credit[s_idx]) / len(credit[s_idx])
+                s.reward = sum(immediate[s_idx]) / len(immediate[s_idx])
+                samples.append(s)
+            gid += 1
+        metrics.setdefault("team/reward", []).extend(node.team)
+    return samples, metrics
+
+
+def _step_clone(ep: Episode, actions: dict[str, str]) -> tuple[Episode, StepResult]:
+    env = ep.env.clone()
+    res = env.step(actions)
+    child = ep.copy_with(env)
+    child.apply(actions, res)
+    child.turn = ep.turn + 1 if (ep.env.simultaneous or _ends_turn(ep.env, actions)) else ep.turn
+    return child, res
+
+
+def _ends_turn(env: Env, actions: dict[str, str]) -> bool:
+    return tuple(actions) == (env.agents[-1],)
+
+
+def _expand_simultaneous(frontier: list[_Node], agents, complete, agent_policy, k, mode, reward_mode, history_turns):
+    requests = [(a, node.ep.messages(a, history_turns)) for node in frontier for a in agents]
+    outs = complete(requests, k, False)
+    it = iter(zip(requests, outs))
+    for node in frontier:
+        for a in agents:
+            (_, msgs), comps = next(it)
+            node.samples[a] = [_sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, c, 0.0)
+                               for c in comps]
+        node.joint = [(j,) * len(agents) for j in range(k)] if mode == "aligned" else \
+            list(itertools.product(range(k), repeat=len(agents)))
+        for choice in node.joint:
+            actions = {a: node.samples[a][choice[i]].completion_text for i, a in enumerate(agents)}
+            child, res = _step_clone(node.ep, actions)
+            node.team.append(float(res.team_reward))
+            node.rewards.append(_credit(res, agents, reward_mode))
+            node.children.append(_Node(child, node.instance))
+
+
+def _expand_turn_based(frontier: list[_Node], agents, complete, agent_policy, k, reward_mode, history_turns):
+    # chains[n][j]: node n's episode after the j-th samples of the agents that acted so far in this turn
+    chains = [[node.ep] * k for node in frontier]
+    team = [[0.0] * k for _ in frontier]
+    per_agent = [[{a: 0.0 for a in agents} for _ in range(k)] for _ in frontier]
+    for i, a in enumerate(agents):
+        if i == 0:
+            # one state per node: K samples from it in one request
+            requests = [(a, node.ep.messages(a, history_turns)) for node in frontier]
+            outs = complete(requests, k, False)
+            drawn = {(n, j): (requests[n][1], outs[n][j]) for n in range(len(frontier)) for j in range(k)}
+        else:
+            # K sibling states per node: one sample from each chain that is still running
+            slots = [(n, j) for n in range(len(frontier)) for j in range(k) if not chains[n][j].done]
+            requests = [(a, chains[n][j].messages(a, history_turns)) for n, j in slots]
+            outs = complete(requests, 1, False) if requests else []
+            drawn = {slot: (req[1], comps[0]) for slot, req, comps in zip(slots, requests, outs)}
+        for n, node in enumerate(frontier):
+            node.samples[a] = [None] * k
+            for j in range(k):
+                if (n, j) not in drawn:
+                    continue
+                msgs, comp = drawn[(n, j)]
+                node.samples[a][j] = _sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, comp, 0.0)
+                child, res = _step_clone(chains[n][j], {a: comp.text})
+                chains[n][j] = child
+                team[n][j] += float(res.team_reward)
+                for b, v in _credit(res, agents, reward_mode).items():
+                    per_agent[n][j][b] += v
+    for n, node in enumerate(frontier):
+        node.joint = [(j,) * len(agents) for j in range(k)]
+        for j in range(k):
+            node.team.append(team[n][j])
+            node.rewards.append(per_agent[n][j])
+            child = chains[n][j]
+            child.turn = node.ep.turn + 1
+            node.children.append(_Node(child, node.instance))
+
+
+def _credit(res: StepResult, agents: Sequence[str], reward_mode: str) -> dict[str, float]:
+    if reward_mode == "team":
+        return {a: float(res.team_reward) for a in agents}
+    if reward_mode == "local":
+        return {a: float(res.local_rewards[a]) for a in agents}
+    raise ValueError(f"unknown reward mode {reward_mode!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# AT-GRPO
+# --------------------------------------------------------------------------------------------------
+
+def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *,
+                   agent_policy: dict[str, str], k: int, turns: int, alpha: float, history_turns: int | None = None,
+                   seed: int = 0, group_offset: int = 0) -> tuple[list[Sample], dict[str, list[float]], list[Episode]]:
+    """AT-GRPO: per turn and agent, K candidates from one state, scored on clones; the best advances.
+
+    Returns the samples (reward = ``alpha * team + local`` of the candidate's own step, group =
+    (instance, turn, agent)), raw metrics, and the episodes (the real trajectories).
+    """
+    episodes = start_episodes(make_env, rows, seed)
+    env0 = episodes[0].env
+    if env0.simultaneous:
+        raise ValueError(f"AT-GRPO needs a turn-based environment (agents act in order and later agents see earlier "
+                         f"ones); {env0.name!r} is simultaneous: use algorithm.name=magrpo for it")
+    agents = env0.agents
+    samples: list[Sample] = []
+    metrics: dict[str, list[float]] = {}
+    gid = group_offset
+    for t in range(turns):
+        for a in agents:
+            live = [b for b, ep in enumerate(episodes) if not ep.done]
+            if not live:
+                break
+            requests = [(a, episodes[b].messages(a, history_turns)) for b in live]
+            outs = complete(requests, k, False)
+            for b, (_, msgs), comps in zip(live, requests, outs):
+                ep = episodes[b]
+                best, best_r, best_child = -1, -math.inf, None
+                for c_idx, comp in enumerate(comps):
+                    child, res = _step_clone(ep, {a: comp.text})
+                    r = alpha * float(res.team_reward) + float(res.local_rewards[a])
+                    samples.append(_sample(a, agent_policy[a], t, gid, b, msgs, comp, r))
+                    metrics.setdefault(f"turn/{t}/reward", []).append(r)
+                    metrics.setdefault("team/reward", []).append(float(res.team_reward))
+                    metrics.setdefault(f"agent/{a}/team_reward", []).append(float(res.team_reward))
+                    metrics.setdefault(f"agent/{a}/local_reward", []).append(float(res.local_rewards[a]))
+                    if r > best_r:
+                        best, best_r, best_child = c_idx, r, child
+                best_child.turn = t + 1 if a == agents[-1] else t
+                episodes[b] = best_child
+                gid += 1
+    for ep in episodes:
+        metrics.setdefault("team/return", []).append(ep.team_return)
+        metrics.setdefault("team/success", []).append(float(ep.success))
+        metrics.setdefault("episode/turns", []).append(sum(len(h) for h in ep.history.values()) / len(agents))
+    return samples, metrics, episodes
+
+
+def play_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *, turns: int,
+                  history_turns: int | None = None, seed: int = 0, greedy: bool = True) -> list[Episode]:
+    """One trajectory per row, no branching (evaluation): agents act in turn order, one completion each."""
+    episodes = start_episodes(make_env, rows, seed)
+    env0 = episodes[0].env
+    for _ in range(turns):
+        groups = [env0.agents] if env0.simultaneous else [(a,) for a in env0.agents]
+        for acting in groups:
+            live = [b for b, ep in enumerate(episodes) if not ep.done]
+            if not live:
+                return episodes
+            requests = [(a, episodes[b].messages(a, history_turns)) for b in live for a in acting]
+            outs = iter(complete(requests, 1, greedy))
+            for b in live:
+                actions = {a: next(outs)[0].text for a in acting}
+                ep = episodes[b]
+                res = ep.env.step(actions)
+                ep.apply(actions, res)
+        for ep in episodes:
+            ep.turn += 1
+    return episodes

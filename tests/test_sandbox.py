@@ -1,0 +1,472 @@
+"""accord.sandbox: hostile code is contained with a clear status and the test process (standing in for
+the trainer) keeps working; plus the normal cases. Every test starts real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from accord.sandbox import (
+    PROCESS_MARKER,
+    STATUSES,
+    Sandbox,
+    SandboxConfig,
+    SandboxConfigError,
+    probe_isolation,
+)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux (/proc, rlimits)")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def box() -> Sandbox:
+    return Sandbox(SandboxConfig(timeout_s=3, memory_mb=256))
+
+
+@pytest.fixture(scope="module")
+def quick() -> Sandbox:
+    return Sandbox(SandboxConfig(timeout_s=1.5, memory_mb=256, max_output_bytes=4096))
+
+
+def _processes_with(marker: bytes) -> list[int]:
+    """Pids whose command line contains ``marker`` (psutil-free: reads /proc)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if marker in fh.read():
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _assert_alive(sandbox: Sandbox) -> None:
+    """The 'trainer' still works: it can compute and start a fresh sandbox run."""
+    assert sum(range(1000)) == 499500
+    result = sandbox.run("print('alive')")
+    assert (result.status, result.stdout) == ("ok", "alive\n")
+
+
+def _sandbox_dirs() -> set[str]:
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("accord-sbx-")}
+
+
+def _needs(flag: str) -> None:
+    iso = probe_isolation()
+    if not getattr(iso, flag):
+        pytest.skip(f"isolation layer {flag} is not available here: {'; '.join(iso.notes) or iso.summary()}")
+
+
+# ------------------------------------------------------------------------------------------------ config
+@pytest.mark.parametrize("field, value", [
+    ("timeout_s", 0), ("timeout_s", float("nan")), ("cpu_s", -1), ("memory_mb", 10), ("max_output_bytes", 0),
+    ("file_size_mb", 0), ("max_procs", 0), ("max_open_files", 3), ("workers", 0), ("network", "no"),
+    ("uid_base", 5), ("tmpfs_mb", 0),
+])
+def test_config_errors_name_the_field(field, value):
+    with pytest.raises(SandboxConfigError, match=rf"SandboxConfig\.{field}="):
+        SandboxConfig(**{field: value})
+
+
+def test_config_defaults():
+    cfg = SandboxConfig()
+    assert (cfg.timeout_s, cfg.memory_mb, cfg.max_output_bytes, cfg.network) == (5.0, 512, 65536, False)
+    assert cfg.workers == (os.cpu_count() or 1) and cfg.cpu_limit_s == 6
+
+
+# ------------------------------------------------------------------------------------------------ normal runs
+def test_stdout_stdin_and_files(box):
+    result = box.run("import sys\nprint(sys.stdin.read()[::-1])\nprint(open('data/x.txt').read())",
+                     stdin="abc", files={"data/x.txt": "payload"})
+    assert result.status == "ok" and result.returncode == 0
+    assert result.stdout == "cba\npayload\n" and result.stderr == ""
+    assert result.duration_s > 0 and not result.truncated
+    assert result.network_isolated == probe_isolation().network_namespace
+    with pytest.raises(ValueError, match="relative path"):
+        box.run("pass", files={"../escape.txt": "x"})
+    with pytest.raises(ValueError, match="relative path"):
+        box.run("pass", files={"/etc/passwd": "x"})
+
+
+def test_no_stdin_reads_eof(box):
+    result = box.run("try:\n    input()\nexcept EOFError:\n    print('eof')")
+    assert (result.status, result.stdout) == ("ok", "eof\n")
+
+
+def test_exit_codes_and_exceptions(box):
+    assert box.run("import sys; sys.exit(0)").status == "ok"
+    result = box.run("import sys; print('x'); sys.exit(3)")
+    assert (result.status, result.returncode, result.stdout) == ("error", 3, "x\n")
+    result = box.run("def f():\n    return 1 / 0\nf()")
+    assert (result.status, result.returncode, result.exception) == ("error", 1, "ZeroDivisionError")
+    assert "ZeroDivisionError: division by zero" in result.stderr and "solution.py" in result.stderr
+    assert 'File "<string>"' not in result.stderr  # the traceback starts at the candidate's code, not the runner
+    result = box.run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert (result.status, result.returncode) == ("killed", -signal.SIGSEGV)
+    assert {r.status for r in (result,)} <= set(STATUSES)
+
+
+def test_syntax_error_runs_nothing(box):
+    result = box.run("print('side effect')\ndef f(:\n    pass")
+    assert result.status == "syntax_error" and result.stdout == ""
+    assert "SyntaxError" in result.stderr
+    assert box.run("x = '\0'").status in ("syntax_error", "ok")  # null bytes inside a literal may compile
+    assert box.run("\0").status == "syntax_error"
+
+
+def test_main_module_semantics(box):
+    result = box.run("import sys\n"
+                     "print(__name__, __file__.endswith('solution.py'), sys.argv[0].endswith('solution.py'))")
+    assert result.stdout == "__main__ True True\n"
+
+
+def test_site_packages_only_when_asked(box):
+    result = box.run("import yaml")
+    assert (result.status, result.exception) == ("error", "ModuleNotFoundError")
+    assert Sandbox(SandboxConfig(site_packages=True)).run("import yaml\nprint('ok')").stdout == "ok\n"
+
+
+# ------------------------------------------------------------------------------------------------ hostile code
+def test_infinite_loop_times_out(quick):
+    start = time.monotonic()
+    result = quick.run("while True:\n    pass")
+    assert result.status == "timeout" and result.returncode is None
+    assert 1.4 < time.monotonic() - start < 4
+    _assert_alive(quick)
+
+
+def test_cpu_limit_reports_timeout():
+    box = Sandbox(SandboxConfig(timeout_s=10, cpu_s=1))
+    start = time.monotonic()
+    result = box.run("while True:\n    pass")
+    assert result.status == "timeout" and result.returncode == -signal.SIGXCPU
+    assert time.monotonic() - start < 5
+
+
+def _needs_tree_kill() -> None:
+    iso = probe_isolation()
+    if not (iso.pid_namespace or iso.uid_drop):
+        pytest.skip(f"no pid namespace and no separate uid here ({iso.summary()}): processes that setsid "
+                    "escape the process-group kill")
+
+
+def test_fork_bomb_is_contained(tmp_path):
+    _needs_tree_kill()
+    marker = f"forkbomb-{secrets.token_hex(4)}"
+    box = Sandbox(SandboxConfig(timeout_s=2.5, memory_mb=256))
+    # Forks without end, and also exec-s long sleepers that escape the process group (setsid), all
+    # carrying a marker in their command line.
+    bomb = f"""
+import os, sys
+while True:
+    try:
+        if os.fork() == 0:
+            os.setsid()
+            if os.getpid() % 3 == 0:
+                os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'])
+    except OSError:
+        pass
+"""
+    holder: dict = {}
+    thread = threading.Thread(target=lambda: holder.setdefault("result", box.run(bomb)))
+    thread.start()
+    time.sleep(1.0)
+    # the machine stays responsive while the bomb runs
+    start = time.monotonic()
+    subprocess.run(["true"], check=True, timeout=10)
+    assert time.monotonic() - start < 1.5
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    result = holder["result"]
+    assert result.status == "timeout", result
+    assert _processes_with(marker.encode()) == []
+    assert _processes_with(f"{PROCESS_MARKER}:{os.getpid()}".encode()) == []
+    _assert_alive(box)
+
+
+def test_leftover_daemons_are_killed(box):
+    _needs_tree_kill()
+    marker = f"daemon-{secrets.token_hex(4)}"
+    code = f"""
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'])
+    os._exit(0)
+print('started')
+"""
+    result = box.run(code)
+    assert (result.status, result.stdout) == ("ok", "started\n")
+    assert result.duration_s < 2
+    assert _processes_with(marker.encode()) == []
+
+
+@pytest.mark.parametrize("code", [
+    "x = bytearray(10 ** 10)",
+    "chunks = []\nwhile True:\n    chunks.append(b' ' * 10 ** 7)",
+])
+def test_memory_bomb(box, code):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = box.run(code)
+    assert result.status == "memory" and result.exception == "MemoryError", result
+    assert "MemoryError" in result.stderr
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB: the parent did not grow
+    _assert_alive(box)
+
+
+@pytest.mark.parametrize("code", [
+    "while True:\n    print('x' * 1000)",
+    "import sys\nsys.stdout.write('y' * 50_000_000)",
+    "import sys\nwhile True:\n    sys.stderr.write('e' * 100_000)",
+])
+def test_huge_output_is_cut(quick, code):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = quick.run(code)
+    assert result.status == "output_limit" and result.truncated, result.status
+    assert len(result.stdout) <= 4096 and len(result.stderr) <= 4096
+    assert max(len(result.stdout), len(result.stderr)) == 4096
+    assert result.duration_s < 1.5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
+    _assert_alive(quick)
+
+
+def test_cannot_write_outside_workdir(box, tmp_path):
+    _needs_containment()
+    shared = Path(tempfile.mkdtemp(prefix="accord-test-shared-"))  # a world-writable directory in /tmp
+    try:
+        shared.chmod(0o777)
+        name = f"escape-{secrets.token_hex(4)}.txt"
+        targets = [tmp_path / name, REPO / name, REPO / "accord" / name, shared / name]
+        code = "import os\n" + "".join(
+            f"try:\n    open({str(t)!r}, 'w').write('pwned')\n    print('wrote', {str(t)!r})\n"
+            f"except OSError as e:\n    print('denied', type(e).__name__)\n" for t in targets)
+        code += "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n"
+        result = box.run(code)
+        assert result.status == "ok", result
+        assert result.stdout.endswith("fine\n") and result.stdout.count("denied") == len(targets)
+        for target in targets:
+            assert not target.exists(), f"sandboxed code wrote {target}"
+    finally:
+        for target in (REPO / name, REPO / "accord" / name):
+            if target.exists():
+                target.unlink()
+        for p in shared.iterdir():
+            p.unlink()
+        shared.rmdir()
+    _assert_alive(box)
+
+
+def test_cannot_delete_files(box, tmp_path):
+    _needs_containment()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    shared = Path(tempfile.mkdtemp(prefix="accord-test-shared-"))
+    repo_dir = REPO / f".sandbox-test-{secrets.token_hex(4)}"  # outside /tmp: only the uid protects it
+    try:
+        shared.chmod(0o777)
+        shared_victim = shared / "victim.txt"
+        shared_victim.write_text("keep me")
+        shared_victim.chmod(0o666)
+        repo_dir.mkdir()
+        repo_victim = repo_dir / "victim.txt"
+        repo_victim.write_text("keep me")
+        victims = (victim, shared_victim, repo_victim)
+        code = "import os, shutil\n" + "".join(
+            f"for act in (lambda: os.remove({str(p)!r}), lambda: shutil.rmtree({str(p.parent)!r}),"
+            f" lambda: open({str(p)!r}, 'w').close()):\n"
+            f"    try:\n        act()\n        print('done')\n    except OSError as e:\n        print('denied')\n"
+            for p in victims)
+        result = box.run(code)
+        assert result.status == "ok", result
+        assert result.stdout == "denied\n" * 9
+        assert [p.read_text() for p in victims] == ["keep me"] * 3
+    finally:
+        for p in shared.iterdir():
+            p.unlink()
+        shared.rmdir()
+        if repo_dir.exists():
+            shutil.rmtree(repo_dir)
+
+
+def _needs_containment() -> None:
+    iso = probe_isolation()
+    if not (iso.uid_drop or iso.mount_namespace):
+        pytest.skip(f"no separate uid and no mount namespace here: {iso.summary()}")
+
+
+def test_environment_secrets_do_not_leak(box, monkeypatch):
+    secret = f"sk-{secrets.token_hex(12)}"
+    monkeypatch.setenv("ACCORD_FAKE_API_KEY", secret)
+    code = f"""
+import os
+print(dict(os.environ))
+for path in ('/proc/self/environ', '/proc/{os.getpid()}/environ', '/proc/1/environ'):
+    try:
+        print(open(path, 'rb').read())
+    except OSError as e:
+        print(path, type(e).__name__)
+"""
+    result = box.run(code)
+    assert result.status == "ok"
+    assert secret not in result.stdout and "ACCORD_FAKE_API_KEY" not in result.stdout
+    assert "'HOME'" in result.stdout  # the minimal environment is there
+
+
+def test_network_is_cut():
+    _needs("network_namespace")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    code = f"""
+import socket
+s = socket.socket()
+s.settimeout(1)
+try:
+    s.connect(('127.0.0.1', {port}))
+    print('connected')
+except OSError as e:
+    print('blocked', type(e).__name__)
+"""
+    try:
+        result = Sandbox(SandboxConfig(timeout_s=3)).run(code)
+        assert result.status == "ok" and result.network_isolated
+        assert result.stdout.startswith("blocked"), result.stdout
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        allowed = Sandbox(SandboxConfig(timeout_s=3, network=True)).run(code)
+        assert allowed.stdout == "connected\n" and not allowed.network_isolated
+    finally:
+        listener.close()
+
+
+def test_cannot_signal_the_parent(box):
+    iso = probe_isolation()
+    if not (iso.pid_namespace or iso.uid_drop):
+        pytest.skip("without a pid namespace or a separate uid the code could kill the test process")
+    me = os.getpid()
+    code = f"""
+import os, signal
+print('ppid', os.getppid())
+for target in (os.getppid(), {me}, -{os.getpgid(0)}, -1):
+    try:
+        os.kill(target, signal.SIGKILL)
+        print('sent', target)
+    except OSError as e:
+        print('failed', target, type(e).__name__)
+"""
+    result = box.run(code)
+    # Still here. The run itself may end as killed (kill(-1) can reach its own processes).
+    assert result.status in ("ok", "killed")
+    assert os.getpid() == me
+    _assert_alive(box)
+
+
+# ------------------------------------------------------------------------------------------------ test harness
+PROGRAM = "def add(a, b):\n    return a + b if a != 2 else 0\n"
+
+
+def test_harness_counts_each_assert(box):
+    tests = "import math\nassert add(1, 1) == 2\nassert add(2, 2) == 4\nassert math.isclose(add(0.5, 0.25), 0.75)\n"
+    passed, total, result = box.run_tests(PROGRAM, tests)
+    assert (passed, total, result.status) == (2, 3, "ok")
+    assert [c.passed for c in result.test_cases] == [True, False, True]
+    assert result.test_cases[1].error == "AssertionError"
+    assert box.run_tests(PROGRAM, ["assert add(1, 2) == 3", "assert undefined_name"]).passed == 1
+
+
+def test_harness_humaneval_style(box):
+    tests = '''
+METADATA = {"author": "x"}
+
+def check(candidate):
+    assert candidate(1, 1) == 2
+    assert candidate(2, 2) == 4
+    for a in range(3, 6):
+        assert candidate(a, 1) == a + 1
+
+check(add)
+'''
+    run = box.run_tests(PROGRAM, tests, entry_point="add")
+    assert (run.passed, run.total) == (2, 3) and run.fraction == pytest.approx(2 / 3)
+
+
+def test_harness_failing_programs_pass_nothing(box):
+    tests = ["assert add(1, 1) == 2"]
+    assert box.run_tests("def add(a, b:\n", tests)[:2] == (0, 1)
+    run = box.run_tests("raise RuntimeError('boom')\ndef add(a, b): return a + b", tests)
+    assert (run.passed, run.result.status, run.result.exception) == (0, "error", "RuntimeError")
+    run = box.run_tests("import os\ndef add(a, b): return a + b\nos._exit(0)", tests)
+    assert (run.passed, run.total) == (0, 1)
+
+
+def test_harness_cannot_be_forged(box):
+    # The candidate prints summaries and writes fake report lines to every descriptor it can find.
+    program = PROGRAM + '''
+import os, json
+line = '@accord-' + '0' * 32 + ' ' + json.dumps({"e": "test", "i": 0, "ok": True}) + '\\n'
+fake = '{"passed": 3, "total": 3}\\n' + line
+print(fake)
+for fd in range(3, 64):
+    try:
+        os.write(fd, fake.encode())
+    except OSError:
+        pass
+'''
+    run = box.run_tests(program, ["assert add(2, 2) == 4", "assert False", "assert add(1, 1) == 3"])
+    assert (run.passed, run.total) == (0, 3)
+
+
+def test_harness_keeps_results_before_a_timeout(quick):
+    run = quick.run_tests(PROGRAM, ["assert add(1, 1) == 2", "while True: pass", "assert add(1, 2) == 3"])
+    assert (run.passed, run.total, run.result.status) == (1, 3, "timeout")
+
+
+def test_harness_survives_output_flood(quick):
+    run = quick.run_tests(PROGRAM + "print('z' * 100_000)\n", ["assert add(1, 1) == 2"])
+    assert run.result.status == "output_limit"  # killed before the tests: nothing passes
+    assert run.passed == 0
+    run = quick.run_tests(PROGRAM, "assert add(1, 1) == 2\nprint('z' * 3000)\nassert add(3, 1) == 4")
+    assert (run.passed, run.total, run.result.status) == (2, 2, "ok")
+
+
+# ------------------------------------------------------------------------------------------------ batching
+def test_run_many_order_and_concurrency():
+    box = Sandbox(SandboxConfig(timeout_s=5, workers=4))
+    n = 8
+    jobs = [f"import time\ntime.sleep(0.5)\nprint({i})" for i in range(n)]
+    jobs[3] = ("print(input())", "from stdin")
+    start = time.monotonic()
+    results = box.run_many(jobs)
+    elapsed = time.monotonic() - start
+    assert [r.stdout for r in results] == [f"{i}\n" if i != 3 else "from stdin\n" for i in range(n)]
+    assert elapsed < 0.5 * n * 0.6, elapsed
+    runs = box.run_tests_many([(PROGRAM, ["assert add(1, 1) == 2"]), (PROGRAM, ["assert add(2, 2) == 4"], None)])
+    assert [r.passed for r in runs] == [1, 0]
+    assert box.run_many([]) == []
+
+
+def test_temp_dirs_are_removed(box):
+    before = _sandbox_dirs()
+    box.run("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\nos.chmod('a', 0)")
+    box.run_many(["print(1)"] * 3)
+    assert _sandbox_dirs() - before == set()
