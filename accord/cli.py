@@ -1,8 +1,9 @@
-"""Command line: ``accord train | report | envs``.
+"""Command line: ``accord train | eval | report | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
     accord train --resume runs/writing-tldr [run.steps=30]
+    accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord report runs/writing-tldr
     accord envs
 """
@@ -42,6 +43,16 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(config_path, positional)
     run_dir = train(cfg, resume=bool(args.resume))
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from accord.evaluate import run_eval
+
+    out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
+                   compare_base=not args.no_base, out=args.out)
+    sys.stdout.write((out / "eval.md").read_text())
+    sys.stdout.write(f"\n{out / 'eval.json'}\n")
     return 0
 
 
@@ -86,6 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p.set_defaults(func=_train)
+    p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
+    p.add_argument("target", help="CONFIG.yaml or RUN_DIR")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides (e.g. task.eval_size=50)")
+    p.add_argument("--samples", type=int, default=4, help="sampled completions per instance (0: greedy only)")
+    p.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values (each <= --samples)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.eval_temperature "
+                   "if > 0, else rollout.temperature)")
+    p.add_argument("--no-base", action="store_true", help="for a run directory, skip the base weights")
+    p.add_argument("--out", help="output directory (default RUN_DIR/eval)")
+    p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
     p.set_defaults(func=_report)

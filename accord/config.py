@@ -53,8 +53,11 @@ class RunConfig:
     eval_every: int = _f(0, "Evaluate on held-out tasks every N steps (0: only before and after).")
     eval_before: bool = _f(True, "Evaluate before the first step (step 0).")
     eval_after: bool = _f(True, "Evaluate after the last step.")
+    backend: str = _f("local", "Where policies live: 'local' (in this process) or 'ray' (one Ray actor per policy, "
+                      "holding its learner and generator; see the `ray` section). Same seed and config, same result.")
 
     def __post_init__(self) -> None:
+        _choice("run", "backend", self.backend, ("local", "ray"))
         _positive("run", "steps", self.steps)
         _positive("run", "keep_checkpoints", self.keep_checkpoints)
         _positive("run", "checkpoint_every", self.checkpoint_every, 0)
@@ -72,6 +75,8 @@ class PolicyConfig:
     )
     model_kwargs: dict = _f(help="Options of tiny models (hidden_size, num_layers, vocab_size, ...).", factory=dict)
     lr: float | None = _f(None, "Learning rate of this policy; None uses training.lr.")
+    num_cpus: float | None = _f(None, "run.backend=ray: CPUs this policy's actor reserves; null: ray.num_cpus_per_policy.")
+    num_gpus: float | None = _f(None, "run.backend=ray: GPUs this policy's actor reserves; null: ray.num_gpus_per_policy.")
 
 
 @dataclass
@@ -197,6 +202,12 @@ class TrainingConfig:
     num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
     bf16: bool = _f(False, "bf16 autocast for the update's forward/backward over fp32 master weights. Fast only "
                     "where the hardware has bf16 matrix units (GPU, AMX/AVX512-BF16 CPUs); warned otherwise.")
+    gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
+                                      "(HF gradient checkpointing, non-reentrant; works with LoRA): less memory, "
+                                      "about one more forward of compute.")
+    micro_batch_tokens: int | None = _f(None, "Pack the update's micro-batches (in length order) so that each holds at "
+                                        "most this many padded prompt+completion tokens (a longer sequence runs "
+                                        "alone); replaces micro_batch_size. null: micro_batch_size sequences each.")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -208,8 +219,62 @@ class TrainingConfig:
         _positive("training", "warmup_steps", self.warmup_steps, 0)
         _positive("training", "micro_batch_size", self.micro_batch_size)
         _positive("training", "num_mini_batches", self.num_mini_batches)
+        if self.micro_batch_tokens is not None:
+            _positive("training", "micro_batch_tokens", self.micro_batch_tokens)
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"training.max_grad_norm={self.max_grad_norm} must be > 0 (or null: no clipping)")
+
+
+@dataclass
+class LoraConfig:
+    r: int = _f(8, "specialization=lora: rank of every adapter.")
+    alpha: float = _f(16.0, "LoRA scaling numerator: adapters add (alpha / r) * B A x.")
+    dropout: float = _f(0.0, "Dropout on the adapters' input during the update (not during generation).")
+    target_modules: list | None = _f(None, "Module names (last name component, e.g. [q_proj, v_proj]) that get "
+                                     "adapters; null: every linear projection of the decoder (attention and MLP), "
+                                     "not the output head.")
+    mixed_generation: bool = _f(True, "Generate all adapters' prompts in one batched call with mixed adapters "
+                                "(PEFT adapter_names); false: one generate call per adapter.")
+
+    def __post_init__(self) -> None:
+        _positive("lora", "r", self.r)
+        if self.alpha <= 0:
+            raise ConfigError(f"lora.alpha={self.alpha} must be > 0 (the usual choice is 2 * r)")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"lora.dropout={self.dropout} must be in [0, 1)")
+        if self.target_modules is not None:
+            if isinstance(self.target_modules, str):
+                self.target_modules = [self.target_modules]
+            self.target_modules = list(self.target_modules)
+            if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
+                raise ConfigError(f"lora.target_modules={self.target_modules} must be a non-empty list of module "
+                                  "names such as [q_proj, v_proj], or null for every linear projection")
+
+
+@dataclass
+class RayConfig:
+    address: str | None = _f(None, "run.backend=ray: null starts a private local Ray cluster; 'auto' joins the one "
+                             "`ray start` runs on this machine (or RAY_ADDRESS); 'HOST:PORT' joins a head node's GCS; "
+                             "'ray://HOST:PORT' joins through Ray Client. Multi-node: every node needs accord installed "
+                             "and run_dir on a shared filesystem (actors write their checkpoints themselves).")
+    num_cpus_per_policy: float = _f(1.0, "CPUs each policy's actor reserves (fractions allowed); the actor's torch "
+                                    "threads are run.threads, else this number rounded down (at least 1).")
+    num_gpus_per_policy: float = _f(0.0, "GPUs each policy's actor reserves (0.5: two policies share one GPU).")
+    init_timeout_s: float = _f(15.0, "Seconds to wait for ray.address to answer before failing.")
+    start_timeout_s: float = _f(120.0, "Seconds to wait for the cluster to place the policy actors (not counting "
+                                "model loading) before failing with what is requested and what is free.")
+
+    def __post_init__(self) -> None:
+        for key in ("num_cpus_per_policy", "num_gpus_per_policy"):
+            _positive("ray", key, getattr(self, key), 0)
+        if self.init_timeout_s <= 0 or self.start_timeout_s <= 0:
+            raise ConfigError("ray.init_timeout_s and ray.start_timeout_s must be > 0 (seconds)")
+        a = self.address
+        if a is not None and a not in ("auto", "local"):
+            host, _, port = a.removeprefix("ray://").rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(f"ray.address={a!r} is not valid; use null (start a local cluster), 'auto', "
+                                  "'HOST:PORT' (e.g. 10.0.0.5:6379) or 'ray://HOST:PORT' (Ray Client, e.g. port 10001)")
 
 
 @dataclass
@@ -229,17 +294,21 @@ def _default_policies() -> dict:
 @dataclass
 class Config:
     run: RunConfig = _f(help="Run identity, length, seed, checkpoints.", factory=RunConfig)
-    specialization: str = _f("shared", "'shared': one model for all agents; 'separate': one model per policy.")
+    specialization: str = _f("shared", "'shared': one model for all agents; 'separate': one model per policy; "
+                             "'lora': one frozen base model with one LoRA adapter per policy (see `lora`).")
     policies: dict = _f(help="Policy name -> PolicyConfig.", factory=_default_policies)
     agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents on 'main'.", factory=list)
     task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
     algorithm: AlgorithmConfig = _f(help="Algorithm and loss.", factory=AlgorithmConfig)
     rollout: RolloutConfig = _f(help="Sampling.", factory=RolloutConfig)
     training: TrainingConfig = _f(help="Optimizer and update.", factory=TrainingConfig)
+    lora: LoraConfig = _f(help="Adapters of specialization=lora.", factory=LoraConfig)
     logging: LoggingConfig = _f(help="Sinks.", factory=LoggingConfig)
+    ray: RayConfig = _f(help="run.backend=ray: cluster address and the resources of each policy's actor.",
+                        factory=RayConfig)
 
     def __post_init__(self) -> None:
-        _choice("", "specialization", self.specialization, ("shared", "separate"))
+        _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))
         if not self.policies:
             raise ConfigError("policies is empty; define at least one, e.g. policies: {main: {model: tiny-qwen2}}")
         names = [a.name for a in self.agents]
@@ -262,6 +331,34 @@ class Config:
                     f"specialization=shared trains one model, but agents use policies {sorted(used)}; "
                     "map every agent to one policy or set specialization=separate"
                 )
+        if self.specialization == "lora":
+            self._check_lora_policies()
+        self._check_ray()
+
+    def _check_ray(self) -> None:
+        """run.backend=ray: per-policy resources are >= 0; LoRA adapters share one process."""
+        for name, p in self.policies.items():
+            for key in ("num_cpus", "num_gpus"):
+                if getattr(p, key) is not None:
+                    _positive(f"policies.{name}", key, getattr(p, key), 0)
+        if self.run.backend == "ray" and self.specialization == "lora":
+            raise ConfigError("run.backend=ray places one actor per policy, but specialization=lora keeps all adapters "
+                              "on one shared base model in one process; use run.backend=local with lora, or "
+                              "specialization=separate on Ray")
+
+    def _check_lora_policies(self) -> None:
+        """specialization=lora: every policy is an adapter over one common base model."""
+        bases = {(p.model, repr(sorted(p.model_kwargs.items()))) for p in self.policies.values()}
+        if len(bases) > 1:
+            desc = ", ".join(f"{n}: {p.model!r}" + (f" {p.model_kwargs}" if p.model_kwargs else "")
+                             for n, p in sorted(self.policies.items()))
+            raise ConfigError(
+                f"specialization=lora trains one LoRA adapter per policy over one shared base model, but the "
+                f"policies name different base models ({desc}); give every policy the same model (and "
+                "model_kwargs), or set specialization=separate for different models")
+        for name in self.policies:
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"policy name {name!r} cannot name a LoRA adapter; use letters, digits, '_' or '-'")
 
     def resolve_agents(self, task_agents: tuple[str, ...]) -> None:
         """Fill or check ``agents`` against the task's agent names (called once the task is known)."""

@@ -18,7 +18,8 @@ from safetensors.torch import load_model, save_model
 
 from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, policy_loss,
                                       process_logits)
-from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.generation import Generation, generate
 from accord.models import load_model_and_tokenizer
 from accord.rollout.sample import Sample
 
@@ -49,6 +50,40 @@ def lr_lambda(warmup: int, total: int, schedule: str):
     return f
 
 
+def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
+    """Split a mini-batch (in order) into micro-batches of ``size`` sequences, or, with ``max_tokens``,
+    into runs whose padded size (sequences x longest prompt+completion) stays within ``max_tokens``;
+    a sequence longer than the budget runs alone. The loss does not depend on the split: it is
+    normalised by the whole mini-batch's token and sequence counts."""
+    if max_tokens is None:
+        return [samples[i:i + size] for i in range(0, len(samples), size)]
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    width = 0
+    for s in samples:
+        n = len(s.prompt_ids) + len(s.completion_ids)
+        if cur and (len(cur) + 1) * max(width, n) > max_tokens:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(s)
+        width = max(width, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """HF gradient checkpointing, non-reentrant: correct when the inputs need no grad (frozen
+    embeddings under LoRA), and active only in training mode (generation is unaffected)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"training.gradient_checkpointing=true: {type(model).__name__} does not support gradient "
+                         "checkpointing; set it to false")
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Policy:
     """One trainable model used by one or more agents."""
 
@@ -56,12 +91,16 @@ class Policy:
                  rollout: RolloutConfig, total_optimizer_steps: int, seed: int):
         self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
+        self.generator = torch.Generator().manual_seed(seed + 7_000_003)
+        self._streams: dict[str, torch.Generator] = {}
+        if training.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
         self.model.train()
         self.ref_model = None
         if algo.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr or training.lr, betas=training.betas,
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr or training.lr, betas=training.betas,
                                            weight_decay=training.weight_decay, eps=training.eps, foreach=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
@@ -97,6 +136,28 @@ class Policy:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # --- generation ------------------------------------------------------------------------------
+    def seed_stream(self, stream: str, seed: int) -> None:
+        """(Re)start a named random stream for sampling outside training (e.g. ``eval``)."""
+        self._streams[stream] = torch.Generator().manual_seed(seed)
+
+    def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
+                 stream: str | None = None) -> list[Generation]:
+        """Complete tokenised prompts in batches (fp32 even with training.bf16: bf16 autocast makes CPU
+        decoding about 4x slower); sampling settings other than the temperature come from the rollout config.
+
+        Sampling draws from this policy's own random stream (saved in checkpoints), so a policy samples
+        the same tokens whether it runs in the trainer's process or in a Ray actor; ``stream`` names
+        a stream started by :meth:`seed_stream` instead, which leaves the training stream untouched.
+        """
+        r = self.rollout
+        if stream is not None and stream not in self._streams:
+            raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
+        gen = self.generator if stream is None else self._streams[stream]
+        return generate(self.model, self.tokenizer, prompts, max_new_tokens=r.max_new_tokens,
+                        temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
+                        batch_size=r.generation_batch_size, name=self.name, generator=gen)
 
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):
@@ -135,6 +196,11 @@ class Policy:
         ent = entropy_from_logits(processed, logz.detach()) if want_entropy else None
         return logp, ent, mask
 
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: list[Sample]) -> torch.Tensor:
+        """Log-probs of the KL reference (the frozen initial weights)."""
+        return self._forward_completion(self.ref_model, batch, want_entropy=False)[0]
+
     # --- update ----------------------------------------------------------------------------------
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
         """``ppo_epochs`` passes of clipped policy gradient over this policy's samples.
@@ -158,8 +224,7 @@ class Policy:
                 totals = LossTotals(num_tokens=max(1, sum(len(s.completion_ids) for s in mb_samples)),
                                     num_seqs=len(mb_samples))
                 self.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(mb_samples), tr.micro_batch_size):
-                    micro = mb_samples[start:start + tr.micro_batch_size]
+                for micro in micro_batches(mb_samples, tr.micro_batch_size, tr.micro_batch_tokens):
                     logp, ent, mask = self._forward_completion(self.model, micro, want_entropy=epoch == 0)
                     c = mask.size(1)
                     stored = torch.zeros_like(logp)
@@ -168,8 +233,7 @@ class Policy:
                     old = logp.detach() if fresh else stored
                     ref = None
                     if algo.kl_coef > 0:
-                        with torch.no_grad():
-                            ref, _, _ = self._forward_completion(self.ref_model, micro, want_entropy=False)
+                        ref = self._reference_logprobs(micro)
                     adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype)
                     loss, stats = policy_loss(
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
@@ -187,9 +251,8 @@ class Policy:
                     for key, v in stats.items():
                         if key in ("entropy", "logp_diff") or epoch == 0:
                             sums[key] = sums.get(key, 0.0) + float(v)
-                params = [p for p in self.model.parameters() if p.requires_grad]
                 max_norm = tr.max_grad_norm if tr.max_grad_norm is not None else float("inf")
-                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
                 if not torch.isfinite(norm):
                     raise TrainingError(
                         f"step {step}: gradient norm of policy {self.name!r} is {norm.item()}; lower training.lr "
@@ -208,14 +271,15 @@ class Policy:
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         save_model(self.model, str(directory / "model.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                   directory / "optimizer.pt")
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "generator": self.generator.get_state()}, directory / "optimizer.pt")
 
     def load(self, directory: Path) -> None:
         load_model(self.model, str(directory / "model.safetensors"), strict=True)
         state = torch.load(directory / "optimizer.pt", weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
 
     def export(self, directory: Path) -> None:
         """Save as a Hugging Face model directory (loadable with from_pretrained or as a policy model)."""

@@ -18,7 +18,9 @@ import functools
 import inspect
 import logging
 import random
+import sys
 import time
+import zlib
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,9 +35,9 @@ from accord.config import Config, ConfigError, save_config
 from accord.envs.base import TASKS, TaskError, make_task
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
-from accord.generation import generate
 from accord.logging import MetricAccumulator, make_sinks
 from accord.policies import Policy
+from accord.policies_lora import build_lora_policies, generate_by_policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
 from accord.rollout.multiturn import atgrpo_rollout, check_tree_size, magrpo_tree, play_episodes
 from accord.rollout.sample import Completion
@@ -62,6 +64,44 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def reset_peak_memory() -> bool:
+    """Start a new per-step memory high-water mark; True when the CPU one could be reset.
+
+    On Linux, writing "5" to /proc/self/clear_refs resets the process's peak RSS (``VmHWM``, and
+    with it ``ru_maxrss``); where that is not permitted the CPU peak stays the high-water mark since
+    the process started. On CUDA the allocator's peak is reset too."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
+    """``mem/peak_rss_mb`` (process RSS high-water: this step's when it could be reset, else since
+    start), ``mem/rss_mb`` (current RSS) and, on CUDA, ``mem/cuda_peak_mb`` (this step's peak)."""
+    out: dict[str, float] = {}
+    try:
+        status = Path("/proc/self/status").read_text()
+        for line in status.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out["mem/peak_rss_mb" if key == "VmHWM" else "mem/rss_mb"] = int(value.split()[0]) / 1024
+    except OSError:
+        import resource  # ru_maxrss: KiB on Linux, bytes on macOS; a high-water mark since start
+
+        scale = 1024 * 1024 if sys.platform == "darwin" else 1024
+        out["mem/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+        peak_is_per_step = False
+    out["mem/peak_is_per_step"] = float(peak_is_per_step)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["mem/cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
 
 
 class Trainer:
@@ -117,9 +157,12 @@ class Trainer:
         self._gen_tokens = 0
         total_opt = cfg.run.steps * algo.ppo_epochs * cfg.training.num_mini_batches
         self.policies: dict[str, Policy] = {}
-        for i, name in enumerate(sorted(per_policy)):
-            self.policies[name] = Policy(name, cfg.policies[name], cfg.training, algo, cfg.rollout, total_opt,
-                                         seed=cfg.run.seed + i)
+        if cfg.specialization == "lora":  # one frozen base, one adapter per policy
+            self.policies = build_lora_policies(cfg, sorted(per_policy), total_opt, seed=cfg.run.seed)
+        else:
+            for i, name in enumerate(sorted(per_policy)):
+                self.policies[name] = Policy(name, cfg.policies[name], cfg.training, algo, cfg.rollout, total_opt,
+                                             seed=cfg.run.seed + i)
         self._perm_epoch, self._perm = -1, []
         self.run_dir = cfg.run_dir
         self.start_step = 0
@@ -154,28 +197,29 @@ class Trainer:
 
     # --- rollout -----------------------------------------------------------------------------------
     def _complete(self, requests: list[tuple[str, list[dict]]], n: int, greedy: bool,
-                  temperature: float) -> list[list[Completion]]:
-        """``n`` completions of each (agent, chat) request; one generate call per policy for all of them."""
+                  temperature: float, stream: str | None = None) -> list[list[Completion]]:
+        """``n`` completions of each (agent, chat) request; one generate call per policy for all of them
+        (one call for all adapters of a LoRA base with lora.mixed_generation)."""
         encoded = [self.policies[self.agent_policy[a]].encode_chat(msgs) for a, msgs in requests]
         out: list[list[Completion | None]] = [[None] * n for _ in requests]
-        for pname, pol in self.policies.items():
+        by_policy = {}
+        for pname in self.policies:
             slots = [(r, s) for r, (a, _) in enumerate(requests) if self.agent_policy[a] == pname for s in range(n)]
-            if not slots:
-                continue
-            # fp32 even with training.bf16: bf16 autocast makes CPU decoding about 4x slower
-            gens = generate(pol.model, pol.tokenizer, [encoded[r] for r, _ in slots],
-                            max_new_tokens=self.cfg.rollout.max_new_tokens, temperature=temperature,
-                            top_k=self.cfg.rollout.top_k, top_p=self.cfg.rollout.top_p, greedy=greedy,
-                            batch_size=self.cfg.rollout.generation_batch_size, name=pname)
+            if slots:
+                by_policy[pname] = slots
+        all_gens = generate_by_policy(self.policies, {p: [encoded[r] for r, _ in sl] for p, sl in by_policy.items()},
+                                      greedy=greedy, temperature=temperature, stream=stream)
+        for pname, slots in by_policy.items():
+            pol, gens = self.policies[pname], all_gens[pname]
             for (r, s), g in zip(slots, gens):
                 out[r][s] = Completion(encoded[r], g.ids, g.logprobs, g.finish_reason, pol.decode(g.ids))
                 self._gen_tokens += len(g.ids)
         return out
 
-    def _generate(self, rows: list[dict], k: int, greedy: bool, temperature: float):
+    def _generate(self, rows: list[dict], k: int, greedy: bool, temperature: float, stream: str | None = None):
         """Single-turn tasks: every agent's prompt for every row, sampled k times."""
         requests = [(a, self.task.prompt(a, row)) for a in self.agents for row in rows]
-        outs = iter(self._complete(requests, k, greedy, temperature))
+        outs = iter(self._complete(requests, k, greedy, temperature, stream))
         prompt_ids, prompt_texts, gens, texts = {}, {}, {}, {}
         reqs = iter(requests)
         for a in self.agents:
@@ -235,6 +279,7 @@ class Trainer:
         rows = self.batch_rows(step)
         t_step = time.perf_counter()
         self._gen_tokens = 0
+        per_step_peak = reset_peak_memory()
         samples = self._rollout(step, rows, acc)
         with self._phase(acc, "adv"):
             if algo.norm_scope == "agent":
@@ -259,6 +304,8 @@ class Trainer:
         acc.add("perf/completions_per_s", len(samples) / elapsed)
         acc.add("perf/samples", len(samples))
         acc.add("perf/gen_tokens", self._gen_tokens)
+        for key, v in memory_metrics(per_step_peak).items():
+            acc.add(key, v)
         for s in samples:
             acc.add(f"agent/{s.agent}/reward", s.ret)
             acc.add(f"agent/{s.agent}/completion_len", len(s.completion_ids))
@@ -286,10 +333,13 @@ class Trainer:
         temp = self.cfg.rollout.eval_temperature
         acc = MetricAccumulator()
         t = time.perf_counter()
-        with torch.random.fork_rng():  # evaluation must not shift the training RNG stream
-            torch.manual_seed(self.cfg.run.seed + 7919)
+        eval_seed = self.cfg.run.seed + 7919
+        for pname, pol in self.policies.items():   # the same stream at every evaluation; training's is untouched
+            pol.seed_stream("eval", eval_seed + zlib.crc32(pname.encode()))
+        with torch.random.fork_rng():
+            torch.manual_seed(eval_seed)
             if self.multi_turn:
-                complete = functools.partial(self._complete, temperature=temp or 1.0)
+                complete = functools.partial(self._complete, temperature=temp or 1.0, stream="eval")
                 episodes = play_episodes(functools.partial(build_task, self.cfg), self.eval_rows, complete,
                                          turns=self.turns, history_turns=self.cfg.rollout.history_turns,
                                          seed=self.cfg.run.seed + 7919, greedy=temp == 0)
@@ -298,7 +348,7 @@ class Trainer:
                     acc.add("eval/success", float(ep.success))
                     acc.add("eval/turns", max(len(h) for h in ep.history.values()))
             else:
-                _, prompt_texts, gens, texts = self._generate(self.eval_rows, 1, greedy=temp == 0,
+                _, prompt_texts, gens, texts = self._generate(self.eval_rows, 1, greedy=temp == 0, stream="eval",
                                                               temperature=temp or 1.0)
         if not self.multi_turn:
             joint = score_joint_actions(self.task, self.agents, self.eval_rows, texts, prompt_texts, 1, "aligned")

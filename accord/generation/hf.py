@@ -48,8 +48,10 @@ class _Sampler(LogitsProcessor):
     of a tiny model's decoding time.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str):
+    def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str,
+                 generator: torch.Generator | None = None):
         self.temperature, self.top_k, self.top_p, self.greedy, self.name = temperature, top_k, top_p, greedy, name
+        self.generator = generator
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -65,7 +67,8 @@ class _Sampler(LogitsProcessor):
             # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
             # a zero-probability (truncated) token, whose CDF step is flat
             cdf = (processed - logz).exp_().double().cumsum_(dim=-1)
-            u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+            u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device,
+                           generator=self.generator) * cdf[:, -1:]
             tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(1) - 1)
         self.logprobs.append((processed.gather(1, tokens) - logz).squeeze(1))
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
@@ -94,11 +97,13 @@ def generate(
     greedy: bool = False,
     batch_size: int = 64,
     name: str = "model",
+    generator: torch.Generator | None = None,
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
     Prompts are token-id lists (already chat-formatted). Batches of ``batch_size`` run through one
     ``generate`` call each. Greedy decoding records the log-probs of the untransformed distribution.
+    ``generator`` is the random stream sampling draws from (default: torch's global one).
     """
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -109,13 +114,13 @@ def generate(
         for start in range(0, len(prompts), batch_size):
             out.extend(_generate_batch(model, prompts[start:start + batch_size], eos, pad, max_new_tokens,
                                        1.0 if greedy else temperature, 0 if greedy else top_k,
-                                       1.0 if greedy else top_p, greedy, name))
+                                       1.0 if greedy else top_p, greedy, name, generator))
     finally:
         model.train(was_training)
     return out
 
 
-def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy, name):
+def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy, name, generator):
     width = max(len(p) for p in prompts)
     device = next(model.parameters()).device
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -123,7 +128,7 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     for i, p in enumerate(prompts):
         input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
         attention[i, width - len(p):] = 1
-    recorder = _Sampler(temperature, top_k, top_p, greedy, name)
+    recorder = _Sampler(temperature, top_k, top_p, greedy, name, generator)
     # generate() fills unset fields from model.generation_config (a checkpoint's file may set
     # sampling options or a repetition penalty) and then from global defaults. In greedy mode no
     # warper runs after our processor, and the model's config is swapped for a neutral one during

@@ -60,10 +60,11 @@ class Episode:
     done: bool = False
     team_return: float = 0.0
     success: bool = False
+    local_return: dict[str, float] = field(default_factory=dict)
 
     def copy_with(self, env: Env) -> "Episode":
         return Episode(env, dict(self.obs), {a: list(h) for a, h in self.history.items()}, self.turn, self.done,
-                       self.team_return, self.success)
+                       self.team_return, self.success, dict(self.local_return))
 
     def messages(self, agent: str, history_turns: int | None) -> Messages:
         msgs: Messages = [{"role": "system", "content": self.env.instructions(agent)}]
@@ -80,6 +81,8 @@ class Episode:
             self.history[a].append((self.obs[a], text))
         self.obs = dict(res.observations)
         self.team_return += float(res.team_reward)
+        for a, v in res.local_rewards.items():
+            self.local_return[a] = self.local_return.get(a, 0.0) + float(v)
         self.success = bool(res.info.get("success", self.success))
         self.done = bool(res.done)
 

@@ -1,0 +1,193 @@
+"""``accord eval``: held-out evaluation of a config or a trained run, and base-vs-checkpoint comparison.
+
+For each model variant (the base weights of the config; for a run directory also its latest
+checkpoint) on the held-out split:
+
+- **greedy**: one joint action (single-turn task) or one trajectory (multi-turn environment) per
+  instance, no branching: team reward or return, success rate, per-agent metrics;
+- **sampled**: ``n`` independent samples per instance at ``temperature``: mean team reward, success
+  rate and **pass@k** for every requested k <= n with the unbiased estimator of Chen et al. (2021),
+  ``1 - C(n - c, k) / C(n, k)`` for c successes out of n, averaged over instances.
+
+Success comes from the environment's ``info["success"]`` (multi-turn) or, for a single-turn task,
+from an optional ``success`` method with the reward's keyword contract that returns one bool per
+joint action; tasks without it (the writing task: its reward is a lexical score, not a pass/fail
+check) report no success or pass@k, and the table says so rather than inventing a threshold.
+
+Results go to ``OUT/eval.json`` and ``OUT/eval.md`` (one table, one column per variant).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from accord.checkpoint import latest_checkpoint
+from accord.config import Config, ConfigError, load_config
+from accord.rollout.magrpo import call_reward, score_joint_actions
+from accord.rollout.multiturn import play_episodes
+
+logger = logging.getLogger(__name__)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``c`` successes in ``n`` samples: ``1 - C(n-c, k) / C(n, k)``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    # the product form avoids huge binomials: C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _single_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
+    """Per row, ``n`` results ``{team, success, agent/<a>/completion_len}`` of a single-turn task."""
+    task = trainer.task
+    _, prompt_texts, gens, texts = trainer._generate(rows, n, greedy=greedy, temperature=temperature, stream="eval")
+    joint = score_joint_actions(task, trainer.agents, rows, texts, prompt_texts, n, "aligned")
+    success = None
+    if callable(getattr(task, "success", None)):
+        completions = {a: [texts[a][b][j] for b in range(len(rows)) for j in range(n)] for a in trainer.agents}
+        prompts = {a: [prompt_texts[a][b] for b in range(len(rows)) for _ in range(n)] for a in trainer.agents}
+        keys = sorted({key for row in rows for key in row})
+        columns = {key: [rows[b].get(key) for b in range(len(rows)) for _ in range(n)] for key in keys}
+        success = call_reward(task.success, task_name=task.name, agents=trainer.agents, prompts=prompts,
+                              completions=completions, columns=columns,
+                              row_ids=[str(rows[b].get("id", b)) for b in range(len(rows)) for _ in range(n)])
+    out = []
+    for b in range(len(rows)):
+        per = []
+        for j in range(n):
+            idx = b * n + j
+            rec = {"team": joint.rewards[idx]}
+            if success is not None:
+                rec["success"] = float(success[idx] > 0.5)
+            for a in trainer.agents:
+                rec[f"agent/{a}/completion_len"] = len(gens[a][b][j].ids)
+            per.append(rec)
+        out.append(per)
+    return out
+
+
+def _multi_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
+    """Per row, ``n`` results of one trajectory each (team return, success, per-agent local returns)."""
+    import functools
+
+    from accord.trainer import build_task
+
+    reps = [row for row in rows for _ in range(n)]
+    complete = functools.partial(trainer._complete, temperature=temperature, stream="eval")
+    episodes = play_episodes(functools.partial(build_task, trainer.cfg), reps, complete, turns=trainer.turns,
+                             history_turns=trainer.cfg.rollout.history_turns, seed=trainer.cfg.run.seed + 7919,
+                             greedy=greedy)
+    out = []
+    for b in range(len(rows)):
+        per = []
+        for ep in episodes[b * n:(b + 1) * n]:
+            rec = {"team": ep.team_return, "success": float(ep.success),
+                   "turns": max(len(h) for h in ep.history.values())}
+            for a in trainer.agents:
+                rec[f"agent/{a}/local_return"] = ep.local_return.get(a, 0.0)
+            per.append(rec)
+        out.append(per)
+    return out
+
+
+def evaluate_trainer(trainer, *, samples: int, ks: list[int], temperature: float) -> dict[str, float]:
+    """Greedy and sampled metrics of the trainer's current weights on its held-out rows."""
+    rows = trainer.eval_rows
+    if not rows:
+        raise ConfigError("nothing to evaluate: task.eval_size is 0; set task.eval_size=N")
+    for pname, pol in trainer.policies.items():
+        pol.seed_stream("eval", trainer.cfg.run.seed + 7919 + zlib.crc32(pname.encode()))
+    run = _multi_turn if trainer.multi_turn else _single_turn
+    metrics: dict[str, float] = {"instances": float(len(rows))}
+    t = time.perf_counter()
+    for mode, n, greedy in (("greedy", 1, True), ("sampled", samples, False)):
+        if n == 0:
+            continue
+        results = run(trainer, rows, n, greedy, temperature)
+        flat = [r for per in results for r in per]
+        for key in flat[0]:
+            metrics[f"{mode}/{key}"] = sum(r[key] for r in flat) / len(flat)
+        if mode == "sampled" and "success" in flat[0]:
+            for k in ks:
+                if k > n:
+                    raise ConfigError(f"pass@{k} needs at least {k} samples per instance; pass --samples {k} or more")
+                metrics[f"pass@{k}"] = sum(pass_at_k(n, int(sum(r["success"] for r in per)), k)
+                                           for per in results) / len(results)
+    metrics["time/eval_s"] = time.perf_counter() - t
+    return metrics
+
+
+def _load(target: Path, overrides: list[str]) -> tuple[Config, Path | None, Path | None]:
+    """Config, run directory and latest checkpoint of a CONFIG.yaml or a RUN_DIR."""
+    if target.is_dir():
+        if not (target / "config.yaml").is_file():
+            raise ConfigError(f"{target} has no config.yaml; pass a run directory of `accord train` or a config file")
+        cfg = load_config(target / "config.yaml", overrides)
+        return cfg, target, latest_checkpoint(target)
+    if not target.is_file():
+        raise FileNotFoundError(f"{target} is neither a config file nor a run directory")
+    return load_config(target, overrides), None, None
+
+
+def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4, ks: list[int] | None = None,
+             temperature: float | None = None, compare_base: bool = True, out: str | Path | None = None) -> Path:
+    """Evaluate the base weights and (for a run directory) the latest checkpoint; write eval.json/.md."""
+    from accord.trainer import Trainer
+
+    target = Path(target)
+    cfg, run_dir, ckpt = _load(target, list(overrides))
+    ks = sorted(set(ks or [1]))
+    if samples < 0:
+        raise ConfigError(f"--samples={samples} must be >= 0")
+    temperature = temperature if temperature is not None else (cfg.rollout.eval_temperature or cfg.rollout.temperature)
+    if temperature <= 0:
+        raise ConfigError(f"--temperature={temperature} must be > 0 for sampled evaluation")
+    out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg.run = replace(cfg.run, run_dir=str(out_dir / "_work"))
+    trainer = Trainer(cfg)
+    variants: dict[str, dict[str, float]] = {}
+    if ckpt is None or compare_base:
+        logger.info("evaluating the base weights on %d held-out instances", len(trainer.eval_rows))
+        variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+    if ckpt is not None:
+        for name, pol in trainer.policies.items():
+            pol.load(ckpt / "policies" / name)
+        logger.info("evaluating checkpoint %s", ckpt)
+        variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+    elif run_dir is not None:
+        logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
+    report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
+              "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
+              "temperature": temperature, "ks": ks, "variants": variants}
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "eval.md").write_text(markdown_table(report))
+    return out_dir
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    variants = report["variants"]
+    names = list(variants)
+    keys = []
+    for v in variants.values():
+        keys += [k for k in v if k not in keys]
+    lines = [f"# Evaluation of {report['target']}", "",
+             f"Task `{report['task']}` {report['task_options'] or ''}; greedy = one trajectory per instance; "
+             f"sampled = {report['samples']} samples per instance at temperature {report['temperature']}.", ""]
+    if not any(k.startswith("pass@") for k in keys):
+        lines += ["This task defines no success check, so success rates and pass@k are not reported.", ""]
+    lines.append("| metric | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---:|" * len(names))
+    for k in keys:
+        cells = [f"{variants[n][k]:.4g}" if k in variants[n] else "-" for n in names]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

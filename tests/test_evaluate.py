@@ -1,0 +1,72 @@
+"""accord eval: the pass@k estimator, greedy/sampled metrics, base vs checkpoint, the CLI."""
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accord.config import config_from_dict
+from accord.evaluate import pass_at_k, run_eval
+from accord.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("n,c", [(1, 0), (1, 1), (5, 0), (5, 2), (6, 3), (8, 8), (7, 1)])
+def test_pass_at_k_matches_enumeration(n, c):
+    outcomes = [1] * c + [0] * (n - c)
+    for k in range(1, n + 1):
+        subsets = list(itertools.combinations(range(n), k))
+        brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+        assert pass_at_k(n, c, k) == pytest.approx(brute)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def _train_relay(tiny_cfg, tmp_path):
+    data = tiny_cfg(task={"name": "relay", "eval_size": 3}, algorithm={"name": "atgrpo"},
+                    rollout={"eval_temperature": 1.0}, run={"run_dir": str(tmp_path / "run"), "steps": 2})
+    Trainer(config_from_dict(data)).train()
+    return tmp_path / "run"
+
+
+def test_eval_run_dir_compares_base_and_checkpoint(tiny_cfg, tmp_path):
+    run = _train_relay(tiny_cfg, tmp_path)
+    out = run_eval(run, samples=3, ks=[1, 3])
+    report = json.loads((out / "eval.json").read_text())
+    assert list(report["variants"]) == ["base", "step_000002"]
+    for metrics in report["variants"].values():
+        assert metrics["instances"] == 3
+        assert 0 <= metrics["pass@1"] <= metrics["pass@3"] <= 1
+        assert metrics["pass@1"] == pytest.approx(metrics["sampled/success"])
+        assert {"greedy/team", "greedy/success", "sampled/agent/e/local_return"} <= set(metrics)
+    assert "| pass@3 |" in (out / "eval.md").read_text()
+    # the checkpoint really was loaded: its weights differ from the base, and so do (some) metrics
+    base, ckpt = report["variants"].values()
+    assert base != ckpt
+
+
+def test_eval_single_turn_without_success_check(tiny_cfg, tmp_path):
+    cfg_path = tmp_path / "c.yaml"
+    import yaml
+
+    cfg_path.write_text(yaml.safe_dump(tiny_cfg(task={"name": "letters", "eval_size": 2})))
+    out = run_eval(cfg_path, samples=2, ks=[1], out=tmp_path / "out")
+    report = json.loads((out / "eval.json").read_text())
+    (metrics,) = report["variants"].values()
+    assert "pass@1" not in metrics and "sampled/team" in metrics and "greedy/agent/e/completion_len" in metrics
+    assert "no success check" in (out / "eval.md").read_text()
+
+
+def test_eval_cli(tiny_cfg, tmp_path):
+    run = _train_relay(tiny_cfg, tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(run), "--samples", "2", "--k", "1", "2",
+                           "--no-base"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "| pass@2 |" in proc.stdout and "base" not in proc.stdout.split("\n")[4]
+    bad = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(run), "--samples", "1", "--k", "2"],
+                         capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert bad.returncode == 2 and "pass@2 needs at least 2 samples" in bad.stderr
