@@ -155,17 +155,20 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg.run = replace(cfg.run, run_dir=str(out_dir / "_work"))
     trainer = Trainer(cfg)
-    variants: dict[str, dict[str, float]] = {}
-    if ckpt is None or compare_base:
-        logger.info("evaluating the base weights on %d held-out instances", len(trainer.eval_rows))
-        variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
-    if ckpt is not None:
-        for name, pol in trainer.policies.items():
-            pol.load(ckpt / "policies" / name)
-        logger.info("evaluating checkpoint %s", ckpt)
-        variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
-    elif run_dir is not None:
-        logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
+    try:
+        variants: dict[str, dict[str, float]] = {}
+        if ckpt is None or compare_base:
+            logger.info("evaluating the base weights on %d held-out instances", len(trainer.eval_rows))
+            variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+        if ckpt is not None:
+            for name, pol in trainer.policies.items():
+                pol.load(ckpt / "policies" / name)
+            logger.info("evaluating checkpoint %s", ckpt)
+            variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+        elif run_dir is not None:
+            logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
+    finally:
+        trainer.close()
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
               "temperature": temperature, "ks": ks, "variants": variants}

@@ -106,7 +106,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="planpath_cmp_") as tmp:
         for method in args.methods:

@@ -29,7 +29,11 @@ def test_example_runs_two_steps(path, tmp_path):
                                                                          "max_position_embeddings": 4096})
     if cfg.task.name == "writing":
         cfg.task.options["source"] = "offline"
-    metrics = Trainer(cfg).train()
+    trainer = Trainer(cfg)
+    try:
+        metrics = trainer.train()
+    finally:
+        trainer.close()   # stops Ray actors / the cluster of ray-backend examples
     assert metrics["perf/samples"] > 0
     assert "eval/team/reward" in metrics
     assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values())

@@ -47,17 +47,22 @@ def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor, retur
     return (picked - logz, logz) if return_logz else picked - logz
 
 
-def entropy_from_logits(processed_logits: torch.Tensor, logz: torch.Tensor | None = None) -> torch.Tensor:
+def entropy_from_logits(processed_logits: torch.Tensor, logz: torch.Tensor | None = None,
+                        truncated: bool = True) -> torch.Tensor:
     """Entropy of the sampling distribution at each position (no gradient).
 
-    ``logz`` (the logsumexp over the vocabulary) can be passed when already computed.
+    ``logz`` (the logsumexp over the vocabulary) can be passed when already computed. ``truncated``
+    says whether top-k/top-p may have set logits to -inf; without truncation the masking pass is
+    skipped (it costs as much as the rest of the computation).
     """
     with torch.no_grad():
         if logz is None:
             logz = torch.logsumexp(processed_logits, dim=-1)
         p = torch.exp(processed_logits - logz.unsqueeze(-1))
-        # H = logz - sum p * logit; truncated tokens have p = 0 and logit -inf, so skip them
-        return logz - torch.where(p > 0, p * processed_logits, 0.0).sum(-1)
+        # H = logz - sum p * logit; truncated tokens have p = 0 and logit -inf (0 * -inf = nan): skip them
+        if truncated:
+            return logz - torch.where(p > 0, p * processed_logits, 0.0).sum(-1)
+        return logz - (p * processed_logits).sum(-1)
 
 
 @dataclass

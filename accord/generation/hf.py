@@ -55,10 +55,6 @@ class _Sampler(LogitsProcessor):
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if torch.isnan(scores).any():
-            raise GenerationError(
-                f"policy {self.name!r} produced non-finite (NaN) logits at generation step {len(self.logprobs)}; its "
-                "weights have diverged: lower training.lr or resume from an earlier checkpoint")
         processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
         logz = torch.logsumexp(processed, dim=-1, keepdim=True)
         if self.greedy:
@@ -146,6 +142,13 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
         model.generation_config = saved
     completions = seqs[:, width:].cpu()
     logprobs = torch.stack(recorder.logprobs, dim=1).float().cpu() if recorder.logprobs else torch.zeros(len(prompts), 0)
+    # NaN logits make NaN log-probs; checking once here instead of per decoding step saves a full pass
+    # over the vocabulary and a synchronisation at every step
+    bad = torch.isnan(logprobs).any(dim=0).nonzero()
+    if bad.numel():
+        raise GenerationError(
+            f"policy {name!r} produced non-finite (NaN) logits at generation step {int(bad[0])}; its weights have "
+            "diverged: lower training.lr or resume from an earlier checkpoint")
     if logprobs.size(1) != completions.size(1):
         raise RuntimeError(
             f"generate returned {completions.size(1)} new tokens but {logprobs.size(1)} log-probs were recorded; "

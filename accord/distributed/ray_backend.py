@@ -1,0 +1,367 @@
+"""``run.backend: ray``: each policy's learner and generator live in one Ray actor.
+
+Layout. The trainer (the Ray *driver*) keeps the task, the rollout logic, advantages, logging and the
+run directory. Every policy becomes a :class:`PolicyWorker` actor that builds the policy exactly as the
+local backend does (:func:`accord.trainer.build_policy`, same seed) and runs its ``generate``,
+``update``, ``seed_stream``, ``save``, ``load`` and ``export``. The driver holds a
+:class:`RemotePolicy` per actor: the same interface as :class:`~accord.policies.Policy`, with the
+tokenizer fetched once from the actor so that ``encode_chat`` and ``decode`` run in the driver (token
+ids, not chat text, go to the actor; generated ids, not text, come back).
+
+Concurrency. ``RemotePolicy.generate`` sends the call and returns at once a list whose items are
+fetched on first use, so a caller that asks each policy in turn and then reads the results has all
+actors generating at the same time; ``update`` is sent the same way through
+:func:`accord.distributed.submit` / :func:`~accord.distributed.gather`. Calls to one actor run in the
+order they were sent.
+
+Equivalence with ``backend: local``. A policy samples from its own ``torch.Generator`` (saved in
+checkpoints), its weights depend only on its seed, and its update only on its samples, so the same
+config and seed give the same rewards, losses and weights on both backends, bit for bit, provided the
+matrix kernels run with the same number of threads: Ray gives an actor as many threads as the CPUs it
+reserves, the local backend torch's default. Set ``run.threads`` (the driver and every actor then use
+it) when results must match; without it an actor uses ``floor(num_cpus)`` threads (at least 1).
+Code that draws from torch's *global* RNG inside a policy (dropout) would break the equality: the
+local backend shares one global stream between policies; an actor seeds its own with
+``run.seed + index``.
+
+Placement. An actor reserves ``policies.<name>.num_cpus`` / ``num_gpus`` (default
+``ray.num_cpus_per_policy`` / ``ray.num_gpus_per_policy``; fractions allowed). All actors live for the
+whole run, so before any actor starts the requests are checked against ``ray.cluster_resources()``:
+in total and per node (an actor runs on one node). accord's :class:`~accord.policies.Policy` keeps its
+model on the CPU; a GPU reservation only sets the actor's ``CUDA_VISIBLE_DEVICES`` (warned).
+
+Cluster. ``ray.address: null`` starts a private local cluster (shut down by :meth:`RayBackend.close`);
+``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` join an existing one, after checking within
+``ray.init_timeout_s`` that the address answers (Ray itself retries an unreachable address for
+minutes). When ``ray.init`` was already called in this process (a notebook, the tests) that session
+is used as is and ``ray.address`` is ignored.
+
+Checkpoints. An actor writes and reads its own policy's files under the run directory, the driver
+writes ``state.pt`` next to them: on more than one node ``run_dir`` must be on a filesystem that every
+node sees at the same path (checked after each save). Every node also needs accord installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accord.config import Config, ConfigError, RayConfig
+from accord.policies import Policy
+
+logger = logging.getLogger(__name__)
+
+
+class RayBackendError(ConfigError):
+    """Ray cannot host the run as configured (no cluster at the address, too few resources, ...)."""
+
+
+class PolicyActorError(RuntimeError):
+    """A policy's actor died (out of memory, node lost, killed)."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise RayBackendError("run.backend=ray needs Ray: pip install 'accord[ray]' (or pip install 'ray>=2.40'), "
+                              "or set run.backend=local") from err
+    return ray
+
+
+def _get(refs: Any, what: str) -> Any:
+    """``ray.get`` that raises a remote exception as its own type (the remote traceback chained)."""
+    ray = _ray()
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        cause = err.cause
+        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+            raise cause from err
+        raise
+    except ray.exceptions.RayActorError as err:
+        raise PolicyActorError(
+            f"the Ray actor of {what} died ({type(err).__name__}); see the Ray logs (for a local cluster "
+            "/tmp/ray/session_latest/logs), give it more memory (ray.num_cpus_per_policy places fewer actors per "
+            "node), and continue from the last checkpoint with `accord train --resume RUN_DIR`") from err
+
+
+class RayFuture:
+    """A call sent to an actor; ``result()`` waits for its value."""
+
+    __slots__ = ("ref", "what")
+
+    def __init__(self, ref: Any, what: str):
+        self.ref, self.what = ref, what
+
+    def result(self) -> Any:
+        return _get(self.ref, self.what)
+
+
+class PendingList(Sequence):
+    """A list that is computed remotely: fetched (once) on first use."""
+
+    def __init__(self, future: RayFuture):
+        self._future, self._value = future, None
+
+    def _items(self) -> list:
+        if self._value is None:
+            self._value = list(self._future.result())
+        return self._value
+
+    def __getitem__(self, i):
+        return self._items()[i]
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __repr__(self) -> str:
+        return f"PendingList({self._value!r})" if self._value is not None else "PendingList(<pending>)"
+
+
+# --- the actor ---------------------------------------------------------------------------------
+
+
+class PolicyWorker:
+    """Body of a policy's Ray actor (wrapped with ``ray.remote`` when the backend starts).
+
+    Construction is cheap (threads only); :meth:`build` loads the model, so that a failure there comes
+    back as the original exception (e.g. ModelNotFoundError) rather than as a dead actor."""
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.policy: Policy | None = None
+
+    def ready(self) -> dict:
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "gpu_ids": ray.get_gpu_ids(),
+                "threads": torch.get_num_threads()}
+
+    def build(self, cfg: Config, name: str, index: int, total_optimizer_steps: int) -> dict:
+        from accord.trainer import build_policy, seed_everything
+
+        seed_everything(cfg.run.seed + index)
+        self.policy = build_policy(cfg, name, index, total_optimizer_steps)
+        device = next(self.policy.model.parameters()).device
+        return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.policy, method)(*args, **kwargs)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.policy.model.named_parameters()}
+
+
+# --- the driver's proxy ------------------------------------------------------------------------
+
+
+class RemotePolicy:
+    """Driver-side stand-in for a :class:`~accord.policies.Policy` that lives in a Ray actor."""
+
+    # prompt handling runs here, with the tokenizer fetched from the actor: the same code as Policy's
+    encode_chat = Policy.encode_chat
+    decode = Policy.decode
+
+    def __init__(self, name: str, actor: Any, cfg: Config, info: dict):
+        self.name, self.actor = name, actor
+        self.cfg, self.training, self.algo, self.rollout = cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout
+        self.tokenizer, self.context_len = info["tokenizer"], info["context_len"]
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"RemotePolicy({self.name!r}, node={self.info.get('node', '?')[:8]}, pid={self.info.get('pid')})"
+
+    def _send(self, method: str, *args: Any, **kwargs: Any) -> RayFuture:
+        return RayFuture(self.actor.call.remote(method, *args, **kwargs), f"policy {self.name!r}")
+
+    # generation: sent at once, fetched on first use
+    def generate_async(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
+                       stream: str | None = None) -> RayFuture:
+        return self._send("generate", prompts, greedy=greedy, temperature=temperature, stream=stream)
+
+    def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
+                 stream: str | None = None) -> PendingList:
+        return PendingList(self.generate_async(prompts, greedy=greedy, temperature=temperature, stream=stream))
+
+    def update_async(self, samples: list, step: int) -> RayFuture:
+        return self._send("update", samples, step)
+
+    def update(self, samples: list, step: int) -> dict[str, float]:
+        return self.update_async(samples, step).result()
+
+    def seed_stream(self, stream: str, seed: int) -> None:
+        self._send("seed_stream", stream, seed).result()
+
+    def save(self, directory: Path) -> None:
+        self._send("save", Path(directory)).result()
+        if not Path(directory).is_dir():
+            raise RayBackendError(
+                f"the actor of policy {self.name!r} (node {self.info.get('node')}) saved its checkpoint to "
+                f"{directory}, which the trainer's process cannot see: on a multi-node Ray cluster put run.run_dir "
+                "on a filesystem shared by all nodes (same path everywhere)")
+
+    def load(self, directory: Path) -> None:
+        self._send("load", Path(directory)).result()
+
+    def export(self, directory: Path) -> None:
+        self._send("export", Path(directory)).result()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """CPU copies of the actor's model parameters (name -> tensor), e.g. for tests."""
+        return _get(self.actor.state_dict.remote(), f"policy {self.name!r}")
+
+
+# --- cluster and placement ---------------------------------------------------------------------
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
+def _check_reachable(address: str, timeout: float, shown: str) -> None:
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        socket.create_connection(target, timeout=timeout).close()
+    except OSError as err:
+        raise RayBackendError(
+            f"cannot reach a Ray cluster at {shown} within ray.init_timeout_s={timeout:g}s ({err}); start one "
+            "there (`ray start --head --port=PORT`; Ray Client listens on 10001), fix the address, or set "
+            "ray.address=null to start a local cluster") from None
+
+
+def connect(rcfg: RayConfig) -> bool:
+    """Initialise Ray for the run; True when this call started a (local) cluster."""
+    ray = _ray()
+    if ray.is_initialized():
+        logger.info("using the Ray session already initialised in this process (ray.address is not used)")
+        return False
+    address = rcfg.address
+    if address in (None, "local"):
+        ray.init(address="local", include_dashboard=False)
+        return True
+    if address == "auto":
+        env = os.environ.get("RAY_ADDRESS")
+        if env:
+            _check_reachable(env, rcfg.init_timeout_s, f"RAY_ADDRESS={env!r} (ray.address=auto)")
+    else:
+        _check_reachable(address, rcfg.init_timeout_s, f"ray.address={address!r}")
+    try:
+        ray.init(address=address)
+    except ConnectionError as err:
+        raise RayBackendError(
+            f"cannot join a Ray cluster with ray.address={address!r}: {err} Start one with `ray start --head`, "
+            "give its address, or set ray.address=null to start a local cluster") from None
+    return False
+
+
+def policy_resources(cfg: Config, names: list[str]) -> dict[str, tuple[float, float]]:
+    """(CPUs, GPUs) each policy's actor reserves."""
+    r = cfg.ray
+    out = {}
+    for n in names:
+        p = cfg.policies[n]
+        out[n] = (float(p.num_cpus if p.num_cpus is not None else r.num_cpus_per_policy),
+                  float(p.num_gpus if p.num_gpus is not None else r.num_gpus_per_policy))
+    return out
+
+
+def check_resources(requests: dict[str, tuple[float, float]], total: dict, nodes: list[dict]) -> None:
+    """Raise RayBackendError unless all actors fit the cluster at once (in total and each on one node)."""
+    fixes = {
+        "CPU": "lower ray.num_cpus_per_policy (fractions such as 0.5 are allowed) or policies.<name>.num_cpus, or give "
+               "Ray more CPUs (`ray start --num-cpus=N`, or a larger cluster via ray.address)",
+        "GPU": "lower ray.num_gpus_per_policy or policies.<name>.num_gpus (0: CPU only; 0.5: two policies share a "
+               "GPU), or join a cluster with more GPUs via ray.address",
+    }
+    for i, kind in enumerate(("CPU", "GPU")):
+        need = sum(v[i] for v in requests.values())
+        have = float(total.get(kind, 0.0))
+        largest = max((float(n.get(kind, 0.0)) for n in nodes), default=have)
+        asks = ", ".join(f"{n}: {v[i]:g}" for n, v in requests.items())
+        if need > have + 1e-9:
+            raise RayBackendError(f"run.backend=ray: the policies' actors ask for {need:g} {kind}s in all ({asks}), "
+                                  f"but the Ray cluster has {have:g}; {fixes[kind]}")
+        big = [n for n, v in requests.items() if v[i] > largest + 1e-9]
+        if big:
+            raise RayBackendError(f"run.backend=ray: policies {big} each ask for more {kind}s than any one node has "
+                                  f"({asks}; the largest node has {largest:g}); {fixes[kind]}")
+
+
+class RayBackend:
+    """Starts one actor per policy and releases them (and a cluster it started) on :meth:`close`."""
+
+    def __init__(self, rcfg: RayConfig):
+        self.rcfg = rcfg
+        self.actors: list = []
+        self.started = connect(rcfg)
+
+    def start_policies(self, cfg: Config, names: list[str], total_optimizer_steps: int) -> dict[str, RemotePolicy]:
+        """Check resources, place the actors, build every policy (concurrently); policy ``names[i]`` gets
+        index ``i`` (its seed offset), as on the local backend."""
+        ray = _ray()
+        requests = policy_resources(cfg, names)
+        try:  # on any failure: no actor and no cluster of ours is left behind
+            alive = [n["Resources"] for n in ray.nodes() if n.get("Alive", n.get("alive", True))]
+            check_resources(requests, ray.cluster_resources(), alive)
+            worker = ray.remote(PolicyWorker)
+            actors = {}
+            for n in names:
+                cpus, gpus = requests[n]
+                threads = cfg.run.threads or max(1, int(cpus))
+                actors[n] = worker.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(threads)
+                self.actors.append(actors[n])
+            ready = {n: a.ready.remote() for n, a in actors.items()}
+            _, pending = ray.wait(list(ready.values()), num_returns=len(ready), timeout=self.rcfg.start_timeout_s)
+            if pending:
+                waiting = [n for n, ref in ready.items() if ref in pending]
+                free = ray.available_resources()
+                raise RayBackendError(
+                    f"Ray did not place the actors of policies {waiting} within ray.start_timeout_s="
+                    f"{self.rcfg.start_timeout_s:g}s: they ask for "
+                    f"{', '.join(f'{n}: {requests[n][0]:g} CPU / {requests[n][1]:g} GPU' for n in waiting)}; free now: "
+                    f"{free.get('CPU', 0):g} CPU / {free.get('GPU', 0):g} GPU. Other jobs (or an earlier trainer "
+                    "not closed with Trainer.close()) hold them: free them, lower the requests, or raise "
+                    "ray.start_timeout_s")
+            where = dict(zip(names, _get([ready[n] for n in names], "a policy")))
+            built = _get([actors[n].build.remote(cfg, n, i, total_optimizer_steps) for i, n in enumerate(names)],
+                         "a policy")
+        except BaseException:
+            self.close()
+            raise
+        out = {}
+        for n, info in zip(names, built):
+            info.update(where[n])
+            out[n] = RemotePolicy(n, actors[n], cfg, info)
+            logger.info("policy %s: Ray actor on node %s (pid %d), %g CPU / %g GPU, %d torch threads, model on %s",
+                        n, info["node"][:8], info["pid"], *requests[n], info["threads"], info["device"])
+            if requests[n][1] > 0 and info["device"] == "cpu":
+                logger.warning("policy %s reserves %g GPU(s) but its model is on the CPU (accord's Policy does not "
+                               "move models to a GPU); set ray.num_gpus_per_policy=0 to leave the GPU to others",
+                               n, requests[n][1])
+        return out
+
+    def close(self) -> None:
+        """Kill the actors; shut Ray down if this backend started it."""
+        ray = _ray()
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.actors = []
+        if self.started and ray.is_initialized():
+            ray.shutdown()
+        self.started = False

@@ -1,0 +1,411 @@
+"""Shared pieces of the coding tasks: reading code out of model text, and static checks with ``ast``.
+
+Nothing here executes model code: ``ast.parse`` / ``ast.unparse`` only read and rewrite source text.
+Everything that runs code goes through :class:`accord.sandbox.Sandbox` (see :class:`TestCache`).
+
+Code extraction (:func:`extract_code`), in order:
+
+1. ``<think>...</think>`` sections are removed.
+2. Markdown fences: every fenced block (```` ```python ... ``` ````, any or no language tag) is a
+   candidate; an opening fence with no closing one (output cut at the token limit) runs to the end.
+   Without any fence the whole text is the one candidate.
+3. Each candidate is *repaired* (:func:`repair`): if it parses it is kept as is; otherwise it is cut
+   into top-level chunks (a line at column 0 starts a chunk; indented and blank lines belong to it;
+   ``else``/``elif``/``except``/``finally`` continue the previous chunk and decorators join the next)
+   and only the chunks that parse on their own are kept. Prose lines ("Here is the function:") and a
+   function cut off mid-body do not parse and are dropped; the code around them is kept.
+4. The repaired candidates are joined with blank lines.
+
+Normalisation (:func:`normalise`) keeps the top-level statements that define things -- imports,
+function and class definitions, assignments -- and drops everything else (calls such as
+``print(f(3))``, example usage, ``if __name__ == "__main__":`` blocks, loops, top-level asserts): they
+are not part of an answer and would only run, and possibly hang, before the tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import logging
+import re
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from accord.sandbox import Sandbox, SandboxConfig, TestRun
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_CODE_CHARS",
+    "CodeRun",
+    "TestCache",
+    "annotate_asserts",
+    "binds_name",
+    "calls_to",
+    "case_sources",
+    "extract_code",
+    "function_defs",
+    "ignored_calls",
+    "is_trivial_wrapper",
+    "mentions",
+    "normalise",
+    "own_scope",
+    "repair",
+    "returns_value",
+    "safe_parse",
+    "shorten",
+    "split_tests",
+]
+
+#: Longer extracted code is treated as unreadable (no model answer to a coding task is this long).
+MAX_CODE_CHARS = 50_000
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_FENCE_OPEN = re.compile(r"^[ \t]*```+[ \t]*([A-Za-z0-9_+.-]*)[^\n]*$", re.MULTILINE)
+_CONTINUATION = ("else", "elif", "except", "finally")
+_DEFINING = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+             ast.AnnAssign)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def safe_parse(code: str) -> ast.Module | None:
+    """``ast.parse(code)``, or None when it does not parse (syntax error, null bytes, nesting too deep,
+    longer than :data:`MAX_CODE_CHARS`). Never raises on model text; its syntax warnings are silenced."""
+    if not isinstance(code, str) or len(code) > MAX_CODE_CHARS:
+        return None
+    try:
+        with warnings.catch_warnings():  # e.g. invalid escape sequences in model code: not the trainer's concern
+            warnings.simplefilter("ignore")
+            return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
+
+
+def _unparse(nodes: Sequence[ast.stmt]) -> str | None:
+    try:
+        return ast.unparse(ast.Module(body=list(nodes), type_ignores=[]))
+    except (RecursionError, ValueError, AttributeError):
+        return None
+
+
+def _chunks(lines: list[str]) -> list[str]:
+    """Top-level chunks: a column-0 line starts one; indented/blank lines and ``else:``-like lines continue."""
+    chunks: list[list[str]] = []
+    for line in lines:
+        stripped = line.strip()
+        top = bool(stripped) and not line[0].isspace()
+        word = re.match(r"[A-Za-z_]+", stripped)
+        continues = top and word is not None and word.group(0) in _CONTINUATION
+        if (top and not continues) or not chunks:
+            previous = [x for x in chunks[-1] if x.strip()] if chunks else []
+            if previous and all(x.lstrip().startswith("@") for x in previous):
+                chunks[-1].append(line)  # decorators join the definition after them
+                continue
+            chunks.append([line])
+        else:
+            chunks[-1].append(line)
+    return ["\n".join(c) for c in chunks]
+
+
+def repair(code: str) -> str:
+    """``code`` itself if it parses, else the concatenation of its top-level chunks that parse alone."""
+    if safe_parse(code) is not None:
+        return code.strip("\n")
+    if len(code) > MAX_CODE_CHARS:
+        return ""
+    kept = [chunk for chunk in _chunks(code.splitlines()) if chunk.strip() and safe_parse(chunk) is not None]
+    return "\n".join(kept).strip("\n")
+
+
+def _fenced_blocks(text: str) -> list[str]:
+    blocks = []
+    pos = 0
+    while True:
+        opening = _FENCE_OPEN.search(text, pos)
+        if opening is None:
+            break
+        start = opening.end() + 1
+        closing = re.compile(r"^[ \t]*```", re.MULTILINE).search(text, start)
+        if closing is None:
+            blocks.append(text[start:])
+            break
+        blocks.append(text[start:closing.start()])
+        pos = closing.end()
+    return blocks
+
+
+def extract_code(text: str) -> str:
+    """The Python code in a model's answer (see the module docstring); ``""`` when there is none."""
+    if not isinstance(text, str):
+        return ""
+    text = _THINK.sub("", text.replace("\r\n", "\n"))
+    blocks = _fenced_blocks(text) if "```" in text else []
+    candidates = blocks if blocks else [text]
+    parts = [repair(block) for block in candidates]
+    return "\n\n".join(p for p in parts if p.strip())
+
+
+def normalise(code: str) -> tuple[str, ast.Module] | None:
+    """Keep the defining top-level statements of ``code`` (module docstring); None if it does not parse.
+
+    Returns ``(source, tree)`` where ``source`` is ``ast.unparse`` of the kept statements.
+    """
+    tree = safe_parse(code)
+    if tree is None:
+        return None
+    kept = [stmt for stmt in tree.body if isinstance(stmt, _DEFINING)]
+    source = _unparse(kept)
+    if source is None:
+        return None
+    return source, ast.Module(body=kept, type_ignores=[])
+
+
+def own_scope(node: ast.AST) -> Iterable[ast.AST]:
+    """Nodes inside ``node``'s body, not descending into nested functions, lambdas or classes."""
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        child = stack.pop()
+        yield child
+        if not isinstance(child, _SCOPES):
+            stack.extend(ast.iter_child_nodes(child))
+
+
+def function_defs(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The top-level ``def`` / ``async def`` statements of a module."""
+    return [s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def returns_value(func: ast.AST) -> bool:
+    """Whether ``func`` has a ``return <value>`` in its own scope (a bare ``return`` does not count)."""
+    return any(isinstance(n, ast.Return) and n.value is not None for n in own_scope(func))
+
+
+def calls_to(node: ast.AST, name: str) -> list[ast.Call]:
+    """Every call ``name(...)`` anywhere inside ``node`` (nested functions included)."""
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id == name]
+
+
+def binds_name(func: ast.AST, name: str) -> bool:
+    """Whether ``func`` (anywhere inside, itself excluded) defines or rebinds ``name``: a nested
+    ``def``/``class``, an assignment or loop target, a parameter, an import alias, ``global``/``nonlocal``."""
+    for n in ast.walk(func):
+        if n is not func and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name:
+            return True
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, (ast.Store, ast.Del)):
+            return True
+        if isinstance(n, ast.arg) and n.arg == name:
+            return True
+        if isinstance(n, ast.alias) and (n.asname or n.name.split(".")[0]) == name:
+            return True
+        if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+            return True
+    return False
+
+
+def ignored_calls(node: ast.AST, name: str) -> list[ast.Call]:
+    """Calls ``name(...)`` whose value is thrown away: the call is a whole expression statement."""
+    return [s.value for s in ast.walk(node) if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+            and isinstance(s.value.func, ast.Name) and s.value.func.id == name]
+
+
+def _params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = func.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return set(names)
+
+
+def _forwarding_call(node: ast.AST | None, aux: str, params: set[str]) -> bool:
+    """``aux(...)`` whose every argument is a parameter name of the wrapper or a constant (``*args``
+    and ``**kwargs`` of parameters included)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == aux):
+        return False
+    values = list(node.args) + [kw.value for kw in node.keywords]
+    for v in values:
+        if isinstance(v, ast.Starred):
+            v = v.value
+        if not ((isinstance(v, ast.Name) and v.id in params) or isinstance(v, ast.Constant)):
+            return False
+    return True
+
+
+def is_trivial_wrapper(func: ast.FunctionDef | ast.AsyncFunctionDef, aux: str = "aux") -> bool:
+    """Whether ``func`` only forwards to ``aux``.
+
+    True when, a leading docstring removed, the body is exactly ``return aux(ARGS)`` or
+    ``NAME = aux(ARGS)`` followed by ``return NAME``, where every ARG (positional, keyword, ``*`` or
+    ``**``) is a bare parameter name of ``func`` or a constant. Any other statement or any computation
+    on the arguments or the result (``return aux(x) + 1``, ``return aux(sorted(x))``) makes it not
+    trivial.
+    """
+    body = list(func.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    params = _params(func)
+    if len(body) == 1 and isinstance(body[0], ast.Return):
+        return _forwarding_call(body[0].value, aux, params)
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
+        targets = body[0].targets
+        return (len(targets) == 1 and isinstance(targets[0], ast.Name)
+                and _forwarding_call(body[0].value, aux, params)
+                and isinstance(body[1].value, ast.Name) and body[1].value.id == targets[0].id)
+    return False
+
+
+def mentions(node: ast.AST, name: str) -> bool:
+    """Whether the name ``name`` is read anywhere inside ``node``."""
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def annotate_asserts(code: str, names: Sequence[str]) -> str:
+    """``code`` with a message added to each message-less ``assert LEFT <op> RIGHT`` whose LEFT reads one of
+    ``names``: ``"got " + repr(LEFT)[:200]``, evaluated only when the assert fails, so a failing test
+    reports the value it got (``AssertionError: got 3.5``). Pass counts do not change; code that does
+    not parse is returned unchanged."""
+    tree = safe_parse(code)
+    if tree is None:
+        return code
+    changed = False
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assert) and node.msg is None and isinstance(node.test, ast.Compare)
+                and len(node.test.ops) == 1 and any(mentions(node.test.left, n) for n in names)):
+            try:
+                left = copy.deepcopy(node.test.left)
+            except RecursionError:
+                return code
+            shown = ast.Call(func=ast.Name(id="repr", ctx=ast.Load()), args=[left], keywords=[])
+            cut = ast.Subscript(value=shown, slice=ast.Slice(upper=ast.Constant(value=200)), ctx=ast.Load())
+            node.msg = ast.BinOp(left=ast.Constant(value="got "), op=ast.Add(), right=cut)
+            changed = True
+    if not changed:
+        return code
+    ast.fix_missing_locations(tree)
+    try:
+        return ast.unparse(tree)
+    except (RecursionError, ValueError, AttributeError):
+        return code
+
+
+def _is_test(stmt: ast.stmt) -> bool:
+    return not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
+        isinstance(n, ast.Assert) for n in ast.walk(stmt))
+
+
+def split_tests(tests: str, entry_point: str | None = None) -> list[tuple[str, bool]]:
+    """``[(statement source, is_test)]`` of trusted test code, the way :meth:`Sandbox.run_tests` splits
+    it: with ``entry_point`` the statements of ``def check(candidate)``'s body, else the top-level ones;
+    a statement is a test when it contains an ``assert`` and is not a ``def``/``class``. Returns ``[]``
+    when the code does not parse."""
+    tree = safe_parse(tests)
+    if tree is None:
+        return []
+    body = tree.body
+    if entry_point is not None:
+        check = next((s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"), None)
+        if check is None:
+            return []
+        body = check.body
+    out = []
+    for stmt in body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            continue
+        out.append((_unparse([stmt]) or "", _is_test(stmt)))
+    return out
+
+
+def case_sources(tests: str, entry_point: str | None = None) -> list[str]:
+    """Source of each test of ``tests`` in the order :meth:`Sandbox.run_tests` numbers them."""
+    return [src for src, is_test in split_tests(tests, entry_point) if is_test]
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------------
+# Running code: the sandbox, with a cache of results
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CodeRun:
+    """What one sandboxed test run gave: counts, status, and per-test outcomes (index -> (ok, error))."""
+
+    passed: int
+    total: int
+    status: str
+    cases: tuple[tuple[bool, str | None], ...] = ()
+    ran: bool = True  #: False when nothing was run (the code was known to fail statically)
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        return self.total > 0 and self.passed == self.total
+
+    def case(self, i: int) -> tuple[bool, str | None]:
+        """(passed, error) of test ``i``; a test that did not report failed (``None`` error)."""
+        return self.cases[i] if i < len(self.cases) else (False, None)
+
+    @staticmethod
+    def not_run(total: int, status: str = "not_run") -> CodeRun:
+        return CodeRun(0, total, status, tuple((False, None) for _ in range(total)), ran=False)
+
+    @staticmethod
+    def from_test_run(run: TestRun) -> CodeRun:
+        by_index = {c.index: (c.passed, c.error) for c in run.result.test_cases}
+        cases = tuple(by_index.get(i, (False, None)) for i in range(run.total))
+        return CodeRun(run.passed, run.total, run.result.status, cases)
+
+
+@dataclass
+class TestCache:
+    """Runs ``(program, tests, entry_point)`` jobs through one :meth:`Sandbox.run_tests_many` call per
+    :meth:`run` and remembers the results by the exact strings (a job's result depends on nothing else).
+
+    The sandbox is built on first use. Clones of an environment share one cache: entries are pure
+    results, so sharing changes no environment's future, and AT-GRPO's K clones of a state do not
+    re-run the code they have in common. When an insertion would pass ``max_entries`` the cache is
+    emptied first (with 0 it holds only the last call's results).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    config: SandboxConfig = field(default_factory=lambda: SandboxConfig(timeout_s=3.0))
+    max_entries: int = 4096
+    results: dict = field(default_factory=dict)
+    calls: int = 0  #: run_tests_many calls made
+    jobs_run: int = 0  #: jobs sent to the sandbox (cache misses)
+    _box: Sandbox | None = field(default=None, repr=False)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._box is None:
+            self._box = Sandbox(self.config)
+        return self._box
+
+    def run(self, jobs: Sequence[tuple[str, str, str | None]]) -> list[CodeRun]:
+        """Results of ``(program, tests, entry_point)`` jobs, in order; misses run concurrently in one call.
+
+        ``tests`` must be trusted (the dataset's) or already parsed by the caller: a test string that
+        does not parse raises here.
+        """
+        keys = [(p, t, e) for p, t, e in jobs]
+        found = {k: self.results[k] for k in keys if k in self.results}
+        missing = [k for k in dict.fromkeys(keys) if k not in found]
+        if missing:
+            runs = self.sandbox.run_tests_many([(p, t, e) if e is not None else (p, t) for p, t, e in missing])
+            self.calls += 1
+            self.jobs_run += len(missing)
+            fresh = {key: CodeRun.from_test_run(run) for key, run in zip(missing, runs)}
+            found.update(fresh)
+            if len(self.results) + len(fresh) > self.max_entries:
+                self.results.clear()
+            self.results.update(fresh)
+        return [found[k] for k in keys]

