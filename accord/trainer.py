@@ -32,6 +32,7 @@ from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import check_advantage_config, group_advantages
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
+from accord.distributed import gather, submit
 from accord.envs.base import TASKS, TaskError, make_task
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
@@ -58,6 +59,13 @@ def build_task(cfg: Config):
         wrap = CentralizedEnv if is_env(task) else CentralizedTask
         task = wrap(task, parse_penalty=algo.parse_penalty)
     return task
+
+
+def build_policy(cfg: Config, name: str, index: int, total_optimizer_steps: int) -> Policy:
+    """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed
+    offset). The Ray backend calls this inside each policy's actor, so both backends build the same."""
+    return Policy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
+                  seed=cfg.run.seed + index)
 
 
 def seed_everything(seed: int) -> None:
@@ -157,12 +165,17 @@ class Trainer:
         self._gen_tokens = 0
         total_opt = cfg.run.steps * algo.ppo_epochs * cfg.training.num_mini_batches
         self.policies: dict[str, Policy] = {}
-        if cfg.specialization == "lora":  # one frozen base, one adapter per policy
+        self.backend = None
+        if cfg.run.backend == "ray":  # one actor per policy, built there with build_policy
+            from accord.distributed.ray_backend import RayBackend
+
+            self.backend = RayBackend(cfg.ray)
+            self.policies = self.backend.start_policies(cfg, sorted(per_policy), total_opt)
+        elif cfg.specialization == "lora":  # one frozen base, one adapter per policy
             self.policies = build_lora_policies(cfg, sorted(per_policy), total_opt, seed=cfg.run.seed)
         else:
             for i, name in enumerate(sorted(per_policy)):
-                self.policies[name] = Policy(name, cfg.policies[name], cfg.training, algo, cfg.rollout, total_opt,
-                                             seed=cfg.run.seed + i)
+                self.policies[name] = build_policy(cfg, name, i, total_opt)
         self._perm_epoch, self._perm = -1, []
         self.run_dir = cfg.run_dir
         self.start_step = 0
@@ -290,12 +303,14 @@ class Trainer:
                                    algo.advantage, algo.normalize_std)
             for s, a in zip(samples, adv.tolist()):
                 s.advantage = a
-        with self._phase(acc, "update"):
+        with self._phase(acc, "update"):  # all policies' updates sent first: concurrent on the Ray backend
+            jobs = {}
             for pname, pol in self.policies.items():
                 mine = [s for s in samples if s.policy == pname]
-                if not mine:
-                    continue
-                for key, v in pol.update(mine, step).items():
+                if mine:
+                    jobs[pname] = submit(pol, "update", mine, step)
+            for pname, stats in zip(jobs, gather(list(jobs.values()))):
+                for key, v in stats.items():
                     acc.add(f"loss/{pname}/{key}", v)
         elapsed = time.perf_counter() - t_step
         acc.add("time/step", elapsed)
@@ -360,6 +375,12 @@ class Trainer:
         acc.add("time/eval", time.perf_counter() - t)
         return acc.mean()
 
+    def close(self) -> None:
+        """Release the policies' Ray actors (and a local Ray cluster the trainer started); no-op locally."""
+        if getattr(self, "backend", None) is not None:
+            self.backend.close()
+            self.backend = None
+
     # --- the loop ----------------------------------------------------------------------------------
     def train(self, stop_after: int | None = None) -> dict[str, float]:
         """Run to ``run.steps`` (or stop after ``stop_after`` total steps, for tests of resume).
@@ -401,5 +422,8 @@ class Trainer:
 def train(cfg: Config, *, resume: bool = False) -> Path:
     """Build a trainer from a config, run it, and return the run directory."""
     trainer = Trainer(cfg, resume=resume)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
     return trainer.run_dir

@@ -57,7 +57,7 @@ def build_config(args: argparse.Namespace, method: str, run_dir: Path):
         "algorithm": {"num_generations": args.k, "normalize_std": True, "alpha": args.alpha, "gamma": 1.0,
                       **METHODS[method]["algorithm"]},
         "rollout": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
-                    "history_turns": 1, "max_prompt_tokens": 1024},
+                    "history_turns": args.history_turns, "max_prompt_tokens": 1024},
         "training": {"lr": args.lr, "micro_batch_size": 8, "warmup_steps": 0, "max_grad_norm": 1.0},
         "logging": {"console": False, "tensorboard": False, "completions_every": 0},
     }
@@ -100,6 +100,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--history-turns", type=int, default=0,
+                   help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--eval-size", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)

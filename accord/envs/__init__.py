@@ -1,6 +1,6 @@
 """Tasks (environments) and their registry. Importing this package registers the built-in tasks."""
 
-from accord.envs import planpath, relay, sokoban, sudoku, synthetic, writing_task  # noqa: F401  (registration)
+from accord.envs import code_atgrpo, code_magrpo, math_env, planpath, relay, sokoban, sudoku, synthetic, writing_task  # noqa: F401
 from accord.envs.base import TASKS, Task, TaskError, make_task, register_task
 from accord.envs.protocol import Env, StepResult, is_env
 

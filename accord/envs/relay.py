@@ -1,6 +1,6 @@
 """``relay``: a small synthetic multi-turn environment for tests and quick runs with tiny random models.
 
-Two agents, ``e`` and ``o``, take turns (turn-based by default, ``simultaneous=True`` for MAGRPO's
+Two agents, ``e`` and ``o`` (``num_agents`` up to 5 adds ``a``, ``i``, ``u``), take turns (turn-based by default, ``simultaneous=True`` for MAGRPO's
 parallel agents). Each writes a few words; its **local** reward for a step is the share of its words
 that contain its letter ("e" or "o"). The **team** reward increment of a step is that share divided by
 ``N * max_turns``, so the team return of an episode lies in [0, 1] and reaches 1 only when every
@@ -23,6 +23,9 @@ from accord.envs.base import register_task
 from accord.envs.protocol import StepResult
 
 
+VOWELS = "eoaiu"   # agent names and letters; the default pair is e and o
+
+
 def _share(text: str, letters: str) -> float:
     words = text.split()
     if not words:
@@ -34,12 +37,14 @@ class RelayEnv:
     name = "relay"
 
     def __init__(self, max_turns: int = 2, simultaneous: bool = False, single_agent: bool = False,
-                 success_at: float = 0.75, size: int = 1000):
+                 success_at: float = 0.75, size: int = 1000, num_agents: int = 2):
         if max_turns < 1:
             raise ValueError(f"task.options.max_turns={max_turns} must be >= 1")
+        if not 1 <= num_agents <= len(VOWELS):
+            raise ValueError(f"task.options.num_agents={num_agents} must be in 1..{len(VOWELS)}")
         self.max_turns, self.simultaneous, self.success_at, self.size = max_turns, simultaneous, success_at, size
-        self.agents = ("solo",) if single_agent else ("e", "o")
-        self.letters = {"solo": "eo", "e": "e", "o": "o"}
+        self.agents = ("solo",) if single_agent else tuple(VOWELS[:num_agents])
+        self.letters = {"solo": "eo", **{v: v for v in VOWELS}}
         self._task: dict | None = None
         self._last: dict[str, str] = {}
         self._slot = 0        # actions taken so far (turn-based: one per step)
@@ -102,6 +107,6 @@ class RelayEnv:
 
 @register_task("relay", "synthetic multi-turn: agents e and o take turns writing words with their letter")
 def make_relay(max_turns: int = 2, simultaneous: bool = False, single_agent: bool = False, success_at: float = 0.75,
-               size: int = 1000) -> RelayEnv:
+               size: int = 1000, num_agents: int = 2) -> RelayEnv:
     return RelayEnv(max_turns=max_turns, simultaneous=simultaneous, single_agent=single_agent,
-                    success_at=success_at, size=size)
+                    success_at=success_at, size=size, num_agents=num_agents)

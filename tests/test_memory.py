@@ -1,0 +1,141 @@
+"""Memory options: token-budget micro-batches, gradient checkpointing (full and LoRA), peak-memory metrics."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from accord.config import ConfigError, config_from_dict
+from accord.logging import read_metrics
+from accord.policies import enable_gradient_checkpointing, micro_batches
+from accord.rollout.sample import Sample
+from accord.trainer import Trainer, memory_metrics, reset_peak_memory
+
+
+def sample(n_prompt, n_completion):
+    return Sample("e", "main", 0, 0, 0, [1] * n_prompt, [2] * n_completion, [0.0] * n_completion, "stop")
+
+
+def test_micro_batches_stay_within_the_token_budget():
+    samples = [sample(10, c) for c in (1, 2, 3, 5, 8, 13, 21, 40)]  # sorted by length, as the update orders them
+    parts = micro_batches(samples, 8, max_tokens=48)
+    assert [s for part in parts for s in part] == samples
+    for part in parts:
+        padded = len(part) * max(len(s.prompt_ids) + len(s.completion_ids) for s in part)
+        assert padded <= 48 or len(part) == 1
+    assert [len(p) for p in parts] == [3, 2, 1, 1, 1]  # 50 tokens > 48: the longest runs alone
+    assert micro_batches(samples, 3) == [samples[:3], samples[3:6], samples[6:]]
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        config_from_dict({"training": {"micro_batch_tokens": 0}})
+
+
+LORA = {"specialization": "lora",
+        "policies": {n: {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}
+                     for n in ("pe", "po")},
+        "agents": [{"name": "e", "policy": "pe"}, {"name": "o", "policy": "po"}],
+        "lora": {"r": 4, "target_modules": ["q_proj", "v_proj", "down_proj"]}}
+
+
+def rollout_samples(tiny_cfg, lora=False, **training):
+    """A trainer and one step's samples per policy (advantages set), without any update."""
+    data = tiny_cfg(rollout={"batch_size": 2, "max_new_tokens": 12, "temperature": 1.0},
+                    algorithm={"num_generations": 4, "kl_coef": 0.1},
+                    training={"lr": 1e-2, "micro_batch_size": 3, "max_grad_norm": None, **training})
+    if lora:
+        data.update(LORA)
+    trainer = Trainer(config_from_dict(data))
+    got = {}
+    for name, pol in trainer.policies.items():
+        pol.update = lambda samples, step, name=name: got.setdefault(name, list(samples)) and {}
+    trainer.train_step(0)
+    for name, pol in trainer.policies.items():
+        del pol.update
+    return trainer, got
+
+
+def checkpointing(model) -> bool:
+    return model.is_activation_checkpointing if hasattr(model, "is_activation_checkpointing") \
+        else model.is_gradient_checkpointing
+
+
+def update_grads(pol, samples, **training):
+    """Gradients (and loss metrics) of one update, with the optimizer step skipped."""
+    pol.training = replace(pol.training, **training)
+    grads = []
+    pol.optimizer.step = lambda: grads.append([p.grad.clone() for p in pol.params])
+    try:
+        metrics = pol.update(samples, 0)
+    finally:
+        del pol.optimizer.step
+    return grads, metrics
+
+
+def assert_same(a, b):
+    (ga, ma), (gb, mb) = a, b
+    assert len(ga) == len(gb) == 1
+    for x, y in zip(ga[0], gb[0]):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-7)
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-7), k
+
+
+SKIPPED_STEP = "ignore:Seems like `optimizer.step\\(\\)` has been overridden"
+
+
+@pytest.mark.filterwarnings(SKIPPED_STEP)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_token_budget_micro_batches_give_the_same_loss_and_gradients(tiny_cfg, lora):
+    trainer, samples = rollout_samples(tiny_cfg, lora=lora)
+    for name, pol in trainer.policies.items():
+        mine = samples[name]
+        lengths = sorted(len(s.prompt_ids) + len(s.completion_ids) for s in mine)
+        budget = 3 * lengths[len(lengths) // 2]
+        assert 1 < len(micro_batches(mine, 3, budget)) < len(mine)
+        fixed = update_grads(pol, mine, micro_batch_tokens=None)
+        packed = update_grads(pol, mine, micro_batch_tokens=budget)
+        assert_same(fixed, packed)
+
+
+@pytest.mark.filterwarnings(SKIPPED_STEP)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_cfg, lora):
+    trainer, samples = rollout_samples(tiny_cfg, lora=lora)
+    pol = next(iter(trainer.policies.values()))
+    mine = samples[pol.name]
+    base = pol.group.base if lora else pol.model
+    calls = []
+    attn = base.model.layers[0].self_attn
+    attn.register_forward_hook(lambda module, args, out: calls.append(torch.is_grad_enabled()))
+    plain = update_grads(pol, mine)
+    forwards = calls.count(True)
+    enable_gradient_checkpointing(base)
+    assert checkpointing(base)
+    calls.clear()
+    ckpt = update_grads(pol, mine)
+    assert calls.count(True) == 2 * forwards  # recomputed in the backward pass
+    assert_same(plain, ckpt)
+
+
+def test_memory_options_from_the_config(tiny_cfg):
+    data = tiny_cfg(run={"steps": 1}, training={"gradient_checkpointing": True, "micro_batch_tokens": 64})
+    data.update(LORA)
+    trainer = Trainer(config_from_dict(data))
+    assert checkpointing(trainer.policies["pe"].group.base)
+    trainer.train()
+    assert read_metrics(trainer.run_dir)[-1]["loss/pe/grad_norm"] > 0
+
+
+def test_peak_memory_is_reported_per_step(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1})))
+    trainer.train()
+    rec = read_metrics(trainer.run_dir)[-1]
+    assert rec["mem/peak_rss_mb"] >= rec["mem/rss_mb"] > 10
+    # where /proc/self/clear_refs is writable, the high-water mark restarts from the current RSS
+    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    before = memory_metrics(False)["mem/peak_rss_mb"]
+    del blob
+    if reset_peak_memory():
+        after = memory_metrics(True)
+        assert after["mem/peak_rss_mb"] < before - 32 and after["mem/peak_is_per_step"] == 1.0
+        assert rec["mem/peak_is_per_step"] == 1.0
