@@ -367,10 +367,6 @@ class Config:
 
     def _check_lora_policies(self) -> None:
         """specialization=lora: every policy is an adapter over one common base model."""
-        if getattr(self.run, "backend", "local") != "local":
-            raise ConfigError(f"specialization=lora runs its adapters over one base model in this process; "
-                              f"run.backend={self.run.backend} is not supported with it: set run.backend=local, or "
-                              "specialization=separate to place each policy in its own actor")
         bases = {(p.model, repr(sorted(p.model_kwargs.items()))) for p in self.policies.values()}
         if len(bases) > 1:
             desc = ", ".join(f"{n}: {p.model!r}" + (f" {p.model_kwargs}" if p.model_kwargs else "")

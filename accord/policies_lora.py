@@ -213,6 +213,10 @@ class LoraGroup:
         if stream is not None and stream not in self._streams:
             raise KeyError(f"lora group {self.names} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
+        if self.rollout.generation_backend == "vllm":   # optional extra: one vLLM call with per-row adapters
+            from accord.generation.vllm_backend import generate_mixed_for_group
+
+            return generate_mixed_for_group(self, prompts, greedy=greedy, temperature=temperature, generator=gen)
         names = [n for n, ps in prompts.items() for _ in ps]
         flat = [p for ps in prompts.values() for p in ps]
         r, bs = self.rollout, self.rollout.generation_batch_size

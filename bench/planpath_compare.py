@@ -2,7 +2,7 @@
 """Learning comparison on Plan-Path: AT-GRPO vs multi-turn MAGRPO vs single-agent GRPO, same token budget.
 
     python bench/planpath_compare.py                          # SmolLM2-135M, the defaults below
-    python bench/planpath_compare.py --budget 20000 --eval-size 16 --json /tmp/planpath.json
+    python bench/planpath_compare.py --budget 6000 --eval-size 16 --json /tmp/planpath.json
     python bench/planpath_compare.py --model tiny-qwen2 --budget 3000   # a quick dry run
 
 Each method starts from the same base model and trains on the smallest Plan-Path setting until the
@@ -36,6 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# spinning OpenMP threads make a shared 2-core machine several times slower (measured: a SmolLM2 prefill
+# went from ~1 s to 20 s under load 5); passive waiting costs nothing on an idle one
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 METHODS = {
     "atgrpo": {"algorithm": {"name": "atgrpo"}},
@@ -93,17 +96,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    p.add_argument("--budget", type=int, default=24000, help="generated training tokens per method")
+    p.add_argument("--budget", type=int, default=3000, help="generated training tokens per method")
     p.add_argument("--size", type=int, default=4, help="Plan-Path grid size (the smallest setting)")
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--alpha", type=float, default=1.0)
     p.add_argument("--history-turns", type=int, default=0,
                    help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--eval-size", type=int, default=24)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--eval-size", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path)

@@ -249,3 +249,29 @@ def test_example_config_loads():
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "atgrpo_planpath_lora.yaml")
     assert cfg.specialization == "lora" and len(cfg.policies) == 2
+
+
+def test_heterogeneous_separate_policies_smollm2_and_tiny_qwen2(tiny_cfg):
+    """Agents on different architectures and tokenizers in one run, each with its own chat template
+    and optimizer: SmolLM2-135M (Llama, 49k vocab) and a tiny Qwen2 (2k vocab)."""
+    from accord.config import config_from_dict
+    from accord.trainer import Trainer
+
+    data = tiny_cfg(specialization="separate", algorithm={"num_generations": 2},
+                    rollout={"batch_size": 1, "max_new_tokens": 4})
+    data["policies"] = {"big": {"model": "smollm2-135m"},
+                        "small": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}}
+    data["agents"] = [{"name": "e", "policy": "big"}, {"name": "o", "policy": "small"}]
+    trainer = Trainer(config_from_dict(data))
+    big, small = trainer.policies["big"], trainer.policies["small"]
+    assert type(big.model).__name__ != type(small.model).__name__
+    assert len(big.tokenizer) != len(small.tokenizer)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert big.encode_chat(msgs) != small.encode_chat(msgs)    # each policy's own chat template and vocabulary
+    before = {n: [p.detach().clone() for p in pol.model.parameters()][:3] for n, pol in trainer.policies.items()}
+    metrics, table = trainer.train_step(0)
+    assert {"loss/big/pg", "loss/small/pg"} <= set(metrics)
+    assert big.optimizer is not small.optimizer
+    for n, pol in trainer.policies.items():
+        assert any(not torch.equal(a, b) for a, b in zip(before[n], list(pol.model.parameters())[:3]))
+    assert {r["agent"] for r in table} == {"e", "o"}

