@@ -2,14 +2,17 @@
 
 Each step is a sequence of named phases, each timed into ``time/<phase>``:
 
-1. ``gen``: B task instances; every agent's prompt sampled K times, one generate call per policy;
-2. ``reward``: joint actions built (aligned or cross) and scored in one team-reward call;
-3. ``adv``: group-relative advantages, one group per (instance, agent);
-4. ``update``: each policy updated on the samples of the agents it acts for;
-5. ``log`` and ``checkpoint``.
+1. single-turn tasks: ``gen`` (B task instances; every agent's prompt sampled K times, one generate
+   call per policy) and ``reward`` (joint actions built, aligned or cross, and scored in one
+   team-reward call); multi-turn environments: ``rollout`` (a MAGRPO tree or AT-GRPO's turn-wise
+   candidates, see :mod:`accord.rollout.multiturn`; generation batched per policy at every level);
+2. ``adv``: group-relative advantages over the group ids the rollout assigned (or per agent);
+3. ``update``: each policy updated on the samples of the agents it acts for (all policies' updates
+   are submitted before any is awaited, so Ray actors train concurrently);
+4. ``log`` and ``checkpoint``.
 
-The trainer knows tasks only through :mod:`accord.envs.base` and models only through
-:class:`accord.policies.Policy`.
+The trainer knows tasks only through :mod:`accord.envs.base` / :mod:`accord.envs.protocol`, and models
+only through the policy interface (:class:`accord.policies.Policy`, LoRA adapters, Ray proxies).
 """
 
 from __future__ import annotations
