@@ -306,6 +306,12 @@ class Trainer:
                                    algo.advantage, algo.normalize_std)
             for s, a in zip(samples, adv.tolist()):
                 s.advantage = a
+            # groups whose members all have the same return carry no learning signal (every advantage 0)
+            spread = defaultdict(set)
+            for s, g in zip(samples, groups):
+                spread[g].add(s.ret)
+            for values in spread.values():
+                acc.add("adv/zero_std_frac", float(len(values) == 1))
         with self._phase(acc, "update"):  # all policies' updates sent first: concurrent on the Ray backend
             jobs = {}
             for pname, pol in self.policies.items():

@@ -18,7 +18,9 @@ one trajectory per puzzle and no branching, in its own agent layout:
   turn-wise tree sampling as AT-GRPO, which isolates the effect of having two roles.
 
 It is a benchmark, not a test: numbers depend on the budget, and on 2 CPU cores SmolLM2-135M
-generates about 150 tokens per second. The table is printed and the last stdout line is JSON.
+generates about 150 tokens per second. ``flat groups`` is the mean share of advantage groups whose
+returns were all equal during training (``adv/zero_std_frac``): at 1.0 no sample had a learning signal
+(every advantage, hence the policy-gradient loss, was zero). The table is printed and the last stdout line is JSON.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def build_config(args: argparse.Namespace, method: str, run_dir: Path):
                  "eval_size": args.eval_size},
         "algorithm": {"num_generations": args.k, "normalize_std": True, "alpha": args.alpha, "gamma": 1.0,
                       **METHODS[method]["algorithm"]},
-        "rollout": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+        "rollout": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                     "history_turns": args.history_turns, "max_prompt_tokens": 1024},
         "training": {"lr": args.lr, "micro_batch_size": 8, "warmup_steps": 0, "max_grad_norm": 1.0},
         "logging": {"console": False, "tensorboard": False, "completions_every": 0},
@@ -74,12 +76,13 @@ def run_method(args: argparse.Namespace, method: str, root: Path) -> dict:
     trainer = Trainer(cfg)
     t0 = time.perf_counter()
     before = trainer.evaluate()
-    tokens, steps, rewards = 0, 0, []
+    tokens, steps, rewards, flat = 0, 0, [], []
     t_train = time.perf_counter()
     while tokens < args.budget:
         metrics, _ = trainer.train_step(steps)
         tokens += int(metrics["perf/gen_tokens"])
         rewards.append(metrics["team/reward"])
+        flat.append(metrics["adv/zero_std_frac"])
         steps += 1
         logging.info("%s step %d: %d/%d tokens, team reward %.3f, %.1fs", method, steps, tokens, args.budget,
                      metrics["team/reward"], metrics["time/step"])
@@ -89,7 +92,8 @@ def run_method(args: argparse.Namespace, method: str, root: Path) -> dict:
             "total_s": round(time.perf_counter() - t0, 1),
             "success_before": before["eval/success"], "success_after": after["eval/success"],
             "return_before": before["eval/team/reward"], "return_after": after["eval/team/reward"],
-            "train_reward_first": rewards[0], "train_reward_last": rewards[-1]}
+            "train_reward_first": rewards[0], "train_reward_last": rewards[-1],
+            "flat_group_frac": round(sum(flat) / len(flat), 3)}
 
 
 def main() -> int:
@@ -103,6 +107,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--alpha", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=1.0, help="training sampling temperature")
     p.add_argument("--history-turns", type=int, default=0,
                    help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")
     p.add_argument("--lr", type=float, default=2e-5)
@@ -117,12 +122,12 @@ def main() -> int:
         for method in args.methods:
             results.append(run_method(args, method, Path(tmp)))
     header = f"{'method':8s} {'steps':>5s} {'tokens':>7s} {'train s':>8s} {'success before':>15s} " \
-             f"{'success after':>14s} {'return before':>14s} {'return after':>13s}"
+             f"{'success after':>14s} {'return before':>14s} {'return after':>13s} {'flat groups':>11s}"
     print(header)
     for r in results:
         print(f"{r['method']:8s} {r['steps']:5d} {r['train_tokens']:7d} {r['train_s']:8.1f} "
               f"{r['success_before']:15.3f} {r['success_after']:14.3f} {r['return_before']:14.3f} "
-              f"{r['return_after']:13.3f}")
+              f"{r['return_after']:13.3f} {r['flat_group_frac']:11.3f}")
     out = {"config": vars(args) | {"json": str(args.json) if args.json else None}, "results": results}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -350,9 +350,17 @@ def accord_worker(spec: dict) -> dict:
     from accord.trainer import Trainer
 
     B, K, W, S = spec["batch"], spec["k"], spec["warmup"], spec["steps"]
+    ray_run, ray_section = {}, {}
+    if spec.get("backend") == "ray":
+        # the same CPUs split between the two policies' actors: each generates and learns in its own
+        # process with threads/2 torch threads, concurrently with the other
+        per_policy = max(1, spec["threads"] // 2)
+        ray_run = {"backend": "ray", "threads": per_policy}
+        ray_section = {"ray": {"num_cpus_per_policy": per_policy}}
     cfg = config_from_dict({
+        **ray_section,
         "run": {"name": "vs-comlrl", "run_dir": spec["run_dir"], "seed": spec["seed"], "steps": W + S,
-                "threads": spec["threads"], "eval_before": False, "eval_after": False},
+                "threads": spec["threads"], "eval_before": False, "eval_after": False, **ray_run},
         "specialization": spec["specialization"],
         "policies": {"main": {"model": spec["model_dir"]}},
         "task": {"name": "letters", "eval_size": 0},
@@ -388,6 +396,7 @@ def accord_worker(spec: dict) -> dict:
             completions += len(table)
     measured = time.perf_counter() - begin
     measured_cpu = time.process_time() - cpu_begin
+    trainer.close()
 
     def mean_of(key_pred):
         vals = [v for m in metrics_seen for k, v in m.items() if key_pred(k)]
@@ -398,6 +407,7 @@ def accord_worker(spec: dict) -> dict:
         "versions": {"torch": torch.__version__, "transformers": _installed_version("transformers")},
         "threads": torch.get_num_threads(),
         "specialization": spec["specialization"],
+        "backend": cfg.run.backend,
         "policies": len(trainer.policies),
         "load_s": load_s,
         "steps": S,
@@ -504,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--accord-specialization", choices=("separate", "shared"), default="separate",
                    help="separate = one model + optimizer per agent, as CoMLRL does")
+    p.add_argument("--accord-backend", choices=("local", "ray"), default="local",
+                   help="ray: each of accord's two policies in its own Ray actor with threads/2 torch threads "
+                        "(the same CPUs, used by two processes at once); needs the ray extra")
     p.add_argument("--micro-batch-size", type=int, default=64, help="accord training.micro_batch_size")
     p.add_argument("--bench-dir", default=os.environ.get("ACCORD_BENCH_DIR", str(REPO / ".bench")),
                    help="models, runs and the comlrl venv ($ACCORD_BENCH_DIR)")
@@ -540,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {**common, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                    "vocab": args.vocab, "agents": list(AGENT_LETTERS), "rounds": args.rounds,
                    "omp_wait_policy": args.omp_wait_policy, "cpu_count": os.cpu_count(),
-                   "accord_specialization": args.accord_specialization},
+                   "accord_specialization": args.accord_specialization, "accord_backend": args.accord_backend},
         "comlrl_venv_install_s": install_s,
     }
     runs: dict[str, list[dict]] = {"accord": [], "comlrl": []}
@@ -549,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         spec_path = Path(tmp) / "accord_spec.json"
         spec_path.write_text(json.dumps({**common, "run_dir": str(run_dir),
                                          "specialization": args.accord_specialization,
+                                         "backend": args.accord_backend,
                                          "micro_batch_size": args.micro_batch_size}))
         driver = Path(tmp) / "comlrl_driver.py"
         driver.write_text(COMLRL_DRIVER)
@@ -598,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MAGRPO single-turn, letters task, 2 agents, tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, "
           f"vocab {cfg['vocab']}), K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
           f"{cfg['steps']} measured steps (+{cfg['warmup']} warm-up), {cfg['threads']} threads, "
-          f"best of {cfg['rounds']} rounds; accord specialization={cfg['accord_specialization']}")
+          f"best of {cfg['rounds']} rounds; accord specialization={cfg['accord_specialization']}, "
+          f"backend={cfg['accord_backend']}")
     print(fmt_table(results))
     if install_s:
         print(f"comlrl venv installed in {install_s:.1f} s")

@@ -1,5 +1,6 @@
 """End-to-end behaviour of the trainer on tiny real models: learning, updates, resume, errors."""
 
+import json
 import math
 
 import pytest
@@ -154,4 +155,10 @@ def test_metrics_and_completions_are_written(tiny_cfg):
     assert abs(last["loss/main/logp_diff"]) < 1e-3  # stored sampling log-probs = training log-probs
     rows = (trainer.run_dir / "completions" / "step_000002.jsonl").read_text().splitlines()
     assert len(rows) == 2 * 4 * 2
+    # groups with no reward spread, recounted from the completions table
+    returns = {}
+    for row in map(json.loads, rows):
+        returns.setdefault(row["group"], set()).add(row["return"])
+    flat = sum(len(v) == 1 for v in returns.values()) / len(returns)
+    assert last["adv/zero_std_frac"] == pytest.approx(flat)
     assert (trainer.run_dir / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors").is_file()
