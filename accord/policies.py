@@ -84,6 +84,34 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has bf16 matrix instructions (AMX or AVX512-BF16 on x86, BF16 on Arm), from
+    torch's dispatch level or the flags of ``/proc/cpuinfo`` (``cpuinfo``: its text, for tests); None
+    when it cannot be told (no /proc)."""
+    if cpuinfo is None:
+        if torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX"):
+            return True
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def warn_if_no_bf16_units() -> None:
+    """training.bf16 on a CPU without bf16 matrix units: matmuls fall back to slow emulation."""
+    if cpu_bf16_units() is False:
+        logger.warning(
+            "training.bf16=true on a CPU without bf16 matrix units (no amx_bf16, avx512_bf16 or bf16 flag; torch "
+            "reports %s): bf16 matmuls run 10-100x slower than fp32 here; set training.bf16=false",
+            torch.backends.cpu.get_cpu_capability())
+
+
 class Policy:
     """One trainable model used by one or more agents."""
 
@@ -104,10 +132,8 @@ class Policy:
                                            weight_decay=training.weight_decay, eps=training.eps, foreach=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
-        if training.bf16 and torch.backends.cpu.get_cpu_capability() not in ("AVX512_BF16", "AMX"):
-            logger.warning(
-                "training.bf16=true on a CPU without bf16 matrix units (torch reports %s): bf16 matmuls run "
-                "10-100x slower than fp32 here; set training.bf16=false", torch.backends.cpu.get_cpu_capability())
+        if training.bf16:
+            warn_if_no_bf16_units()
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
 

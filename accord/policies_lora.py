@@ -71,8 +71,7 @@ from safetensors.torch import load_file, save_file
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
 from accord.generation import Generation, generate
 from accord.models import load_model_and_tokenizer
-from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda
-from accord.policies import logger as _policy_logger
+from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, warn_if_no_bf16_units
 
 logger = logging.getLogger(__name__)
 
@@ -337,9 +336,8 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
     names = sorted(names)
     cfg._check_lora_policies()
     group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed)
-    if cfg.training.bf16 and torch.backends.cpu.get_cpu_capability() not in ("AVX512_BF16", "AMX"):
-        _policy_logger.warning("training.bf16=true on a CPU without bf16 matrix units: bf16 matmuls run 10-100x "
-                               "slower than fp32 here; set training.bf16=false")
+    if cfg.training.bf16:
+        warn_if_no_bf16_units()
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                              total_optimizer_steps, seed + i)
             for i, name in enumerate(names)}

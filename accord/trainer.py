@@ -36,7 +36,7 @@ from accord.algorithms.advantages import check_advantage_config, group_advantage
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.distributed import gather, submit
-from accord.envs.base import TASKS, TaskError, make_task
+from accord.envs.base import TASKS, make_task
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
 from accord.logging import MetricAccumulator, make_sinks

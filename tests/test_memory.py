@@ -139,3 +139,35 @@ def test_peak_memory_is_reported_per_step(tiny_cfg):
         after = memory_metrics(True)
         assert after["mem/peak_rss_mb"] < before - 32 and after["mem/peak_is_per_step"] == 1.0
         assert rec["mem/peak_is_per_step"] == 1.0
+
+
+@pytest.mark.filterwarnings(SKIPPED_STEP)
+def test_bf16_autocast_keeps_fp32_master_weights_and_gradients(tiny_cfg):
+    """training.bf16: the forward runs under bf16 autocast, weights, gradients and AdamW state stay fp32,
+    and the gradients match fp32 ones to bf16 precision."""
+    trainer, samples = rollout_samples(tiny_cfg)
+    pol = trainer.policies["main"]
+    mine = samples["main"]
+    (g32,), _ = update_grads(pol, mine)
+    seen = []
+    pol.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    (g16,), metrics = update_grads(pol, mine, bf16=True)
+    assert torch.bfloat16 in seen                      # the matmuls ran in bf16
+    assert all(p.dtype == torch.float32 for p in pol.params)
+    assert all(g.dtype == torch.float32 for g in g16)
+    flat32, flat16 = torch.cat([g.flatten() for g in g32]), torch.cat([g.flatten() for g in g16])
+    cos = torch.nn.functional.cosine_similarity(flat32, flat16, dim=0)
+    assert cos > 0.99, f"bf16 gradients diverge from fp32 ones (cosine {cos:.4f})"
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    trainer.train_step(1)                               # a real optimizer step under bf16
+    assert all(p.dtype == torch.float32 for p in pol.params)
+    assert all(s.dtype == torch.float32 for st in pol.optimizer.state.values() for s in st.values() if s.dim())
+
+
+def test_bf16_unit_detection_reads_cpu_flags():
+    from accord.policies import cpu_bf16_units
+
+    assert cpu_bf16_units("processor : 0\nflags : fpu sse avx2 avx512f amx_bf16 amx_tile\n") is True
+    assert cpu_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16\n") is True
+    assert cpu_bf16_units("Features : fp asimd bf16 i8mm\n") is True  # Arm
+    assert cpu_bf16_units("flags : fpu sse avx2 fma\n") is False

@@ -56,12 +56,11 @@ import logging
 import os
 import random
 import re
-import socket
-import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import urlparse
 
+from accord.envs.hub import HUB_PROBE_S
+from accord.envs.hub import hub_reachable as _hub_reachable
 from accord.envs.math_answer import extract_boxed
 
 logger = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ RG_DEFAULT_LIMIT = {"train": 1000, "eval": 100}
 _RG_SEED_STRIDE, _RG_EVAL_OFFSET = 10_000_000, 5_000_000
 _RG_CHECKS = {"fraction_simplification": "reduced_fraction"}
 _EVAL_EVERY = 5
-_HUB_PROBE_S = 2.0
+_HUB_PROBE_S = HUB_PROBE_S
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _OFFLINE_HINT = ("use task.options.source=reasoning_gym (offline procedural problems) or "
                  "task.options.data_files=<local JSON/JSONL in the Hub format>")
@@ -359,26 +358,6 @@ def reasoning_gym_rows(split: str, limit: int | None = None, seed: int = 0,
 # ---------------------------------------------------------------------------------------------------
 # the Hub
 # ---------------------------------------------------------------------------------------------------
-
-def _hub_reachable(timeout: float = _HUB_PROBE_S) -> bool:
-    """A TCP connection to the Hub endpoint within ``timeout`` (in a daemon thread: a stuck DNS lookup
-    cannot hold the caller longer)."""
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    answer: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                answer.append(True)
-        except OSError:
-            answer.append(False)
-
-    thread = threading.Thread(target=probe, name="accord-math-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    return bool(answer and answer[0])
 
 
 def hub_unavailable_reason() -> str | None:

@@ -70,13 +70,12 @@ import math
 import os
 import random
 import re
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-from urllib.parse import urlparse
 
+from accord.envs.hub import HUB_PROBE_S
+from accord.envs.hub import hub_reachable as _hub_reachable
 from accord.envs.offline_corpus import stdlib_passages
 
 logger = logging.getLogger(__name__)
@@ -350,7 +349,7 @@ _HUB_EVAL_SPLITS = ("test", "validation")  # first present one serves "eval"
 _SPLITS = ("train", "eval")
 _SOURCES = ("auto", "hub", "offline")
 _EVAL_PERCENT = 25  # share of texts bucketed into "eval" when splitting by hash
-_HUB_CHECK_TIMEOUT_S = 2.0
+_HUB_CHECK_TIMEOUT_S = HUB_PROBE_S
 _TRUE_ENV = {"1", "ON", "YES", "TRUE"}
 
 # Text fields tried in order, per variant, when converting a record.
@@ -422,29 +421,6 @@ def _env_offline() -> str | None:
         if os.environ.get(var, "").strip().upper() in _TRUE_ENV:
             return f"{var}={os.environ[var]} is set (offline mode)"
     return None
-
-
-def _hub_reachable(timeout: float = _HUB_CHECK_TIMEOUT_S) -> bool:
-    """Whether the Hub endpoint accepts a TCP connection within ``timeout``.
-
-    Runs in a daemon thread so a stalled DNS lookup cannot block the caller.
-    """
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=probe, name="accord-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    return bool(result and result[0])
 
 
 def _hub_unavailable_reason() -> str | None:

@@ -330,8 +330,8 @@ def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: 
             outs = complete(requests, k, False)
             for b, (_, msgs), comps in zip(live, requests, outs):
                 ep = episodes[b]
-                best, best_r, best_child = -1, -math.inf, None
-                for c_idx, comp in enumerate(comps):
+                best_r, best_child = -math.inf, None
+                for comp in comps:
                     child, res = _step_clone(ep, {a: comp.text})
                     r = alpha * float(res.team_reward) + float(res.local_rewards[a])
                     samples.append(_sample(a, agent_policy[a], t, gid, b, msgs, comp, r))
@@ -340,7 +340,7 @@ def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: 
                     metrics.setdefault(f"agent/{a}/team_reward", []).append(float(res.team_reward))
                     metrics.setdefault(f"agent/{a}/local_reward", []).append(float(res.local_rewards[a]))
                     if r > best_r:
-                        best, best_r, best_child = c_idx, r, child
+                        best_r, best_child = r, child
                 best_child.turn = t + 1 if a == agents[-1] else t
                 episodes[b] = best_child
                 gid += 1
