@@ -305,3 +305,22 @@ def test_play_episodes_is_one_trajectory_per_task():
     assert all(ep.done for ep in eps)
     assert all(n == 1 for _, n in complete.calls)
     assert [len(r) for r, _ in complete.calls] == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("make", [lambda: RelayEnv(max_turns=1), lambda: RelayEnv(max_turns=1, simultaneous=True)],
+                         ids=["turn-based", "simultaneous"])
+def test_step_refuses_misuse_with_the_fix(make):
+    """Every built-in env starts step() with the same checks; a non-str action is an error, never ''."""
+    env = make()
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step({a: "x" for a in env.agents})
+    env.reset(env.tasks("train", 1)[0])
+    acting = env.acting()
+    with pytest.raises(ValueError, match="takes the actions of"):
+        env.step({"nobody": "x"})
+    with pytest.raises(TypeError, match="must be a str"):
+        env.step({a: None for a in acting})
+    while not env.step({a: "x" for a in env.acting()}).done:
+        pass
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step({a: "x" for a in env.acting()})

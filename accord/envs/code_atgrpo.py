@@ -82,7 +82,7 @@ from accord.envs.code_common import (
     shorten,
 )
 from accord.envs.code_data import DATASETS, SOURCES, load_problems
-from accord.envs.protocol import StepResult
+from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import SandboxConfig
 
 logger = logging.getLogger(__name__)
@@ -298,15 +298,9 @@ class CodeEnv:
         return sum(useful) / n * (0.5 + 0.5 * catch)
 
     def step(self, actions: dict[str, str]) -> StepResult:
-        if self._problem is None:
-            raise RuntimeError(f"{self.name}: step() before reset()")
-        if self._done:
-            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
+        check_step_actions(self, actions, started=self._problem is not None, done=self._done)
         agent = self.acting()[0]
-        if set(actions) != {agent}:
-            raise ValueError(f"{self.name}: expected the action of {agent!r} (turn order {list(self.agents)}), "
-                             f"got {sorted(actions)}")
-        text = actions[agent] if isinstance(actions[agent], str) else ""
+        text = actions[agent]
         local = {a: 0.0 for a in self.agents}
         team = 0.0
         if agent == "coder":

@@ -102,7 +102,7 @@ from accord.envs.code_common import (
     shorten,
 )
 from accord.envs.code_data import DATASETS, SOURCES, load_problems
-from accord.envs.protocol import StepResult
+from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import SandboxConfig
 
 logger = logging.getLogger(__name__)
@@ -450,13 +450,8 @@ class HelperMainEnv:
         return AGENTS
 
     def step(self, actions: dict[str, str]) -> StepResult:
-        if self._problem is None:
-            raise RuntimeError(f"{self.name}: step() before reset()")
-        if self._done:
-            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
-        if set(actions) != set(AGENTS):
-            raise ValueError(f"{self.name}: expected actions of {list(AGENTS)}, got {sorted(actions)}")
-        texts = {a: actions[a] if isinstance(actions[a], str) else "" for a in AGENTS}
+        check_step_actions(self, actions, started=self._problem is not None, done=self._done)
+        texts = {a: actions[a] for a in AGENTS}
         c = check_pair(texts["helper"], texts["main"], self._problem)
         run = run_pairs(self.cache, [c], [self._run_problem])[0]
         levels = pair_levels(c, run)

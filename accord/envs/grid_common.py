@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from accord.envs.base import TaskError
-from accord.envs.protocol import StepResult
+from accord.envs.protocol import StepResult, check_step_actions
 
 DIRECTIONS: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 COORDS = "(row, col) from 0, row 0 at the top; U = row-1, D = row+1, L = col-1, R = col+1"
@@ -279,17 +279,9 @@ class PuzzleEnv:
 
     def step(self, actions: dict[str, str]) -> StepResult:
         """Apply the acting agent's text; see the class docstring for who changes what."""
-        if self._state is None:
-            raise RuntimeError(f"{self.name}: step() before reset()")
-        if self._done:
-            raise RuntimeError(f"{self.name}: step() after the episode ended (done=True); call reset()")
+        check_step_actions(self, actions, started=self._state is not None, done=self._done)
         agent = self.agents[self._slot]
-        if set(actions) != {agent}:
-            raise ValueError(f"{self.name}: this step takes the action of {agent!r} only (turn order "
-                             f"{list(self.agents)}), got actions for {sorted(actions)}")
         text = actions[agent]
-        if not isinstance(text, str):
-            raise TypeError(f"{self.name}: the action of {agent!r} must be a str, got {type(text).__name__}")
         parsed = self._parse(text)
         local = dict.fromkeys(self.agents, 0.0)
         team = 0.0

@@ -66,7 +66,7 @@ from typing import Any, Sequence
 from accord.envs.base import TaskError, register_task
 from accord.envs.math_answer import CHECK_MODES, answers_equal, check_answer, extract_answer, tool_answer
 from accord.envs.math_data import DEFAULT_RG_DATASETS, SOURCES, load_math_rows
-from accord.envs.protocol import StepResult
+from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import Sandbox, SandboxConfig
 
 logger = logging.getLogger(__name__)
@@ -300,17 +300,9 @@ class MathEnv:
         return other
 
     def step(self, actions: dict[str, str]) -> StepResult:
-        if self._state is None:
-            raise RuntimeError("math: step() before reset()")
-        if self._done:
-            raise RuntimeError("math: step() after the episode ended (done=True); call reset()")
+        check_step_actions(self, actions, started=self._state is not None, done=self._done)
         agent = self.agents[self._slot]
-        if set(actions) != {agent}:
-            raise ValueError(f"math: this step takes the action of {agent!r} only (turn order {list(self.agents)}), "
-                             f"got actions for {sorted(actions)}")
         text = actions[agent]
-        if not isinstance(text, str):
-            raise TypeError(f"math: the action of {agent!r} must be a str, got {type(text).__name__}")
         s = self._state
         local = dict.fromkeys(self.agents, 0.0)
         team = 0.0

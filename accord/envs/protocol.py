@@ -32,7 +32,7 @@ loaded from data; the ``train`` and ``eval`` splits never share an id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 Messages = list[dict[str, str]]
 
@@ -85,3 +85,21 @@ class Env(Protocol):
 def is_env(obj: Any) -> bool:
     """True for objects that follow the multi-turn :class:`Env` protocol (not single-turn tasks)."""
     return all(callable(getattr(obj, m, None)) for m in ("reset", "step", "clone", "acting", "instructions"))
+
+
+def check_step_actions(env: Env, actions: Mapping[str, Any], *, started: bool, done: bool) -> None:
+    """The checks every :meth:`Env.step` starts with. It raises, with the fix, for a step before
+    ``reset`` or after ``done``, for actions keyed by agents other than ``env.acting()``, and for a
+    text that is not a ``str`` (an action is never silently replaced)."""
+    if not started:
+        raise RuntimeError(f"{env.name}: step() before reset(); call reset(task) first")
+    if done:
+        raise RuntimeError(f"{env.name}: step() after the episode ended (done=True); call reset()")
+    expected = env.acting()
+    if set(actions) != set(expected):
+        raise ValueError(f"{env.name}: this step takes the actions of {list(expected)} (turn order "
+                         f"{list(env.agents)}), got actions for {sorted(actions)}")
+    for agent in expected:
+        if not isinstance(actions[agent], str):
+            raise TypeError(f"{env.name}: the action of {agent!r} must be a str (the model's text), got "
+                            f"{type(actions[agent]).__name__}")

@@ -20,7 +20,7 @@ import copy
 from typing import Any
 
 from accord.envs.base import register_task
-from accord.envs.protocol import StepResult
+from accord.envs.protocol import StepResult, check_step_actions
 
 
 VOWELS = "eoaiu"   # agent names and letters; the default pair is e and o
@@ -79,17 +79,12 @@ class RelayEnv:
         return (self.agents[self._slot % len(self.agents)],)
 
     def step(self, actions: dict[str, str]) -> StepResult:
-        if self._task is None:
-            raise RuntimeError("relay: step() before reset()")
-        if self._done:
-            raise RuntimeError("relay: step() after the episode ended; call reset()")
+        check_step_actions(self, actions, started=self._task is not None, done=self._done)
         expected = self.acting()
-        if tuple(sorted(actions)) != tuple(sorted(expected)):
-            raise ValueError(f"relay: expected actions of {list(expected)}, got {sorted(actions)}")
         local = {a: 0.0 for a in self.agents}
         team = 0.0
         for a in expected:
-            text = actions[a] if isinstance(actions[a], str) else ""
+            text = actions[a]
             local[a] = _share(text, self.letters[a])
             team += local[a] / (len(self.agents) * self.max_turns)
             self._last[a] = text
