@@ -359,7 +359,7 @@ class RayBackend:
         for actor in self.actors:
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001 - already gone
+            except (ValueError, ray.exceptions.RayError):  # not an actor handle any more, or already gone
                 pass
         self.actors = []
         if self.started and ray.is_initialized():
