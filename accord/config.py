@@ -219,8 +219,9 @@ class TrainingConfig:
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
     micro_batch_size: int = _f(8, "Sequences per forward/backward in the update (gradient accumulation).")
     num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
-    bf16: bool = _f(False, "bf16 autocast for the update's forward/backward over fp32 master weights. Fast only "
-                    "where the hardware has bf16 matrix units (GPU, AMX/AVX512-BF16 CPUs); warned otherwise.")
+    bf16: bool | str = _f("auto", "bf16 autocast for the update's forward/backward over fp32 master weights: true, "
+                          "false, or 'auto' (on where the CPU has bf16 matrix units: AMX, AVX512-BF16, Arm BF16; "
+                          "elsewhere bf16 matmuls are emulated and 10-30x slower). Generation stays fp32.")
     gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
                                       "(HF gradient checkpointing, non-reentrant; works with LoRA): less memory, "
                                       "about one more forward of compute.")
@@ -236,6 +237,8 @@ class TrainingConfig:
         self.betas = tuple(float(b) for b in self.betas)
         _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
         _positive("training", "warmup_steps", self.warmup_steps, 0)
+        if self.bf16 not in (True, False, "auto"):
+            raise ConfigError(f"training.bf16={self.bf16!r} must be true, false or auto")
         _positive("training", "micro_batch_size", self.micro_batch_size)
         _positive("training", "num_mini_batches", self.num_mini_batches)
         if self.micro_batch_tokens is not None:
@@ -455,7 +458,12 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(path, value, inner[0])
+        for option in inner[:-1]:  # the first type that takes the value (bool | str: 'true' is True)
+            try:
+                return _coerce(path, value, option)
+            except ConfigError:
+                pass
+        return _coerce(path, value, inner[-1])
     if tp is Any:
         return value
     if tp is bool:

@@ -103,6 +103,19 @@ def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
     return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
 
 
+def resolve_bf16(setting: bool | str) -> bool:
+    """``training.bf16`` as a decision: 'auto' is on exactly where the CPU has bf16 matrix units;
+    true on a CPU without them is honoured with a warning."""
+    if setting == "auto":
+        use = cpu_bf16_units() is True
+        logger.info("training.bf16=auto: %s (torch CPU capability %s)", "bf16 autocast for updates" if use else
+                    "fp32 updates, no bf16 matrix units found", torch.backends.cpu.get_cpu_capability())
+        return use
+    if setting:
+        warn_if_no_bf16_units()
+    return bool(setting)
+
+
 def warn_if_no_bf16_units() -> None:
     """training.bf16 on a CPU without bf16 matrix units: matmuls fall back to slow emulation."""
     if cpu_bf16_units() is False:
@@ -132,8 +145,7 @@ class Policy:
                                            weight_decay=training.weight_decay, eps=training.eps, foreach=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
-        if training.bf16:
-            warn_if_no_bf16_units()
+        self.bf16 = resolve_bf16(training.bf16)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -190,7 +202,7 @@ class Policy:
 
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):
-        if self.training.bf16:
+        if self.bf16:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

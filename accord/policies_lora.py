@@ -21,9 +21,9 @@ update loop with three differences:
   loadable with ``PeftModel.from_pretrained(base_model, directory)``.
 
 Generation. :func:`generate_by_policy` (what the trainer calls) issues ONE generate call for all
-adapters of a group when ``lora.mixed_generation`` is on: PEFT's ``generate(adapter_names=[...])``
-routes each row of the batch through its own adapter (PEFT allows this only in eval mode, which
-accord's generation sets). The call draws from the group's random stream. With
+adapters of a group when ``lora.mixed_generation`` is on: PEFT's per-row ``adapter_names`` forward
+argument (passed as :func:`accord.generation.generate`'s ``row_args``) routes each row of the batch
+through its own adapter (PEFT allows this only in eval mode, which accord's generation sets). The call draws from the group's random stream. With
 ``mixed_generation: false`` each adapter generates its own prompts in its own call, from its own
 stream. The two paths give identical tokens row for row whenever the random numbers line up (greedy
 decoding, or the same stream over the same batch shape); ``tests/test_lora.py`` checks both.
@@ -71,7 +71,7 @@ from safetensors.torch import load_file, save_file
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
 from accord.generation import Generation, generate
 from accord.models import load_model_and_tokenizer
-from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, warn_if_no_bf16_units
+from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, resolve_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -122,30 +122,13 @@ def check_target_modules(model, targets: list[str], spec: str) -> None:
             "every linear projection")
 
 
-class _MixedAdapters:
-    """The PEFT model as :func:`accord.generation.generate` sees it, with ``adapter_names`` (one per
-    row of the batch) passed to every ``generate`` call. Everything else is the PEFT model's."""
-
-    def __init__(self, model, adapter_names: list[str]):
-        self.__dict__["_model"] = model
-        self.__dict__["_names"] = adapter_names
-
-    def generate(self, *args, **kwargs):
-        return self._model.generate(*args, adapter_names=self._names, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def __setattr__(self, name, value):
-        setattr(self._model, name, value)
-
-
 class LoraGroup:
     """One frozen base model with one LoRA adapter per policy name, and the mixed-generation stream."""
 
     def __init__(self, names: list[str], base: PolicyConfig, lora: LoraConfig, training, rollout, seed: int):
         peft = _peft()
         self.names, self.lora, self.rollout, self.spec = list(names), lora, rollout, base
+        self.bf16 = resolve_bf16(training.bf16)
         model, self.tokenizer = load_model_and_tokenizer(base.model, model_kwargs=base.model_kwargs, seed=seed)
         self.targets = list(lora.target_modules) if lora.target_modules else default_target_modules(model)
         check_target_modules(model, self.targets, base.model)
@@ -221,10 +204,10 @@ class LoraGroup:
         r, bs = self.rollout, self.rollout.generation_batch_size
         outs: list[Generation] = []
         for start in range(0, len(flat), bs):
-            view = _MixedAdapters(self.model, names[start:start + bs])
-            outs.extend(generate(view, self.tokenizer, flat[start:start + bs], max_new_tokens=r.max_new_tokens,
+            outs.extend(generate(self.model, self.tokenizer, flat[start:start + bs], max_new_tokens=r.max_new_tokens,
                                  temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
-                                 batch_size=bs, name="+".join(sorted(prompts)), generator=gen))
+                                 batch_size=bs, name="+".join(sorted(prompts)), generator=gen,
+                                 row_args={"adapter_names": names[start:start + bs]}))
         result, pos = {}, 0
         for n, ps in prompts.items():
             result[n] = outs[pos:pos + len(ps)]
@@ -238,7 +221,7 @@ class LoraPolicy(Policy):
     def __init__(self, name: str, group: LoraGroup, cfg: PolicyConfig, training, algo, rollout,
                  total_optimizer_steps: int, seed: int):
         self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
-        self.group = group
+        self.group, self.bf16 = group, group.bf16
         self.model, self.tokenizer = group.model, group.tokenizer
         self.generator = torch.Generator().manual_seed(seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
@@ -336,8 +319,6 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
     names = sorted(names)
     cfg._check_lora_policies()
     group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed)
-    if cfg.training.bf16:
-        warn_if_no_bf16_units()
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                              total_optimizer_steps, seed + i)
             for i, name in enumerate(names)}

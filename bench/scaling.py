@@ -56,7 +56,7 @@ def _worker(spec: dict) -> dict:
         "task": {"name": "relay", "options": {"max_turns": spec["turns"], "num_agents": spec["agents"]}, "eval_size": 0},
         "algorithm": {"name": "atgrpo", "num_generations": spec["k"], "normalize_std": True},
         "rollout": {"batch_size": 2, "max_new_tokens": spec["max_new_tokens"], "temperature": 1.0},
-        "training": {"lr": 1e-4, "micro_batch_size": 16},
+        "training": {"lr": 1e-4, "micro_batch_size": 16, "bf16": False},  # fp32, as measured before bf16=auto
         "logging": {"console": False, "tensorboard": False, "completions_every": 0},
     }
     trainer = Trainer(config_from_dict(data))

@@ -225,7 +225,8 @@ def accord_worker(spec: dict) -> dict:
         "rollout": {"batch_size": B, "max_new_tokens": spec["max_new_tokens"], "temperature": 1.0,
                     "top_p": 1.0, "top_k": 0},
         "training": {"lr": spec["lr"], "micro_batch_size": spec["micro_batch_size"],
-                     "max_grad_norm": None},   # comlrl does not clip
+                     "max_grad_norm": None,    # comlrl does not clip
+                     "bf16": False},           # comlrl trains in fp32
         "logging": {"console": False, "tensorboard": False, "completions_every": 0},
     })
     t = time.perf_counter()

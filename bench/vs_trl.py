@@ -323,7 +323,7 @@ def accord_worker(spec: dict) -> dict:
                     "top_p": 1.0, "top_k": 0},
         "training": {"lr": spec["lr"], "micro_batch_size": spec["micro_batch_size"], "num_mini_batches": 1,
                      "weight_decay": 0.0, "schedule": "constant", "warmup_steps": 0,
-                     "max_grad_norm": spec["max_grad_norm"]},
+                     "max_grad_norm": spec["max_grad_norm"], "bf16": False},   # fp32 like TRL's side
         "logging": {"console": False, "tensorboard": False, "completions_every": 0},
     })
     t = time.perf_counter()

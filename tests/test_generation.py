@@ -1,5 +1,6 @@
 """Generation: prompt/completion boundaries, EOS-aware masks, stored log-probs = training log-probs."""
 
+import pytest
 import torch
 from transformers import GenerationConfig
 
@@ -11,7 +12,7 @@ from accord.rollout.sample import Sample
 
 def make_policy(pad_is_eos: bool, **rollout) -> Policy:
     cfg = PolicyConfig(model="tiny-llama", model_kwargs={"pad_is_eos": pad_is_eos})
-    return Policy("p", cfg, TrainingConfig(), AlgorithmConfig(), RolloutConfig(**rollout), total_optimizer_steps=1,
+    return Policy("p", cfg, TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(**rollout), total_optimizer_steps=1,
                   seed=0)
 
 
@@ -102,3 +103,76 @@ def test_sampler_draws_from_the_processed_distribution():
         assert torch.allclose(freq, want, atol=0.01), (freq, want)
         assert (freq[want == 0] == 0).all()
         assert torch.allclose(sampler.logprobs[0], want.log()[tokens])
+
+
+def _hf_path(monkeypatch):
+    import accord.generation.hf as hf
+
+    monkeypatch.setattr(hf, "_supports_own_loop", lambda model: False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
+    """accord's loop (shared prefill of repeated prompts, growing cache) draws the same tokens with the
+    same log-probs as Hugging Face generate driving the same sampler from the same stream."""
+    import accord.generation.hf as hf
+
+    pol = Policy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
+                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+    assert hf._supports_own_loop(pol.model)
+    long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
+    short = pol.encode_chat([{"role": "user", "content": "hi"}])
+    mixed = [long_prompt] * 4 + [short] * 3 + [long_prompt]  # repeats, not adjacent, different widths
+    same_width = [long_prompt] * 3 + [short] * 2                # chunks of one width each: no padding
+    runs = {}
+    for path in ("own", "hf"):
+        if path == "hf":
+            _hf_path(monkeypatch)
+        for prompts, batch in ((mixed, 5), (same_width, 3)):
+            for greedy in (False, True):
+                gen = torch.Generator().manual_seed(3)
+                runs[path, greedy, batch] = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=20,
+                                                     temperature=0.8, top_p=0.95, greedy=greedy, generator=gen,
+                                                     batch_size=batch)
+    for greedy, batch in ((False, 5), (True, 5), (False, 3), (True, 3)):
+        own, ref = runs["own", greedy, batch], runs["hf", greedy, batch]
+        assert [g.ids for g in own] == [g.ids for g in ref]
+        assert [g.finish_reason for g in own] == [g.finish_reason for g in ref]
+        for a, b in zip(own, ref):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    assert len({tuple(g.ids) for g in runs["own", False, 5][:4]}) > 1  # K samples of one prompt still differ
+    assert runs["own", True, 5][0].ids == runs["own", True, 5][7].ids   # and greedy ones agree
+
+
+def test_growing_cache_layer_equals_concatenation():
+    from accord.generation.hf import _GrowingLayer
+
+    layer = _GrowingLayer(capacity=3)
+    chunks = [torch.randn(2, 3, n, 4) for n in (2, 1, 1, 4, 1)]  # outgrows the first buffer twice
+    for i, chunk in enumerate(chunks):
+        keys, values = layer.update(chunk, -chunk)
+        want = torch.cat(chunks[:i + 1], dim=-2)
+        assert torch.equal(keys, want) and torch.equal(values, -want)
+        assert layer.get_seq_length() == want.size(-2)
+    layer.select_rows(torch.tensor([1, 1, 0]))
+    want = torch.cat(chunks, dim=-2)[[1, 1, 0]]
+    assert torch.equal(layer.keys, want)
+    keys, _ = layer.update(torch.ones(3, 3, 1, 4), torch.ones(3, 3, 1, 4))
+    assert torch.equal(keys[:, :, :-1], want) and keys.size(-2) == want.size(-2) + 1
+
+
+def test_sliding_window_models_are_generated_by_hf_generate():
+    """A cache the loop does not implement (sliding window) leaves decoding to Hugging Face generate."""
+    import transformers
+
+    import accord.generation.hf as hf
+
+    pol = make_policy(pad_is_eos=False)
+    config = transformers.MistralConfig(vocab_size=pol.model.config.vocab_size, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        sliding_window=8)
+    model = transformers.MistralForCausalLM(config).eval()
+    assert not hf._supports_own_loop(model)
+    prompt = pol.encode_chat([{"role": "user", "content": "a longer prompt than the window"}])
+    gens = generate(model, pol.tokenizer, [prompt] * 3, max_new_tokens=12, greedy=True)
+    assert len(gens) == 3 and gens[0].ids == gens[2].ids and len(gens[0].ids) >= 1

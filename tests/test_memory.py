@@ -1,5 +1,6 @@
 """Memory options: token-budget micro-batches, gradient checkpointing (full and LoRA), peak-memory metrics."""
 
+import mmap
 from dataclasses import replace
 
 import pytest
@@ -58,9 +59,10 @@ def checkpointing(model) -> bool:
         else model.is_gradient_checkpointing
 
 
-def update_grads(pol, samples, **training):
-    """Gradients (and loss metrics) of one update, with the optimizer step skipped."""
-    pol.training = replace(pol.training, **training)
+def update_grads(pol, samples, bf16=False, **training):
+    """Gradients (and loss metrics) of one update, with the optimizer step skipped (fp32 unless ``bf16``)."""
+    pol.training = replace(pol.training, bf16=bf16, **training)
+    pol.bf16 = bf16
     grads = []
     pol.optimizer.step = lambda: grads.append([p.grad.clone() for p in pol.params])
     try:
@@ -131,10 +133,14 @@ def test_peak_memory_is_reported_per_step(tiny_cfg):
     trainer.train()
     rec = read_metrics(trainer.run_dir)[-1]
     assert rec["mem/peak_rss_mb"] >= rec["mem/rss_mb"] > 10
-    # where /proc/self/clear_refs is writable, the high-water mark restarts from the current RSS
-    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    # where /proc/self/clear_refs is writable, the high-water mark restarts from the current RSS. The 64 MiB
+    # are an anonymous mapping, which munmap returns to the OS (a tensor's memory may stay in malloc's
+    # arenas after earlier tests, and then neither raises nor lowers the RSS)
+    blob = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(blob), 4096):
+        blob[offset] = 1
     before = memory_metrics(False)["mem/peak_rss_mb"]
-    del blob
+    blob.close()
     if reset_peak_memory():
         after = memory_metrics(True)
         assert after["mem/peak_rss_mb"] < before - 32 and after["mem/peak_is_per_step"] == 1.0
@@ -171,3 +177,19 @@ def test_bf16_unit_detection_reads_cpu_flags():
     assert cpu_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16\n") is True
     assert cpu_bf16_units("Features : fp asimd bf16 i8mm\n") is True  # Arm
     assert cpu_bf16_units("flags : fpu sse avx2 fma\n") is False
+
+
+def test_bf16_auto_follows_the_cpu_and_config_takes_true_false_auto(monkeypatch):
+    import accord.policies as policies
+    from accord.config import ConfigError, config_from_dict
+
+    assert config_from_dict({}).training.bf16 == "auto"
+    for given, expected in (("auto", "auto"), ("true", True), (False, False), ("no", False)):
+        assert config_from_dict({"training": {"bf16": given}}).training.bf16 == expected
+    with pytest.raises(ConfigError, match="training.bf16='maybe' must be true, false or auto"):
+        config_from_dict({"training": {"bf16": "maybe"}})
+    for units, expected in ((True, True), (False, False), (None, False)):
+        monkeypatch.setattr(policies, "cpu_bf16_units", lambda units=units: units)
+        assert policies.resolve_bf16("auto") is expected
+        assert policies.resolve_bf16(False) is False
+    assert policies.resolve_bf16(True) is True        # honoured (with a warning where the units are missing)

@@ -1,22 +1,42 @@
-"""Batched generation with Hugging Face ``generate``, returning sampling log-probs.
+"""Batched generation for the HF backend, returning sampling log-probs.
 
-``generate`` would apply its own warpers after user processors, so accord runs it in greedy mode
-with a neutral generation config and one processor that applies
-:func:`accord.algorithms.losses.process_logits`, draws the token from that distribution and records
-its log-prob. The distribution sampled from is therefore exactly the one the learner evaluates.
+Every token is drawn by :class:`_Sampler`, which applies
+:func:`accord.algorithms.losses.process_logits` and records the drawn token's log-prob, so the
+distribution sampled from is exactly the one the learner evaluates.
 
-Prompts are left-padded for generation. The boundary between prompt and completion is the padded
-prompt width (a count, never a search for a pad or EOS id), and a completion ends after its first
-EOS token: everything after it is dropped, so padding never enters the loss.
+Two drivers share that sampler:
+
+* accord's own decoding loop (models whose cache is a plain full-attention ``DynamicCache``: Llama,
+  Qwen2, Mistral without sliding window, ... with or without PEFT adapters). Identical prompts in a
+  batch (the K samples of one prompt) are prefilled once and their cache is copied K times, and the
+  cache grows in place by doubling instead of being concatenated anew at every token. For
+  SmolLM2-135M at 16 rows of 348 prompt tokens (4 distinct prompts) this is about 2x faster than
+  ``generate``.
+* Hugging Face ``generate`` for every other model (sliding-window or hybrid caches, state-space
+  layers, encoder-decoders), in greedy mode with a neutral generation config and the sampler as its
+  only logits processor.
+
+Both consume the random stream identically (one uniform number per row per step, finished rows
+included, until every row has finished), so they draw the same tokens wherever the logits agree.
+
+Prompts are left-padded. The boundary between prompt and completion is the padded prompt width (a
+count, never a search for a pad or EOS id), and a completion ends after its first EOS token:
+everything after it is dropped, so padding never enters the loss.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+try:  # per-layer caches (transformers >= 4.56)
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: Hugging Face generate drives every model
+    DynamicLayer = None
 
 from accord.algorithms.losses import process_logits
 
@@ -54,7 +74,8 @@ class _Sampler(LogitsProcessor):
         self.generator = generator
         self.logprobs: list[torch.Tensor] = []
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def draw(self, scores: torch.Tensor) -> torch.Tensor:
+        """The next token of each row of ``scores`` (rows, vocab), shape (rows, 1); records its log-prob."""
         processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
         logz = torch.logsumexp(processed, dim=-1, keepdim=True)
         if self.greedy:
@@ -67,7 +88,68 @@ class _Sampler(LogitsProcessor):
                            generator=self.generator) * cdf[:, -1:]
             tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(1) - 1)
         self.logprobs.append((processed.gather(1, tokens) - logz).squeeze(1))
+        return tokens
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        tokens = self.draw(scores)
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
+
+
+class _GrowingLayer(DynamicLayer or object):
+    """A full-attention cache layer whose keys and values are views into buffers that grow by doubling.
+
+    ``DynamicLayer`` concatenates the whole cache with each new token, which made decoding quadratic
+    in the length: at 16 rows and 350 cached tokens, SmolLM2-135M spent two thirds of each decoding
+    step in ``torch.cat``. Here a token costs one write into spare room.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self._keys = self._values = None
+        self._length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self._length + key_states.size(-2)
+        if self._keys is None or end > self._keys.size(-2):
+            room = max(end, self.capacity, 2 * (self._keys.size(-2) if self._keys is not None else 0))
+            self._keys = self._grow(self._keys, key_states, room)
+            self._values = self._grow(self._values, value_states, room)
+            self.dtype, self.device, self.is_initialized = key_states.dtype, key_states.device, True
+        self._keys[..., self._length:end, :] = key_states
+        self._values[..., self._length:end, :] = value_states
+        self._length = end
+        self.keys, self.values = self._keys[..., :end, :], self._values[..., :end, :]
+        return self.keys, self.values
+
+    def _grow(self, old: torch.Tensor | None, new: torch.Tensor, room: int) -> torch.Tensor:
+        shape = list(new.shape)
+        shape[-2] = room
+        buffer = new.new_empty(shape)
+        if old is not None:
+            buffer[..., :self._length, :] = old[..., :self._length, :]
+        return buffer
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` of the batch (repeats allowed: one prompt's prefill serving K samples)."""
+        self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
+        self.keys, self.values = self._keys[..., :self._length, :], self._values[..., :self._length, :]
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.select_rows(torch.arange(self._keys.size(0), device=self._keys.device).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(indices)
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("accord's decoding cache does not crop (no assisted decoding)")
+
+    def reset(self) -> None:
+        self._keys = self._values = self.keys = self.values = None
+        self._length, self.is_initialized = 0, False
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -94,37 +176,128 @@ def generate(
     batch_size: int = 64,
     name: str = "model",
     generator: torch.Generator | None = None,
+    row_args: dict[str, list] | None = None,
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
-    Prompts are token-id lists (already chat-formatted). Batches of ``batch_size`` run through one
-    ``generate`` call each. Greedy decoding records the log-probs of the untransformed distribution.
+    Prompts are token-id lists (already chat-formatted). Batches of ``batch_size`` rows are decoded
+    together. Greedy decoding records the log-probs of the untransformed distribution.
     ``generator`` is the random stream sampling draws from (default: torch's global one).
+    ``row_args`` are per-row keyword arguments of the model's forward (one list entry per prompt),
+    such as PEFT's ``adapter_names``; rows share a prefill only when their prompt and their
+    ``row_args`` are equal.
     """
+    row_args = dict(row_args or {})
+    for key, values in row_args.items():
+        if len(values) != len(prompts):
+            raise ValueError(f"row_args[{key!r}] has {len(values)} entries for {len(prompts)} prompts; give one per prompt")
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    own_loop = _supports_own_loop(model)
     was_training = model.training
     model.eval()
     out: list[Generation] = []
     try:
         for start in range(0, len(prompts), batch_size):
-            out.extend(_generate_batch(model, prompts[start:start + batch_size], eos, pad, max_new_tokens,
-                                       1.0 if greedy else temperature, 0 if greedy else top_k,
-                                       1.0 if greedy else top_p, greedy, name, generator))
+            chunk = prompts[start:start + batch_size]
+            args = {k: v[start:start + batch_size] for k, v in row_args.items()}
+            sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
+                               greedy, name, generator)
+            decode = _decode if own_loop else _hf_generate
+            completions = decode(model, chunk, args, eos, pad, max_new_tokens, sampler)
+            out.extend(_finish(completions, sampler, eos, name))
     finally:
         model.train(was_training)
     return out
 
 
-def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k, top_p, greedy, name, generator):
+def _supports_own_loop(model) -> bool:
+    """Whether accord's decoding loop applies: a decoder-only model whose default cache is a
+    ``DynamicCache`` of plain full-attention layers (not sliding-window, hybrid or recurrent)."""
+    if DynamicLayer is None or getattr(model.config, "is_encoder_decoder", False):
+        return False
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except (TypeError, ValueError, KeyError, AttributeError):  # a config the cache cannot read: HF decides
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _left_pad(prompts: list[list[int]], pad: int, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of left-padded prompts; the mask has ``extra`` more (zero) columns."""
     width = max(len(p) for p in prompts)
-    device = next(model.parameters()).device
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width + extra), dtype=torch.long)
     for i, p in enumerate(prompts):
-        input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        attention[i, width - len(p):] = 1
-    recorder = _Sampler(temperature, top_k, top_p, greedy, name, generator)
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[i, width - len(p):width] = 1
+    return ids, attention
+
+
+def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
+    """accord's decoding loop: (rows, steps) token ids, pad after a row's first EOS."""
+    device = next(model.parameters()).device
+    keys: dict[tuple, int] = {}
+    index = [keys.setdefault((tuple(p),) + tuple(_hashable(v[i]) for v in row_args.values()), len(keys))
+             for i, p in enumerate(prompts)]
+    first = {}
+    for row, u in enumerate(index):
+        first.setdefault(u, row)
+    unique_rows = [first[u] for u in range(len(keys))]
+    ids, attention = _left_pad([prompts[r] for r in unique_rows], pad, extra=max_new_tokens)
+    width = ids.size(1)
+    ids, attention = ids.to(device), attention.to(device)
+    positions = (attention[:, :width].cumsum(-1) - 1).clamp_(min=0)
+    cache = DynamicCache(config=model.config)
+    cache.layers = [_GrowingLayer(width + max_new_tokens) for _ in cache.layers]
+    unique_args = {k: [v[r] for r in unique_rows] for k, v in row_args.items()}
+    # no padding (prompts of one length): no mask at all, which spares the model building a 4-D mask
+    # per forward; generated tokens, pads after EOS included, are attended like in generate
+    padded = not bool(attention[:, :width].all())
+    logits = model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
+                   past_key_values=cache, use_cache=True, **_keep_last(model), **unique_args).logits[:, -1]
+    if len(unique_rows) < len(prompts):  # K samples of one prompt: copy its prefilled cache K times
+        expand = torch.tensor(index, device=device)
+        for layer in cache.layers:
+            layer.select_rows(expand)
+        logits, attention, positions = logits[expand], attention[expand], positions[expand]
+    n = len(prompts)
+    eos_ids = torch.tensor(eos, device=device)
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
+    position = positions[:, -1:]
+    for t in range(max_new_tokens):
+        token = sampler.draw(logits.float()).squeeze(1).masked_fill_(finished, pad)
+        tokens[:, t] = token
+        finished |= torch.isin(token, eos_ids)
+        if t + 1 == max_new_tokens or bool(finished.all()):
+            return tokens[:, :t + 1]
+        attention[:, width + t] = 1
+        position = position + 1
+        logits = model(input_ids=token[:, None], attention_mask=attention[:, :width + t + 1] if padded else None,
+                       position_ids=position, past_key_values=cache, use_cache=True, **row_args).logits[:, -1]
+    return tokens
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _keep_last(model) -> dict:
+    """``logits_to_keep=1`` where the model's forward takes it (the prefill then skips the output head
+    for every prompt token but the last)."""
+    try:
+        params = inspect.signature(model.get_base_model().forward if hasattr(model, "get_base_model")
+                                   else model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+def _hf_generate(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
+    """Hugging Face ``generate`` as the driver, with the sampler as its only logits processor."""
+    device = next(model.parameters()).device
+    input_ids, attention = _left_pad(prompts, pad)
     # generate() fills unset fields from model.generation_config (a checkpoint's file may set
     # sampling options or a repetition penalty) and then from global defaults. In greedy mode no
     # warper runs after our processor, and the model's config is swapped for a neutral one during
@@ -136,12 +309,18 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     try:
         seqs = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-            logits_processor=LogitsProcessorList([recorder]),
+            logits_processor=LogitsProcessorList([sampler]), **row_args,
         )
     finally:
         model.generation_config = saved
-    completions = seqs[:, width:].cpu()
-    logprobs = torch.stack(recorder.logprobs, dim=1).float().cpu() if recorder.logprobs else torch.zeros(len(prompts), 0)
+    return seqs[:, input_ids.size(1):]
+
+
+def _finish(completions: torch.Tensor, sampler: _Sampler, eos: list[int], name: str) -> list[Generation]:
+    """Cut each row after its first EOS and pair it with its recorded log-probs."""
+    completions = completions.cpu()
+    n = completions.size(0)
+    logprobs = torch.stack(sampler.logprobs, dim=1).float().cpu() if sampler.logprobs else torch.zeros(n, 0)
     # NaN logits make NaN log-probs; checking once here instead of per decoding step saves a full pass
     # over the vocabulary and a synchronisation at every step
     bad = torch.isnan(logprobs).any(dim=0).nonzero()
@@ -158,13 +337,13 @@ def _generate_batch(model, prompts, eos, pad, max_new_tokens, temperature, top_k
     for e in eos:
         is_eos |= completions == e
     results = []
-    for i in range(len(prompts)):
+    for i in range(n):
         hits = is_eos[i].nonzero()
         if hits.numel():
-            n = int(hits[0]) + 1
+            length = int(hits[0]) + 1
             reason = "stop"
         else:
-            n = completions.size(1)
+            length = completions.size(1)
             reason = "length"
-        results.append(Generation(completions[i, :n].tolist(), logprobs[i, :n].tolist(), reason))
+        results.append(Generation(completions[i, :length].tolist(), logprobs[i, :length].tolist(), reason))
     return results
