@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_model, save_model
+from transformers import DynamicCache
 
 from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, policy_loss,
                                       process_logits)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.generation import Generation, generate
+from accord.generation.hf import supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.rollout.sample import Sample
 
@@ -210,8 +212,11 @@ class Policy:
         """Log-probs of each sample's completion tokens, right-aligned in a (b, C) tensor.
 
         Sequences are left-padded so that every completion ends at the last position; only the last
-        C + 1 positions' logits are computed (C = longest completion).
+        C + 1 positions' logits are computed (C = longest completion). When a prompt occurs more than
+        once in ``batch`` (the K samples of one prompt), :meth:`_forward_shared_prompts` computes it once.
         """
+        if len({tuple(s.prompt_ids) for s in batch}) < len(batch) and self._can_share_prompts(model):
+            return self._forward_shared_prompts(model, batch, want_entropy)
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch]
         width, c = max(lengths), max(len(s.completion_ids) for s in batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -238,6 +243,69 @@ class Policy:
         ent = entropy_from_logits(processed, logz.detach(), truncated) if want_entropy else None
         return logp, ent, mask
 
+    def _can_share_prompts(self, model) -> bool:
+        """Prompt sharing needs a KV cache through the forward: a plain full-attention cache (as in
+        generation) and no gradient checkpointing (which turns the cache off in training)."""
+        checkpointing = getattr(model, "is_activation_checkpointing", None)   # transformers >= 5
+        if checkpointing is None:
+            checkpointing = getattr(model, "is_gradient_checkpointing", False)
+        if self.training.gradient_checkpointing or checkpointing:
+            return False
+        return supports_own_loop(model)
+
+    def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool):
+        """:meth:`_forward_completion` with each distinct prompt run once.
+
+        The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
+        to the samples (``index_select``, so gradients from every sample flow back into the one
+        prompt pass), and the completions (right-padded) run on top of them. The last prompt
+        position's logits predict each completion's first token. Same log-probs as the full-sequence
+        forward up to float rounding, with the prompt's compute paid once instead of K times.
+        """
+        keys: dict[tuple, int] = {}
+        index = [keys.setdefault(tuple(s.prompt_ids), len(keys)) for s in batch]
+        prompts = [list(k) for k in keys]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width, c = max(map(len, prompts)), max(len(s.completion_ids) for s in batch)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attn[i, width - len(p):] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        rows = torch.tensor(index)
+        lengths = torch.tensor([len(s.completion_ids) for s in batch])
+        completion = torch.full((len(batch), c), pad, dtype=torch.long)
+        for i, s in enumerate(batch):
+            completion[i, :len(s.completion_ids)] = torch.tensor(s.completion_ids)
+        left_mask = torch.arange(c)[None, :] < lengths[:, None]           # (b, C), completions left-aligned
+        cache = DynamicCache(config=model.config)
+        kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
+        with self.autocast():
+            first = model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                          use_cache=True, **kwargs).logits[:, -1:]
+            first = first.index_select(0, rows)
+            if c > 1:
+                cache.batch_select_indices(rows)
+                full_attn = torch.cat([attn.index_select(0, rows), left_mask[:, :c - 1].long()], dim=1)
+                rest = model(input_ids=completion[:, :c - 1], attention_mask=full_attn,
+                             position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1)[None, :],
+                             past_key_values=cache, use_cache=True).logits
+                logits = torch.cat([first, rest], dim=1)
+            else:
+                logits = first
+        processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
+        logp, logz = gather_logprobs(processed, completion, return_logz=True)
+        truncated = self.rollout.top_k > 0 or self.rollout.top_p < 1.0
+        ent = entropy_from_logits(processed, logz.detach(), truncated) if want_entropy else None
+        # right-align like the full-sequence forward: column j holds completion token j - (C - n)
+        source = (torch.arange(c)[None, :] - (c - lengths)[:, None]).clamp(min=0)
+        mask = left_mask.gather(1, source) & (torch.arange(c)[None, :] >= (c - lengths)[:, None])
+        logp = logp.gather(1, source).masked_fill(~mask, 0.0)
+        if ent is not None:
+            ent = ent.gather(1, source).masked_fill(~mask, 0.0)
+        return logp, ent, mask
+
     @torch.no_grad()
     def _reference_logprobs(self, batch: list[Sample]) -> torch.Tensor:
         """Log-probs of the KL reference (the frozen initial weights)."""
@@ -254,7 +322,11 @@ class Policy:
         algo, tr = self.algo, self.training
         fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
         n_mb = tr.num_mini_batches
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].completion_ids))
+        # by prompt length, then prompt, then completion length: the K samples of a prompt sit together, so
+        # a micro-batch computes each of its prompts once (see _forward_shared_prompts), and lengths
+        # stay near ascending for micro_batch_tokens packing
+        order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
+                                                           len(samples[i].completion_ids)))
         sums: dict[str, float] = {}
         tokens_total = 0
         grad_norms = []

@@ -50,10 +50,10 @@ def main() -> None:
                                       add_generation_prompt=True)
         ids = ids if isinstance(ids, list) else ids["input_ids"]
         prompts += [ids] * args.k
-    own_loop = hf._supports_own_loop
+    own_loop = hf.supports_own_loop
 
     def run(path: str, greedy: bool):
-        hf._supports_own_loop = own_loop if path == "own loop" else (lambda m: False)
+        hf.supports_own_loop = own_loop if path == "own loop" else (lambda m: False)
         try:
             gen = torch.Generator().manual_seed(0)
             start = time.perf_counter()
@@ -61,7 +61,7 @@ def main() -> None:
                               greedy=greedy, generator=gen)
             return time.perf_counter() - start, out
         finally:
-            hf._supports_own_loop = own_loop
+            hf.supports_own_loop = own_loop
 
     results = []
     print(f"{args.model}: {len(prompts)} rows ({args.prompts} prompts x K={args.k}, {len(prompts[0])} prompt tokens), "

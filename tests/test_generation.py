@@ -108,7 +108,7 @@ def test_sampler_draws_from_the_processed_distribution():
 def _hf_path(monkeypatch):
     import accord.generation.hf as hf
 
-    monkeypatch.setattr(hf, "_supports_own_loop", lambda model: False)
+    monkeypatch.setattr(hf, "supports_own_loop", lambda model: False)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -119,7 +119,7 @@ def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
 
     pol = Policy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
                  TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
-    assert hf._supports_own_loop(pol.model)
+    assert hf.supports_own_loop(pol.model)
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
     short = pol.encode_chat([{"role": "user", "content": "hi"}])
     mixed = [long_prompt] * 4 + [short] * 3 + [long_prompt]  # repeats, not adjacent, different widths
@@ -172,7 +172,42 @@ def test_sliding_window_models_are_generated_by_hf_generate():
                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                         sliding_window=8)
     model = transformers.MistralForCausalLM(config).eval()
-    assert not hf._supports_own_loop(model)
+    assert not hf.supports_own_loop(model)
     prompt = pol.encode_chat([{"role": "user", "content": "a longer prompt than the window"}])
     gens = generate(model, pol.tokenizer, [prompt] * 3, max_new_tokens=12, greedy=True)
     assert len(gens) == 3 and gens[0].ids == gens[2].ids and len(gens[0].ids) >= 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypatch):
+    """The update's forward with each distinct prompt run once (its cache copied to the K samples)
+    gives the full-sequence forward's log-probs, entropies, mask and parameter gradients."""
+    pol = Policy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
+                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(temperature=0.8, top_p=0.9),
+                 total_optimizer_steps=1, seed=0)
+    assert pol._can_share_prompts(pol.model)
+    long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 5}])
+    short = pol.encode_chat([{"role": "user", "content": "hi"}])
+    alone = pol.encode_chat([{"role": "user", "content": "once"}])
+    prompts = [long_prompt, short, long_prompt, alone, short, long_prompt]
+    gens = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=12, temperature=0.8, top_p=0.9,
+                    generator=torch.Generator().manual_seed(0))
+    cut = [12, 3, 7, 1, 12, 5]   # completions of different lengths, one of a single token
+    samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids[:n],
+                      logprobs=g.logprobs[:n], finish_reason="length") for p, g, n in zip(prompts, gens, cut)]
+
+    def forward(share: bool):
+        monkeypatch.setattr(pol, "_can_share_prompts", lambda model: share)
+        pol.model.zero_grad(set_to_none=True)
+        logp, ent, mask = pol._forward_completion(pol.model, samples, want_entropy=True)
+        ((logp * mask).sum() + (ent * mask).sum()).backward()
+        return logp.detach(), ent.detach(), mask, [p.grad.clone() for p in pol.params]
+
+    shared, full = forward(True), forward(False)
+    assert torch.equal(shared[2], full[2])
+    mask = full[2]
+    assert torch.allclose(shared[0][mask], full[0][mask], atol=1e-5)
+    assert torch.allclose(shared[1][mask], full[1][mask], atol=1e-5)
+    assert torch.allclose(shared[0][mask], torch.tensor([x for s in samples for x in s.logprobs]), atol=1e-4)
+    for a, b in zip(shared[3], full[3]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)

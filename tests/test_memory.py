@@ -109,10 +109,15 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(tiny_cfg, lora
     calls = []
     attn = base.model.layers[0].self_attn
     attn.register_forward_hook(lambda module, args, out: calls.append(torch.is_grad_enabled()))
-    plain = update_grads(pol, mine)
+    shared = update_grads(pol, mine)                    # repeated prompts run once (two forwards per micro-batch)
+    pol._can_share_prompts = lambda model: False
+    calls.clear()
+    plain = update_grads(pol, mine)                     # one full-sequence forward per micro-batch
     forwards = calls.count(True)
+    del pol._can_share_prompts
+    assert_same(shared, plain)
     enable_gradient_checkpointing(base)
-    assert checkpointing(base)
+    assert checkpointing(base) and not pol._can_share_prompts(pol.model)   # checkpointing turns the cache off
     calls.clear()
     ckpt = update_grads(pol, mine)
     assert calls.count(True) == 2 * forwards  # recomputed in the backward pass

@@ -193,7 +193,7 @@ def generate(
             raise ValueError(f"row_args[{key!r}] has {len(values)} entries for {len(prompts)} prompts; give one per prompt")
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    own_loop = _supports_own_loop(model)
+    own_loop = supports_own_loop(model)
     was_training = model.training
     model.eval()
     out: list[Generation] = []
@@ -211,7 +211,7 @@ def generate(
     return out
 
 
-def _supports_own_loop(model) -> bool:
+def supports_own_loop(model) -> bool:
     """Whether accord's decoding loop applies: a decoder-only model whose default cache is a
     ``DynamicCache`` of plain full-attention layers (not sliding-window, hybrid or recurrent)."""
     if DynamicLayer is None or getattr(model.config, "is_encoder_decoder", False):
