@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Update speed: one policy update with each distinct prompt run once, against full-sequence forwards.
+
+    python bench/update_speed.py                     # SmolLM2-135M, 4 prompts x K=4, fp32 and bf16 autocast
+    python bench/update_speed.py --precision fp32 --prompt-tokens 500
+
+One :meth:`accord.policies.Policy.update` over ``--prompts`` x ``--k`` samples (random token ids:
+prompts of about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, advantages +-1) in
+micro-batches of ``--micro-batch-size``, with prompt sharing on (the default) and off. The two
+paths compute the same loss and gradients (``tests/test_generation.py``); this measures the time.
+Best of ``--rounds`` updates per setting, run in alternating order. bf16 is only fast on CPUs with bf16
+matrix units (AMX, AVX512-BF16); elsewhere measure ``--precision fp32``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from accord.config import config_from_dict
+from accord.policies import Policy
+from accord.rollout.sample import Sample
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=300)
+    p.add_argument("--micro-batch-size", type=int, default=8)
+    p.add_argument("--precision", choices=("both", "fp32", "bf16"), default="both")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 20000, (args.prompt_tokens + 10 * i,), generator=g).tolist()
+               for i in range(args.prompts)]
+    completions = [torch.randint(100, 20000, (int(torch.randint(30, 96, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(args.prompts * args.k)]
+
+    def samples() -> list[Sample]:
+        out = []
+        for i, c in enumerate(completions):
+            s = Sample("a", "main", 0, i % args.prompts, i % args.prompts, prompts[i % args.prompts], c,
+                       [-5.0] * len(c), "length")
+            s.advantage = 1.0 if i % 2 else -1.0
+            out.append(s)
+        return out
+
+    results = []
+    print(f"{args.model}: {args.prompts} prompts of ~{args.prompt_tokens} tokens x K={args.k} completions of 30-95 "
+          f"tokens, micro-batches of {args.micro_batch_size}, {args.threads} threads")
+    print(f"{'precision':9} {'shared s':>9} {'full s':>9} {'speed-up':>8}")
+    for precision in (("fp32", "bf16") if args.precision == "both" else (args.precision,)):
+        cfg = config_from_dict({"policies": {"main": {"model": args.model}},
+                                "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6,
+                                             "bf16": precision == "bf16"}})
+        pol = Policy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
+                     total_optimizer_steps=100, seed=0)
+        pol.update(samples(), 0)  # warm-up
+        best = {"shared": float("inf"), "full": float("inf")}
+        for r in range(args.rounds):
+            for path in ("shared", "full"):
+                if path == "full":
+                    pol._can_share_prompts = lambda model: False
+                start = time.perf_counter()
+                pol.update(samples(), r + 1)
+                best[path] = min(best[path], time.perf_counter() - start)
+                pol.__dict__.pop("_can_share_prompts", None)
+        row = {"precision": precision, "shared_s": best["shared"], "full_s": best["full"],
+               "speedup": best["full"] / best["shared"]}
+        results.append(row)
+        print(f"{precision:9} {row['shared_s']:9.2f} {row['full_s']:9.2f} {row['speedup']:7.2f}x", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
