@@ -225,9 +225,10 @@ class TrainingConfig:
     gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
                                       "(HF gradient checkpointing, non-reentrant; works with LoRA): less memory, "
                                       "about one more forward of compute.")
-    micro_batch_tokens: int | None = _f(None, "Pack the update's micro-batches (samples ordered by prompt, then completion length) so that each holds at "
-                                        "most this many padded prompt+completion tokens (a longer sequence runs "
-                                        "alone); replaces micro_batch_size. null: micro_batch_size sequences each.")
+    micro_batch_tokens: int | None = _f(None, "Pack the update's micro-batches (samples ordered by prompt, then "
+                                        "completion length) so that each holds at most this many padded "
+                                        "prompt+completion tokens (a longer sequence runs alone); replaces "
+                                        "micro_batch_size. null: micro_batch_size sequences each.")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -23,14 +23,16 @@ update loop with three differences:
 Generation. :func:`generate_by_policy` (what the trainer calls) issues ONE generate call for all
 adapters of a group when ``lora.mixed_generation`` is on: PEFT's per-row ``adapter_names`` forward
 argument (passed as :func:`accord.generation.generate`'s ``row_args``) routes each row of the batch
-through its own adapter (PEFT allows this only in eval mode, which accord's generation sets). The call draws from the group's random stream. With
-``mixed_generation: false`` each adapter generates its own prompts in its own call, from its own
-stream. The two paths give identical tokens row for row whenever the random numbers line up (greedy
-decoding, or the same stream over the same batch shape); ``tests/test_lora.py`` checks both.
+through its own adapter (PEFT allows this only in eval mode, which accord's generation sets). The
+call draws from the group's random stream. With ``mixed_generation: false`` each adapter generates
+its own prompts in its own call, from its own stream. The two paths give identical tokens row for
+row whenever the random numbers line up (greedy decoding, or the same stream over the same batch
+shape); ``tests/test_lora.py`` checks both.
 
 Timings (``python -m accord.policies_lora MODEL [THREADS]``; peft 0.21.2, transformers 5.23.0, torch
 2.13 CPU, 1 thread; 2 adapters of rank 8 on all 7 projections; 24 new tokens sampled; medians of 3
-runs (tiny: 7), the modes interleaved; seconds for all rows)::
+runs (tiny: 7), the modes interleaved; seconds for all rows; measured with Hugging Face ``generate``
+before accord's own decoding loop took over for these models)::
 
     model          rows (per adapter)   mixed (1 call)   per adapter (2 calls)   bare base, 1 call
     SmolLM2-135M   16  (8)              10.2             11.7                    6.4
