@@ -21,7 +21,7 @@ from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_lo
                                       process_logits)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.generation import Generation, generate
-from accord.generation.hf import supports_own_loop
+from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.rollout.sample import Sample
 
@@ -217,17 +217,12 @@ class Policy:
         """
         if len({tuple(s.prompt_ids) for s in batch}) < len(batch) and self._can_share_prompts(model):
             return self._forward_shared_prompts(model, batch, want_entropy)
-        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch]
-        width, c = max(lengths), max(len(s.completion_ids) for s in batch)
+        c = max(len(s.completion_ids) for s in batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in batch], pad)
         targets = torch.full((len(batch), c), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), c), dtype=torch.bool)
         for i, s in enumerate(batch):
-            seq = s.prompt_ids + s.completion_ids
-            ids[i, width - len(seq):] = torch.tensor(seq)
-            attn[i, width - len(seq):] = 1
             n = len(s.completion_ids)
             targets[i, c - n:] = torch.tensor(s.completion_ids)
             mask[i, c - n:] = True
@@ -236,12 +231,16 @@ class Policy:
         with self.autocast():
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **kwargs).logits
-        logits = logits[:, -(c + 1):-1]
+        logp, ent = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy)
+        return logp, ent, mask
+
+    def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool):
+        """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)."""
         processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
         logp, logz = gather_logprobs(processed, targets, return_logz=True)
         truncated = self.rollout.top_k > 0 or self.rollout.top_p < 1.0
         ent = entropy_from_logits(processed, logz.detach(), truncated) if want_entropy else None
-        return logp, ent, mask
+        return logp, ent
 
     def _can_share_prompts(self, model) -> bool:
         """Prompt sharing needs a KV cache through the forward: a plain full-attention cache (as in
@@ -249,9 +248,7 @@ class Policy:
         checkpointing = getattr(model, "is_activation_checkpointing", None)   # transformers >= 5
         if checkpointing is None:
             checkpointing = getattr(model, "is_gradient_checkpointing", False)
-        if self.training.gradient_checkpointing or checkpointing:
-            return False
-        return supports_own_loop(model)
+        return not checkpointing and supports_own_loop(model)
 
     def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool):
         """:meth:`_forward_completion` with each distinct prompt run once.
@@ -262,16 +259,10 @@ class Policy:
         position's logits predict each completion's first token. Same log-probs as the full-sequence
         forward up to float rounding, with the prompt's compute paid once instead of K times.
         """
-        keys: dict[tuple, int] = {}
-        index = [keys.setdefault(tuple(s.prompt_ids), len(keys)) for s in batch]
-        prompts = [list(k) for k in keys]
+        index, first = first_occurrences([tuple(s.prompt_ids) for s in batch])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width, c = max(map(len, prompts)), max(len(s.completion_ids) for s in batch)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+        c = max(len(s.completion_ids) for s in batch)
+        ids, attn = left_pad([batch[r].prompt_ids for r in first], pad)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         rows = torch.tensor(index)
         lengths = torch.tensor([len(s.completion_ids) for s in batch])
@@ -282,25 +273,21 @@ class Policy:
         cache = DynamicCache(config=model.config)
         kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
         with self.autocast():
-            first = model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
-                          use_cache=True, **kwargs).logits[:, -1:]
-            first = first.index_select(0, rows)
+            head = model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                         use_cache=True, **kwargs).logits[:, -1:].index_select(0, rows)
             if c > 1:
                 cache.batch_select_indices(rows)
                 full_attn = torch.cat([attn.index_select(0, rows), left_mask[:, :c - 1].long()], dim=1)
                 rest = model(input_ids=completion[:, :c - 1], attention_mask=full_attn,
                              position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1)[None, :],
                              past_key_values=cache, use_cache=True).logits
-                logits = torch.cat([first, rest], dim=1)
+                logits = torch.cat([head, rest], dim=1)
             else:
-                logits = first
-        processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
-        logp, logz = gather_logprobs(processed, completion, return_logz=True)
-        truncated = self.rollout.top_k > 0 or self.rollout.top_p < 1.0
-        ent = entropy_from_logits(processed, logz.detach(), truncated) if want_entropy else None
+                logits = head
+        logp, ent = self._completion_logprobs(logits, completion, want_entropy)
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
         source = (torch.arange(c)[None, :] - (c - lengths)[:, None]).clamp(min=0)
-        mask = left_mask.gather(1, source) & (torch.arange(c)[None, :] >= (c - lengths)[:, None])
+        mask = torch.arange(c)[None, :] >= (c - lengths)[:, None]
         logp = logp.gather(1, source).masked_fill(~mask, 0.0)
         if ent is not None:
             ent = ent.gather(1, source).masked_fill(~mask, 0.0)

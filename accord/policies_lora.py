@@ -203,13 +203,10 @@ class LoraGroup:
             return generate_mixed_for_group(self, prompts, greedy=greedy, temperature=temperature, generator=gen)
         names = [n for n, ps in prompts.items() for _ in ps]
         flat = [p for ps in prompts.values() for p in ps]
-        r, bs = self.rollout, self.rollout.generation_batch_size
-        outs: list[Generation] = []
-        for start in range(0, len(flat), bs):
-            outs.extend(generate(self.model, self.tokenizer, flat[start:start + bs], max_new_tokens=r.max_new_tokens,
-                                 temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
-                                 batch_size=bs, name="+".join(sorted(prompts)), generator=gen,
-                                 row_args={"adapter_names": names[start:start + bs]}))
+        r = self.rollout
+        outs = generate(self.model, self.tokenizer, flat, max_new_tokens=r.max_new_tokens, temperature=temperature,
+                        top_k=r.top_k, top_p=r.top_p, greedy=greedy, batch_size=r.generation_batch_size,
+                        name="+".join(sorted(prompts)), generator=gen, row_args={"adapter_names": names})
         result, pos = {}, 0
         for n, ps in prompts.items():
             result[n] = outs[pos:pos + len(ps)]

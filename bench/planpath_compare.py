@@ -113,7 +113,8 @@ def main() -> int:
                    help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--bf16", action="store_true",
-                   help="training.bf16 (autocast over fp32 weights): 2.4x faster updates on CPUs with AMX")
+                   help="training.bf16=true (autocast over fp32 weights): 2.4x faster updates on CPUs with AMX; "
+                        "without it the updates run in fp32, as in the table in bench/README.md")
     p.add_argument("--eval-size", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

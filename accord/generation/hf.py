@@ -138,19 +138,6 @@ class _GrowingLayer(DynamicLayer or object):
     def get_seq_length(self) -> int:
         return self._length
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.select_rows(torch.arange(self._keys.size(0), device=self._keys.device).repeat_interleave(repeats))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.select_rows(indices)
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("accord's decoding cache does not crop (no assisted decoding)")
-
-    def reset(self) -> None:
-        self._keys = self._values = self.keys = self.values = None
-        self._length, self.is_initialized = 0, False
-
 
 def _eos_ids(model, tokenizer) -> list[int]:
     ids = model.generation_config.eos_token_id
@@ -218,12 +205,14 @@ def supports_own_loop(model) -> bool:
         return False
     try:
         layers = DynamicCache(config=model.config).layers
-    except (TypeError, ValueError, KeyError, AttributeError):  # a config the cache cannot read: HF decides
+    except (TypeError, ValueError, KeyError, AttributeError) as err:  # a config the cache cannot read
+        logger.debug("decoding %s with Hugging Face generate: DynamicCache cannot read its config (%s)",
+                     type(model).__name__, err)
         return False
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _left_pad(prompts: list[list[int]], pad: int, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompts: list[list[int]], pad: int, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) of left-padded prompts; the mask has ``extra`` more (zero) columns."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -234,17 +223,25 @@ def _left_pad(prompts: list[list[int]], pad: int, extra: int = 0) -> tuple[torch
     return ids, attention
 
 
+def first_occurrences(keys: list) -> tuple[list[int], list[int]]:
+    """``(index, first)``: ``index[i]`` numbers the distinct value of ``keys[i]`` (in order of first
+    appearance) and ``first[u]`` is the position where distinct value ``u`` first occurs."""
+    seen: dict = {}
+    index, first = [], []
+    for row, key in enumerate(keys):
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(row)
+        index.append(seen[key])
+    return index, first
+
+
 def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
     """accord's decoding loop: (rows, steps) token ids, pad after a row's first EOS."""
     device = next(model.parameters()).device
-    keys: dict[tuple, int] = {}
-    index = [keys.setdefault((tuple(p),) + tuple(_hashable(v[i]) for v in row_args.values()), len(keys))
-             for i, p in enumerate(prompts)]
-    first = {}
-    for row, u in enumerate(index):
-        first.setdefault(u, row)
-    unique_rows = [first[u] for u in range(len(keys))]
-    ids, attention = _left_pad([prompts[r] for r in unique_rows], pad, extra=max_new_tokens)
+    index, unique_rows = first_occurrences([(tuple(p),) + tuple(_hashable(v[i]) for v in row_args.values())
+                                            for i, p in enumerate(prompts)])
+    ids, attention = left_pad([prompts[r] for r in unique_rows], pad, extra=max_new_tokens)
     width = ids.size(1)
     ids, attention = ids.to(device), attention.to(device)
     positions = (attention[:, :width].cumsum(-1) - 1).clamp_(min=0)
@@ -297,7 +294,7 @@ def _keep_last(model) -> dict:
 def _hf_generate(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
     """Hugging Face ``generate`` as the driver, with the sampler as its only logits processor."""
     device = next(model.parameters()).device
-    input_ids, attention = _left_pad(prompts, pad)
+    input_ids, attention = left_pad(prompts, pad)
     # generate() fills unset fields from model.generation_config (a checkpoint's file may set
     # sampling options or a repetition penalty) and then from global defaults. In greedy mode no
     # warper runs after our processor, and the model's config is swapped for a neutral one during
