@@ -73,7 +73,7 @@ from safetensors.torch import load_file, save_file
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
 from accord.generation import Generation, generate
 from accord.models import load_model_and_tokenizer
-from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, resolve_bf16
+from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, make_adamw, resolve_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -227,8 +227,7 @@ class LoraPolicy(Policy):
         self.ref_model = None  # the reference is the base with adapters disabled
         self.named_params = group.adapter_parameters(name)
         self.params = list(self.named_params.values())
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr or training.lr, betas=training.betas,
-                                           weight_decay=training.weight_decay, eps=training.eps, foreach=True)
+        self.optimizer = make_adamw(self.params, cfg.lr or training.lr, training)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
         self._keep_arg = group.keep_arg

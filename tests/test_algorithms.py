@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from accord.algorithms.advantages import check_advantage_config, cross_marginals, group_advantages
-from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, kl_penalty, policy_loss,
-                                      process_logits)
+from accord.algorithms.losses import (LossTotals, entropy_from_logits, gather_logprobs, kl_penalty,
+                                      logprobs_and_entropy, policy_loss, process_logits)
 
 
 def slow_advantages(returns, groups, variant, normalize_std, eps=1e-6):
@@ -101,8 +101,15 @@ def test_logprobs_match_reference(temperature, top_k, top_p):
     got = gather_logprobs(processed, targets)
     want = slow_logprobs(logits, targets, temperature, top_k, top_p)
     assert torch.allclose(got, want.float(), atol=1e-5)
-    ent = entropy_from_logits(processed)
-    assert torch.isfinite(ent).all() and (ent >= 0).all()
+    # entropy over the kept tokens: every vocabulary entry's slow log-prob (-inf outside the kept set)
+    every = torch.arange(11).expand(2, 5, 11)
+    slow_all = torch.stack([slow_logprobs(logits, every[..., v], temperature, top_k, top_p) for v in range(11)], -1)
+    want_ent = -torch.where(slow_all > -math.inf, slow_all.exp() * slow_all, 0.0).sum(-1)
+    assert torch.allclose(entropy_from_logits(processed), want_ent, atol=1e-5)
+    truncated = top_k > 0 or top_p < 1.0
+    logp, ent = logprobs_and_entropy(processed, targets, truncated=truncated)
+    assert torch.allclose(logp, want.float(), atol=1e-5) and torch.allclose(ent, want_ent, atol=1e-5)
+    assert logprobs_and_entropy(processed, targets, want_entropy=False)[1] is None
 
 
 def slow_loss(logp, old, adv, mask, eps_lo, eps_hi, agg, kl_coef, ref, est):

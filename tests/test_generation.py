@@ -120,6 +120,7 @@ def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
     pol = Policy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
                  TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
     assert hf.supports_own_loop(pol.model)
+    assert hf.DecodeStep.build(pol.model, 64) is not None  # the loop's decoding steps skip the model's forward
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
     short = pol.encode_chat([{"role": "user", "content": "hi"}])
     mixed = [long_prompt] * 4 + [short] * 3 + [long_prompt]  # repeats, not adjacent, different widths
@@ -142,6 +143,96 @@ def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
     assert len({tuple(g.ids) for g in runs["own", False, 5][:4]}) > 1  # K samples of one prompt still differ
     assert runs["own", True, 5][0].ids == runs["own", True, 5][7].ids   # and greedy ones agree
+
+
+def _decode_step_models():
+    import transformers
+
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=128)
+    return {
+        "qwen2 (biases, GQA, tied)": transformers.Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True,
+                                                               **common),
+        "llama (biases, no GQA, untied, linear rope)": transformers.LlamaConfig(
+            num_key_value_heads=4, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, **common),
+        "mistral (no sliding window, head_dim 32)": transformers.MistralConfig(
+            num_key_value_heads=1, head_dim=32, sliding_window=None, **common),
+        "llama eager attention": transformers.LlamaConfig(num_key_value_heads=2, attn_implementation="eager", **common),
+    }
+
+
+@pytest.mark.parametrize("name", list(_decode_step_models()))
+def test_direct_decode_step_matches_the_model_forward(name):
+    """DecodeStep (the arithmetic of the HF modules on the model's weights) gives the model's logits,
+    on left-padded rows (mask) and unpadded ones (no mask), and extends the same cache."""
+    import transformers
+
+    from accord.generation.fast_decode import DecodeStep
+    from accord.generation.hf import _GrowingLayer, left_pad
+
+    config = _decode_step_models()[name]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():  # random biases and norm weights, not zeros and ones
+            param.add_(torch.randn_like(param) * 0.05)
+    steps = 6
+    for prompts in ([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], [[3, 4, 5]] * 3):
+        ids, attention = left_pad(prompts, pad=0, extra=steps)
+        width = ids.size(1)
+        attention[:, width:] = 1
+        padded = not bool(attention[:, :width].all())
+        positions = (attention[:, :width].cumsum(-1) - 1).clamp_(min=0)
+        caches = []
+        for _ in range(2):
+            cache = transformers.DynamicCache(config=model.config)
+            cache.layers = [_GrowingLayer(width + steps) for _ in cache.layers]
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
+                      past_key_values=cache, use_cache=True)
+            caches.append(cache)
+        step = DecodeStep.build(model, width + steps)
+        assert step is not None, name
+        mask = attention.bool()[:, None, None, :] if padded else None
+        position = positions[:, -1:]
+        tokens = torch.randint(1, config.vocab_size, (steps, len(prompts)))
+        with torch.no_grad():
+            for t in range(steps):
+                position = position + 1
+                seen = attention[:, :width + t + 1] if padded else None
+                want = model(input_ids=tokens[t, :, None], attention_mask=seen, position_ids=position,
+                             past_key_values=caches[0], use_cache=True).logits[:, -1]
+                got = step(tokens[t], position, None if mask is None else mask[..., :width + t + 1], caches[1])
+                assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, t, (got - want).abs().max())
+        assert caches[1].layers[0].get_seq_length() == width + steps
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
+def test_direct_decode_step_refuses_what_it_does_not_implement():
+    """Adapters, other dtypes, hooks and sliding windows leave decoding to the model's forward."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from accord.generation.fast_decode import unsupported_reason
+
+    config = _decode_step_models()["qwen2 (biases, GQA, tied)"]
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    assert unsupported_reason(model) is None
+    lora = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                          LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert "PeftModel" in unsupported_reason(lora)
+    assert "not a plain nn.Linear" in unsupported_reason(lora.get_base_model())
+    assert "bfloat16" in unsupported_reason(transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16))
+    hooked = transformers.AutoModelForCausalLM.from_config(config)
+    hooked.model.layers[1].mlp.register_forward_hook(lambda *args: None)
+    assert "hooks" in unsupported_reason(hooked)
+    window = transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                      sliding_window=4, max_window_layers=1)
+    assert "sliding-window" in unsupported_reason(transformers.AutoModelForCausalLM.from_config(window))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    assert "GPT2LMHeadModel is not one of" in unsupported_reason(gpt2)
 
 
 def test_growing_cache_layer_equals_concatenation():

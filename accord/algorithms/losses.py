@@ -37,32 +37,43 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     return logits
 
 
-def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor, return_logz: bool = False):
-    """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop).
+def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop)."""
+    return torch.log_softmax(processed_logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
-    Only the normaliser is computed over the vocabulary; no full log-softmax tensor is built.
+
+def logprobs_and_entropy(processed_logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool = True,
+                         truncated: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` and, if wanted, the entropy at each position, from one log-softmax.
+
+    The entropy has no gradient. ``truncated`` says whether top-k/top-p may have set logits to -inf
+    (those tokens are skipped: their 0 * -inf would be NaN); without truncation that masking pass is
+    not paid. One log-softmax serves both, and its backward is lighter than logsumexp's: forward,
+    entropy and backward together take half the time of logsumexp + gather + a separate entropy pass
+    (measured on CPU, 2k and 49k vocabularies).
     """
-    logz = torch.logsumexp(processed_logits, dim=-1)
-    picked = processed_logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return (picked - logz, logz) if return_logz else picked - logz
-
-
-def entropy_from_logits(processed_logits: torch.Tensor, logz: torch.Tensor | None = None,
-                        truncated: bool = True) -> torch.Tensor:
-    """Entropy of the sampling distribution at each position (no gradient).
-
-    ``logz`` (the logsumexp over the vocabulary) can be passed when already computed. ``truncated``
-    says whether top-k/top-p may have set logits to -inf; without truncation the masking pass is
-    skipped (it costs as much as the rest of the computation).
-    """
+    log_probs = torch.log_softmax(processed_logits, dim=-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not want_entropy:
+        return picked, None
     with torch.no_grad():
-        if logz is None:
-            logz = torch.logsumexp(processed_logits, dim=-1)
-        p = torch.exp(processed_logits - logz.unsqueeze(-1))
-        # H = logz - sum p * logit; truncated tokens have p = 0 and logit -inf (0 * -inf = nan): skip them
+        p = log_probs.exp()
+        terms = p * log_probs
         if truncated:
-            return logz - torch.where(p > 0, p * processed_logits, 0.0).sum(-1)
-        return logz - (p * processed_logits).sum(-1)
+            terms = torch.where(p > 0, terms, 0.0)
+        return picked, -terms.sum(-1)
+
+
+def entropy_from_logits(processed_logits: torch.Tensor, truncated: bool = True) -> torch.Tensor:
+    """Entropy of the sampling distribution at each position (no gradient); see
+    :func:`logprobs_and_entropy` for ``truncated``."""
+    with torch.no_grad():
+        log_probs = torch.log_softmax(processed_logits, dim=-1)
+        p = log_probs.exp()
+        terms = p * log_probs
+        if truncated:
+            terms = torch.where(p > 0, terms, 0.0)
+        return -terms.sum(-1)
 
 
 @dataclass
