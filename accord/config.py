@@ -158,7 +158,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    batch_size: int = _f(2, "B: task instances per training step.")
+    batch_size: int = _f(4, "B: task instances per training step.")
     max_new_tokens: int = _f(96, "Completion length cap in tokens.")
     max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens; a longer prompt is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")

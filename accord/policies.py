@@ -53,8 +53,8 @@ def lr_lambda(warmup: int, total: int, schedule: str):
 
 def make_adamw(params: list[torch.nn.Parameter], lr: float, training: TrainingConfig) -> torch.optim.AdamW:
     """AdamW over the fp32 master weights: torch's fused kernel where it covers the parameters' device
-    (CPU from torch 2.4), else the foreach one. One step of SmolLM2-135M's 148 M parameters on 2 cores
-    takes 0.11 s fused against 0.53 s foreach (measured)."""
+    (CPU from torch 2.4), else the foreach one. One step over 148 M fp32 parameters shaped like
+    SmolLM2-135M's takes 0.11 s fused against 0.53 s foreach on 2 cores (measured)."""
     kwargs = dict(lr=lr, betas=training.betas, weight_decay=training.weight_decay, eps=training.eps)
     try:
         return torch.optim.AdamW(params, fused=True, **kwargs)

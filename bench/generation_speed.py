@@ -5,13 +5,15 @@
     python bench/generation_speed.py --model tiny-qwen2 --prompt-repeats 3 --max-new-tokens 32
     python bench/generation_speed.py --json /tmp/gen.json
 
-Both paths are :func:`accord.generation.generate`: the default one (accord's loop, for models with a
-plain full-attention cache) and the same call with that loop switched off, which hands decoding to
-``model.generate`` with the same sampler and random stream. The batch is ``--prompts`` distinct
+All three paths are :func:`accord.generation.generate`: the default one (accord's loop, for models
+with a plain full-attention cache, whose decoding steps run as ``DecodeStep`` where it applies), the
+loop with every decoding step through the model's forward ("loop, forward"), and the call with the
+loop switched off, which hands decoding to ``model.generate`` with the same sampler and random
+stream. The speed-up is ``generate`` against the default path. The batch is ``--prompts`` distinct
 chat prompts (a filler text repeated ``--prompt-repeats`` times) each repeated ``--k`` times, as a
 training step asks for. Each path runs sampled and greedy, ``--rounds`` times, in alternating order;
-the best time is reported. The table also says whether both paths drew the same tokens and the
-largest log-prob difference between them on identical rows.
+the best time is reported. The table also says whether the default path and ``generate`` drew the
+same tokens and the largest log-prob difference between them on identical rows.
 """
 
 from __future__ import annotations
@@ -50,10 +52,14 @@ def main() -> None:
                                       add_generation_prompt=True)
         ids = ids if isinstance(ids, list) else ids["input_ids"]
         prompts += [ids] * args.k
-    own_loop = hf.supports_own_loop
+    own_loop, build_step = hf.supports_own_loop, hf.DecodeStep.build
+    paths = ("own loop", "loop, forward", "generate")
 
     def run(path: str, greedy: bool):
-        hf.supports_own_loop = own_loop if path == "own loop" else (lambda m: False)
+        if path == "generate":
+            hf.supports_own_loop = lambda m: False
+        elif path == "loop, forward":  # the loop with every decoding step through the model's forward
+            hf.DecodeStep.build = lambda *a: None
         try:
             gen = torch.Generator().manual_seed(0)
             start = time.perf_counter()
@@ -61,30 +67,32 @@ def main() -> None:
                               greedy=greedy, generator=gen)
             return time.perf_counter() - start, out
         finally:
-            hf.supports_own_loop = own_loop
+            hf.supports_own_loop, hf.DecodeStep.build = own_loop, build_step
 
     results = []
     print(f"{args.model}: {len(prompts)} rows ({args.prompts} prompts x K={args.k}, {len(prompts[0])} prompt tokens), "
-          f"{args.max_new_tokens} new tokens, {args.threads} threads; own loop applies: {own_loop(model)}")
-    print(f"{'mode':8} {'own loop s':>10} {'generate s':>10} {'speed-up':>8} {'tokens':>7} {'same tokens':>11} "
-          f"{'max logp gap':>12}")
+          f"{args.max_new_tokens} new tokens, {args.threads} threads; own loop applies: {own_loop(model)}; "
+          f"direct decoding step applies: {hf.DecodeStep.build(model, 8) is not None}")
+    print(f"{'mode':8} {'own loop s':>10} {'loop, forward s':>15} {'generate s':>10} {'speed-up':>8} {'tokens':>7} "
+          f"{'same tokens':>11} {'max logp gap':>12}")
     for greedy in (False, True):
-        best = {"own loop": float("inf"), "generate": float("inf")}
+        best = {path: float("inf") for path in paths}
         outs = {}
         for _ in range(args.rounds):
-            for path in ("own loop", "generate"):
+            for path in paths:
                 dt, outs[path] = run(path, greedy)
                 best[path] = min(best[path], dt)
         a, b = outs["own loop"], outs["generate"]
         same = sum(x.ids == y.ids for x, y in zip(a, b))
         gap = max((abs(u - v) for x, y in zip(a, b) if x.ids == y.ids for u, v in zip(x.logprobs, y.logprobs)),
                   default=0.0)
-        row = {"mode": "greedy" if greedy else "sampled", "own_loop_s": best["own loop"], "generate_s": best["generate"],
+        row = {"mode": "greedy" if greedy else "sampled", "own_loop_s": best["own loop"],
+               "loop_forward_s": best["loop, forward"], "generate_s": best["generate"],
                "speedup": best["generate"] / best["own loop"], "tokens": sum(len(x.ids) for x in a),
                "identical_rows": same, "rows": len(a), "max_logprob_gap": gap}
         results.append(row)
-        print(f"{row['mode']:8} {row['own_loop_s']:10.2f} {row['generate_s']:10.2f} {row['speedup']:7.2f}x "
-              f"{row['tokens']:7d} {f'{same}/{len(a)}':>11} {gap:12.1e}")
+        print(f"{row['mode']:8} {row['own_loop_s']:10.2f} {row['loop_forward_s']:15.2f} {row['generate_s']:10.2f} "
+              f"{row['speedup']:7.2f}x {row['tokens']:7d} {f'{same}/{len(a)}':>11} {gap:12.1e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "prompt_tokens": len(prompts[0]), "results": results}, f, indent=1)
