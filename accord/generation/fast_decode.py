@@ -10,9 +10,9 @@ the model's own rotary module. Its logits match the model's forward to rounding 
 
 It applies only where the arithmetic is known exactly: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``
 and ``MistralForCausalLM`` (checked by exact class, so PEFT wrappers, quantised or patched layers and
-subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose table does not depend on the
-sequence length, SDPA or eager attention, no hooks on any module. Everything else, and the prefill,
-goes through the model's forward.
+subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose table does not
+depend on the sequence length, SDPA or eager attention, no hooks on any module, torch >= 2.4 (for
+``rms_norm``). Everything else, and the prefill, goes through the model's forward.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def _has_hooks(model: nn.Module) -> bool:
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why :class:`DecodeStep` cannot run ``model`` (``None`` when it can)."""
     name = type(model).__name__
+    if not hasattr(F, "rms_norm"):
+        return f"torch {torch.__version__} has no rms_norm (torch >= 2.4 does)"
     if name not in _SUPPORTED or not _transformers_class(model, name):
         return f"{name} is not one of {sorted(_SUPPORTED)}"
     config = model.config
