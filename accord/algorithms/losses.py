@@ -39,7 +39,7 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
 
 def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax of processed logits gathered at ``targets`` (vectorised, no per-token loop)."""
-    return torch.log_softmax(processed_logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logprobs_and_entropy(processed_logits, targets, want_entropy=False)[0]
 
 
 def logprobs_and_entropy(processed_logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool = True,
@@ -54,26 +54,23 @@ def logprobs_and_entropy(processed_logits: torch.Tensor, targets: torch.Tensor, 
     """
     log_probs = torch.log_softmax(processed_logits, dim=-1)
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not want_entropy:
-        return picked, None
-    with torch.no_grad():
-        p = log_probs.exp()
-        terms = p * log_probs
-        if truncated:
-            terms = torch.where(p > 0, terms, 0.0)
-        return picked, -terms.sum(-1)
+    return picked, (_entropy(log_probs, truncated) if want_entropy else None)
 
 
 def entropy_from_logits(processed_logits: torch.Tensor, truncated: bool = True) -> torch.Tensor:
     """Entropy of the sampling distribution at each position (no gradient); see
     :func:`logprobs_and_entropy` for ``truncated``."""
     with torch.no_grad():
-        log_probs = torch.log_softmax(processed_logits, dim=-1)
-        p = log_probs.exp()
-        terms = p * log_probs
-        if truncated:
-            terms = torch.where(p > 0, terms, 0.0)
-        return -terms.sum(-1)
+        return _entropy(torch.log_softmax(processed_logits, dim=-1), truncated)
+
+
+@torch.no_grad()
+def _entropy(log_probs: torch.Tensor, truncated: bool) -> torch.Tensor:
+    p = log_probs.exp()
+    terms = p * log_probs
+    if truncated:  # truncated tokens have p = 0 and log p = -inf: 0 * -inf is NaN, so skip them
+        terms = torch.where(p > 0, terms, 0.0)
+    return -terms.sum(-1)
 
 
 @dataclass
