@@ -18,7 +18,6 @@ from accord.envs.check import check_env
 from accord.envs.code_atgrpo import CodeEnv, read_tests, stub_program
 from accord.envs.code_common import (
     TestCache,
-    annotate_asserts,
     binds_name,
     case_sources,
     extract_code,
@@ -28,7 +27,7 @@ from accord.envs.code_common import (
     normalise,
     split_tests,
 )
-from accord.envs.code_data import CodeDataUnavailable, humaneval_problems, load_problems
+from accord.envs.code_data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
 from accord.envs.code_magrpo import (
     REWARD_MAX,
     HelperMainEnv,
@@ -117,15 +116,15 @@ def test_binds_and_ignores_aux():
     assert not ignored_calls(_func("def f(x):\n    y = aux(x)\n    return [aux(x)]"), "aux")
 
 
-def test_split_tests_matches_the_sandbox_and_annotation_reports_values(problems):
+def test_split_tests_matches_the_sandbox_and_failures_report_values(problems):
     p = problems["HumanEval/2"]
     sources = case_sources(p["test"], p["entry_point"])
     assert sources == ["assert candidate(3.5) == 0.5", "assert abs(candidate(1.33) - 0.33) < 1e-06",
                        "assert abs(candidate(123.456) - 0.456) < 1e-06"]
-    annotated = annotate_asserts(p["test"], ["candidate"])
-    assert len(case_sources(annotated, "candidate")) == 3
-    run = TestCache().run([("def truncate_number(x):\n    return x\n", annotated, "truncate_number")])[0]
-    assert run.passed == 0 and run.case(0)[1] == "AssertionError: got 3.5"
+    run = TestCache().run([("def truncate_number(x):\n    return x\n", suite_of(p))])[0]
+    assert run.total == len(sources) and run.passed == 0
+    assert run.case(0)[1] == "AssertionError: got 3.5"  # a simple assert: the value, told by the trainer
+    assert run.case(1)[1] == "AssertionError"  # a computed assert, replayed by a judge that ran no model code
     assert split_tests("def broken(:") == []
 
 
@@ -167,7 +166,7 @@ def test_mbpp_and_coophumaneval_fixtures():
     assert area["entry_point"] == "circle_area" and area["test"].startswith("import math\n")
     assert area["prompt"].startswith("def circle_area(r):\n") and ast.parse(area["prompt"])
     assert area["test_entry_point"] == "" and area["canonical"]
-    runs = TestCache().run([(p["canonical"], p["test"], None) for p in train + evals])
+    runs = TestCache().run([(p["canonical"], suite_of(p)) for p in train + evals])
     assert all(r.all_passed for r in runs)
     coop_train = load_problems("coophumaneval", "train", data_files=COOP)
     coop_eval = load_problems("coophumaneval", "eval", data_files=COOP)
@@ -241,8 +240,8 @@ def test_all_164_canonical_pass_and_without_returns_fail(problems):
     (replaced by ``pass``) it passes none, except the problems in NONE_PASSES. One sandbox call."""
     rows = list(problems.values())
     cache = TestCache(SandboxConfig(timeout_s=3.0))
-    jobs = [(p["canonical"], p["test"], p["test_entry_point"]) for p in rows]
-    jobs += [(_without_returns(p["canonical"], p["entry_point"]), p["test"], p["test_entry_point"]) for p in rows]
+    jobs = [(p["canonical"], suite_of(p)) for p in rows]
+    jobs += [(_without_returns(p["canonical"], p["entry_point"]), suite_of(p)) for p in rows]
     t = time.perf_counter()
     runs = cache.run(jobs)
     elapsed = time.perf_counter() - t
@@ -414,9 +413,12 @@ def test_helper_main_env_feedback_and_increments(problems):
 
 def test_read_tests():
     code, sources = read_tests(fenced("import math\nX = 2\nassert f(1) == 2\nassert True\nprint(f(3))\n"
-                                      "for i in range(3):\n    assert f(i) >= 0\nassert g(1) == 1"), "f", 20)
-    assert sources == ["assert f(1) == 2", "for i in range(3):\n    assert f(i) >= 0"]
-    assert "import math" in code and "print" not in code and "assert True" not in code
+                                      "for i in range(3):\n    assert f(i) >= 0\nassert g(1) == 1\n"
+                                      "assert f(X) == 4\nassert not f([1, -2])\nassert 'x' != f(s='y')\n"
+                                      "assert f(open(__file__).read()) is not None"), "f", 20)
+    # only literal asserts on f: nothing of the tester's code ever runs
+    assert sources == ["assert f(1) == 2", "assert not f([1, -2])", "assert 'x' != f(s='y')"]
+    assert code == "\n".join(sources) + "\n"
     assert read_tests("no tests here", "f", 20) == ("", [])
     assert len(read_tests("\n".join(f"assert f({i}) == {i}" for i in range(30)), "f", 5)[1]) == 5
 
@@ -450,7 +452,8 @@ def test_code_env_rewards_and_end(problems):
         scores[name] = res.local_rewards["tester"]
         assert res.team_reward == 0.0
     # useful = right on the canonical AND failing on the None stub; x (0.5 + 0.5 * caught the coder's bug)
-    assert scores == {"good": 1.0, "vacuous": 0.0, "wrong": 0.0, "none": 0.0, "half": 0.5, "miss": 0.5}
+    # `f(1.0) == f(1.0)` is not a test at all (no literal expected value): "half" has 2 useful tests of 3.
+    assert scores == {"good": 1.0, "vacuous": 0.0, "wrong": 0.0, "none": 0.0, "half": 2 / 3, "miss": 0.5}
     r = env.step({"tester": fenced(good)})
     assert not r.done and r.info["n_tests"] == 2
     assert "FAIL: assert truncate_number(3.5) == 0.5 -> AssertionError: got 3.5" in r.observations["coder"]

@@ -383,15 +383,16 @@ for target in (os.getppid(), {me}, -{os.getpgid(0)}, -1):
 
 # ------------------------------------------------------------------------------------------------ test harness
 PROGRAM = "def add(a, b):\n    return a + b if a != 2 else 0\n"
+REFERENCE = "def add(a, b):\n    return a + b\n"
 
 
 def test_harness_counts_each_assert(box):
     tests = "import math\nassert add(1, 1) == 2\nassert add(2, 2) == 4\nassert math.isclose(add(0.5, 0.25), 0.75)\n"
-    passed, total, result = box.run_tests(PROGRAM, tests)
+    passed, total, result = box.run_tests(PROGRAM, tests, "add", reference=REFERENCE)
     assert (passed, total, result.status) == (2, 3, "ok")
     assert [c.passed for c in result.test_cases] == [True, False, True]
-    assert result.test_cases[1].error == "AssertionError"
-    assert box.run_tests(PROGRAM, ["assert add(1, 2) == 3", "assert undefined_name"]).passed == 1
+    assert result.test_cases[1].error == "AssertionError: got 0"  # the value, told by the trainer's process
+    assert box.run_tests(PROGRAM, ["assert add(1, 2) == 3", "assert add(2, 5) == 7"], "add").passed == 1
 
 
 def test_harness_humaneval_style(box):
@@ -406,24 +407,49 @@ def check(candidate):
 
 check(add)
 '''
-    run = box.run_tests(PROGRAM, tests, entry_point="add")
+    run = box.run_tests(PROGRAM, tests, "add", reference=REFERENCE)
     assert (run.passed, run.total) == (2, 3) and run.fraction == pytest.approx(2 / 3)
+    plan = box.plan_tests(tests, "add", reference=REFERENCE)
+    assert plan.binding == "candidate" and plan.needs_judge  # the loop is replayed by a trusted judge
+    assert [s.kind for s in plan.statements] == ["setup", "simple", "simple", "test"]
+    assert box.run_tests(REFERENCE, plan)[:2] == (3, 3)
+    loop_wrong = "def add(a, b):\n    return a + b + (a == 4)\n"
+    run = box.run_tests(loop_wrong, plan)
+    assert (run.passed, run.result.test_cases[2].passed) == (2, False)
+
+
+def test_harness_plans_literal_tests_without_running_anything(box):
+    plan = box.plan_tests(["assert add(1, 2) == 3", "assert not add(0, 0)", "assert add(1, 1) is not None"], "add")
+    assert not plan.context and not plan.needs_judge and len(plan.inputs) == 3
+    assert [s.op for s in plan.statements] == ["==", "falsy", "is not"]
+
+
+def test_harness_refuses_to_plan_computed_tests_without_a_reference(box):
+    from accord.sandbox import SandboxError
+
+    plan = box.plan_tests("for a in range(3):\n    assert add(a, 1) == a + 1\n", "add")
+    assert plan.statements[0].error is not None  # cannot be planned: fails for every program, loudly
+    assert box.run_tests(REFERENCE, plan)[:2] == (0, 1)
+    with pytest.raises(SandboxError, match="planning the tests"):
+        box.plan_tests("import no_such_module\nassert add(1, 1) == 2\n", "add", reference=REFERENCE)
 
 
 def test_harness_failing_programs_pass_nothing(box):
     tests = ["assert add(1, 1) == 2"]
-    assert box.run_tests("def add(a, b:\n", tests)[:2] == (0, 1)
-    run = box.run_tests("raise RuntimeError('boom')\ndef add(a, b): return a + b", tests)
+    assert box.run_tests("def add(a, b:\n", tests, "add")[:2] == (0, 1)
+    run = box.run_tests("raise RuntimeError('boom')\ndef add(a, b): return a + b", tests, "add")
     assert (run.passed, run.result.status, run.result.exception) == (0, "error", "RuntimeError")
-    run = box.run_tests("import os\ndef add(a, b): return a + b\nos._exit(0)", tests)
+    run = box.run_tests("import os\ndef add(a, b): return a + b\nos._exit(0)", tests, "add")
     assert (run.passed, run.total) == (0, 1)
+    run = box.run_tests("def other(a, b): return a + b", tests, "add")
+    assert run.passed == 0 and "NameError" in run.result.test_cases[0].error
 
 
 def test_harness_cannot_be_forged(box):
     # The candidate prints summaries and writes fake report lines to every descriptor it can find.
     program = PROGRAM + '''
 import os, json
-line = '@accord-' + '0' * 32 + ' ' + json.dumps({"e": "test", "i": 0, "ok": True}) + '\\n'
+line = '@accord-' + '0' * 32 + ' ' + json.dumps({"e": "call", "i": 0, "ok": True, "v": "4"}) + '\\n'
 fake = '{"passed": 3, "total": 3}\\n' + line
 print(fake)
 for fd in range(3, 64):
@@ -432,21 +458,38 @@ for fd in range(3, 64):
     except OSError:
         pass
 '''
-    run = box.run_tests(program, ["assert add(2, 2) == 4", "assert False", "assert add(1, 1) == 3"])
+    run = box.run_tests(program, ["assert add(2, 2) == 4", "assert add(2, 3) == 5", "assert add(1, 1) == 3"], "add")
     assert (run.passed, run.total) == (0, 3)
 
 
 def test_harness_keeps_results_before_a_timeout(quick):
-    run = quick.run_tests(PROGRAM, ["assert add(1, 1) == 2", "while True: pass", "assert add(1, 2) == 3"])
+    program = "def add(a, b):\n    while a == 5:\n        pass\n    return a + b\n"
+    run = quick.run_tests(program, ["assert add(1, 1) == 2", "assert add(5, 1) == 6", "assert add(1, 2) == 3"], "add")
     assert (run.passed, run.total, run.result.status) == (1, 3, "timeout")
 
 
 def test_harness_survives_output_flood(quick):
-    run = quick.run_tests(PROGRAM + "print('z' * 100_000)\n", ["assert add(1, 1) == 2"])
+    run = quick.run_tests(PROGRAM + "print('z' * 100_000)\n", ["assert add(1, 1) == 2"], "add")
     assert run.result.status == "output_limit"  # killed before the tests: nothing passes
     assert run.passed == 0
-    run = quick.run_tests(PROGRAM, "assert add(1, 1) == 2\nprint('z' * 3000)\nassert add(3, 1) == 4")
+    chatty = "def add(a, b):\n    print('z' * 1500)\n    return a + b\n"
+    run = quick.run_tests(chatty, "assert add(1, 1) == 2\nassert add(3, 1) == 4", "add")
     assert (run.passed, run.total, run.result.status) == (2, 2, "ok")
+
+
+def test_plain_data_round_trip_and_refusals(box):
+    values = [None, True, 0, -7, 10**30, 1.5, "é\u2603\U0001F600\n\"", b"\x00\xff", 2 + 3j,
+              [1, [2]], (1, (2,)), {"a": 1, 2: [3], (4, 5): None}, {1, 2}, frozenset({3})]
+    program = "def echo(x):\n    return x\n"
+    cases = [f"assert echo({v!r}) == {v!r}" for v in values]
+    cases += ["assert echo(float('inf')) == float('inf')", "assert echo(float('nan')) != 0.0"]
+    run = box.run_tests(program, cases, "echo")
+    assert run.passed == len(cases), [c for c in run.result.test_cases if not c.passed]
+    hostile = "class B(list):\n    pass\ndef echo(x):\n    return {'gen': (i for i in x), 'sub': B(x), 'obj': object(), " \
+              "'deep': None}[x[0]] if x[0] != 'deep' else eval('[' * 90 + ']' * 90)\n"
+    run = box.run_tests(hostile, [f"assert echo([{k!r}]) == []" for k in ("gen", "sub", "obj", "deep")], "echo")
+    assert run.passed == 0
+    assert all(c.error.startswith("not plain data") for c in run.result.test_cases), run.result.test_cases
 
 
 # ------------------------------------------------------------------------------------------------ batching
@@ -460,7 +503,7 @@ def test_run_many_order_and_concurrency():
     elapsed = time.monotonic() - start
     assert [r.stdout for r in results] == [f"{i}\n" if i != 3 else "from stdin\n" for i in range(n)]
     assert elapsed < 0.5 * n * 0.6, elapsed
-    runs = box.run_tests_many([(PROGRAM, ["assert add(1, 1) == 2"]), (PROGRAM, ["assert add(2, 2) == 4"], None)])
+    runs = box.run_tests_many([(PROGRAM, ["assert add(1, 1) == 2"], "add"), (PROGRAM, ["assert add(2, 2) == 4"], "add")])
     assert [r.passed for r in runs] == [1, 0]
     assert box.run_many([]) == []
 

@@ -18,11 +18,14 @@ Reading the outputs (static, nothing executed in the trainer)
 Both go through :func:`~accord.envs.code_common.extract_code`. The **coder's** code is normalised
 (top-level imports, ``def``/``class`` and assignments kept) and must define the entry point at the top
 level; the program run is ``preamble + code``. A coder output without the entry point is not run: it
-passes nothing. The **tester's** tests: its top-level statements that contain an ``assert`` *and* read
-the entry point's name are the tests (``assert True`` or asserts about other things are not tests), at
-most ``max_tests`` of them (the first ones); its top-level imports, ``def``/``class`` and assignments
-are kept as setup, in order; everything else is dropped. A setup statement that raises does not stop
-the tests (:meth:`Sandbox.run_tests`).
+passes nothing. The **tester's** tests (:func:`read_tests`): its top-level asserts of the form
+``assert ENTRY(ARGS) == EXPECTED`` (or ``!=``, ``is``, ``is not``, either side; ``assert ENTRY(ARGS)``;
+``assert not ENTRY(ARGS)``) whose arguments and expected value are literals, at most ``max_tests`` of
+them (the first ones); everything else is dropped (``assert True``, asserts about other things, setup
+code, computed expected values). **No code of the tester ever runs**: a test is an input and an expected
+value, and whether it passes on a program is decided in the trainer by comparing the expected value with
+the plain value the program returned (:mod:`accord.sandbox.harness`). A test that inspects its own source,
+the program or the harness cannot even be written in this form.
 
 Rewards
 -------
@@ -58,8 +61,9 @@ sees its previous code and is asked to review it (no test results are shown).
 
 Execution: each step runs its jobs (coder step: reference tests and the tester's tests on the new code;
 tester step: the new tests on the canonical solution, on the stub and on the coder's code) in ONE
-:meth:`Sandbox.run_tests_many` call. Results are cached per exact ``(program, tests)`` strings in a
-cache that clones share (pure results: a clone's steps never change the original's future).
+:meth:`Sandbox.run_tests_many` call; the reference tests are judged as in the ``humaneval`` task (outside
+the program's process). Results are cached per ``(program, suite)`` in a cache that clones share (pure
+results: a clone's steps never change the original's future).
 """
 
 from __future__ import annotations
@@ -72,7 +76,6 @@ from accord.envs.base import TaskError, register_task
 from accord.envs.code_common import (
     CodeRun,
     TestCache,
-    annotate_asserts,
     case_sources,
     extract_code,
     function_defs,
@@ -81,9 +84,10 @@ from accord.envs.code_common import (
     safe_parse,
     shorten,
 )
-from accord.envs.code_data import DATASETS, SOURCES, load_problems
+from accord.envs.code_data import DATASETS, SOURCES, load_problems, suite_of
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.sandbox import SandboxConfig
+from accord.sandbox import SandboxConfig, TestPlan
+from accord.sandbox.harness import literal_parts, literal_plan
 
 logger = logging.getLogger(__name__)
 
@@ -114,37 +118,29 @@ def stub_program(problem: dict[str, Any]) -> str:
 
 
 def read_tests(text: str, entry_point: str, max_tests: int) -> tuple[str, list[str]]:
-    """(test code to run, source of each test) from a tester's answer; ``("", [])`` when it has none.
-    The code to run has messages on its asserts (:func:`~accord.envs.code_common.annotate_asserts`).
+    """(test code, source of each test) from a tester's answer; ``("", [])`` when it has none.
 
-    Tests are top-level statements that contain an ``assert`` and read ``entry_point``; setup is the
-    top-level imports, definitions and assignments; the rest is dropped (see the module docstring).
+    A test is a top-level ``assert ENTRY(ARGS) <op> EXPECTED`` (``==``, ``!=``, ``is``, ``is not``, either
+    side), ``assert ENTRY(ARGS)`` or ``assert not ENTRY(ARGS)`` whose arguments and expected value are
+    literals; at most ``max_tests`` of them, the first ones. Everything else is dropped: nothing of the
+    tester's code ever runs, so its tests are judged by comparing values (see the module docstring).
     """
     tree = safe_parse(extract_code(text))
     if tree is None:
         return "", []
-    kept, tests = [], []
+    sources = []
     for stmt in tree.body:
-        is_test = not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
-            isinstance(n, ast.Assert) for n in ast.walk(stmt))
-        if is_test and mentions(stmt, entry_point) and len(tests) < max_tests:
-            tests.append(stmt)
-            kept.append(stmt)
-        elif not is_test and isinstance(stmt, _SETUP):
-            kept.append(stmt)
-    if not tests:
+        if len(sources) >= max_tests:
+            break
+        if literal_parts(stmt, entry_point) is None:
+            continue
+        try:
+            sources.append(ast.unparse(stmt))
+        except (RecursionError, ValueError, AttributeError):
+            continue
+    if not sources:
         return "", []
-    try:
-        code = ast.unparse(ast.Module(body=kept, type_ignores=[]))
-    except (RecursionError, ValueError, AttributeError):
-        return "", []
-    sources = case_sources(code)
-    if safe_parse(code) is None or len(sources) != len(tests):  # unparse must round-trip for the sandbox
-        return "", []
-    run_code = annotate_asserts(code, [entry_point])  # failing asserts report the value they got
-    if len(case_sources(run_code)) != len(tests):
-        run_code = code
-    return run_code, sources
+    return "\n".join(sources) + "\n", sources
 
 
 class CodeEnv:
@@ -183,6 +179,7 @@ class CodeEnv:
         self._program: str | None = None
         self._ref: CodeRun | None = None   # coder's latest code on the reference tests
         self._tests = ""          # tester's latest test code
+        self._plan: TestPlan | None = None  # its plan: literal inputs and expected values
         self._test_srcs: list[str] = []
         self._gen: CodeRun | None = None   # tester's latest tests on the coder's latest code
 
@@ -269,9 +266,9 @@ class CodeEnv:
         self._program = "\n\n".join(x for x in (p.get("preamble") or "", self._code) if x) + "\n" if defines else None
         jobs = []
         if self._program is not None:
-            jobs.append((self._program, p["test"], p.get("test_entry_point") or None))
-            if self._tests:
-                jobs.append((self._program, self._tests, None))
+            jobs.append((self._program, suite_of(p)))
+            if self._plan is not None:
+                jobs.append((self._program, self._plan))
         runs = self.cache.run(jobs) if jobs else []
         previous = self._ref.fraction if self._ref is not None else 0.0
         self._ref = runs[0] if runs else CodeRun.not_run(self._ref_total)
@@ -283,11 +280,12 @@ class CodeEnv:
         p = self._problem
         self._tests, self._test_srcs = read_tests(text, p["entry_point"], self.max_tests)
         if not self._tests:
-            self._gen = None
+            self._plan, self._gen = None, None
             return 0.0
-        jobs = [(p["canonical"], self._tests, None), (stub_program(p), self._tests, None)]
+        self._plan = literal_plan(self._test_srcs, p["entry_point"])
+        jobs = [(p["canonical"], self._plan), (stub_program(p), self._plan)]
         if self._program is not None:
-            jobs.append((self._program, self._tests, None))
+            jobs.append((self._program, self._plan))
         runs = self.cache.run(jobs)
         canon, stub = runs[0], runs[1]
         self._gen = runs[2] if len(runs) > 2 else CodeRun.not_run(len(self._test_srcs))

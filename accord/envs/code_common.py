@@ -25,22 +25,22 @@ are not part of an answer and would only run, and possibly hang, before the test
 from __future__ import annotations
 
 import ast
-import copy
 import logging
 import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Optional, Union
 
-from accord.sandbox import Sandbox, SandboxConfig, TestRun
+from accord.sandbox import Sandbox, SandboxConfig, TestPlan, TestRun
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_CODE_CHARS",
     "CodeRun",
+    "Suite",
     "TestCache",
-    "annotate_asserts",
     "binds_name",
     "calls_to",
     "case_sources",
@@ -260,35 +260,6 @@ def mentions(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
 
 
-def annotate_asserts(code: str, names: Sequence[str]) -> str:
-    """``code`` with a message added to each message-less ``assert LEFT <op> RIGHT`` whose LEFT reads one of
-    ``names``: ``"got " + repr(LEFT)[:200]``, evaluated only when the assert fails, so a failing test
-    reports the value it got (``AssertionError: got 3.5``). Pass counts do not change; code that does
-    not parse is returned unchanged."""
-    tree = safe_parse(code)
-    if tree is None:
-        return code
-    changed = False
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Assert) and node.msg is None and isinstance(node.test, ast.Compare)
-                and len(node.test.ops) == 1 and any(mentions(node.test.left, n) for n in names)):
-            try:
-                left = copy.deepcopy(node.test.left)
-            except RecursionError:
-                return code
-            shown = ast.Call(func=ast.Name(id="repr", ctx=ast.Load()), args=[left], keywords=[])
-            cut = ast.Subscript(value=shown, slice=ast.Slice(upper=ast.Constant(value=200)), ctx=ast.Load())
-            node.msg = ast.BinOp(left=ast.Constant(value="got "), op=ast.Add(), right=cut)
-            changed = True
-    if not changed:
-        return code
-    ast.fix_missing_locations(tree)
-    try:
-        return ast.unparse(tree)
-    except (RecursionError, ValueError, AttributeError):
-        return code
-
-
 def _is_test(stmt: ast.stmt) -> bool:
     return not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
         isinstance(n, ast.Assert) for n in ast.walk(stmt))
@@ -364,15 +335,22 @@ class CodeRun:
         return CodeRun(run.passed, run.total, run.result.status, cases)
 
 
+#: A suite of tests: ``(tests, function, reference program or None, setup code or None)`` -- trusted code,
+#: planned by :meth:`Sandbox.plan_tests` -- or a ready :class:`~accord.sandbox.TestPlan`.
+Suite = Union[tuple[str, str, Optional[str], Optional[str]], TestPlan]
+
+
 @dataclass
 class TestCache:
-    """Runs ``(program, tests, entry_point)`` jobs through one :meth:`Sandbox.run_tests_many` call per
-    :meth:`run` and remembers the results by the exact strings (a job's result depends on nothing else).
+    """Runs ``(program, suite)`` jobs through one :meth:`Sandbox.run_tests_many` call per :meth:`run` and
+    remembers the results by program and suite (a job's result depends on nothing else).
 
-    The sandbox is built on first use. Clones of an environment share one cache: entries are pure
-    results, so sharing changes no environment's future, and AT-GRPO's K clones of a state do not
-    re-run the code they have in common. When an insertion would pass ``max_entries`` the cache is
-    emptied first (with 0 it holds only the last call's results).
+    Every test is judged outside the program's process (:mod:`accord.sandbox.harness`): the program only
+    returns plain values for the inputs the suite's plan recorded. The sandbox is built on first use;
+    plans are cached by the sandbox. Clones of an environment share one cache: entries are pure results,
+    so sharing changes no environment's future, and AT-GRPO's K clones of a state do not re-run the code
+    they have in common. When an insertion would pass ``max_entries`` the cache is emptied first (with 0
+    it holds only the last call's results).
     """
 
     __test__ = False  # not a pytest test class
@@ -390,17 +368,14 @@ class TestCache:
             self._box = Sandbox(self.config)
         return self._box
 
-    def run(self, jobs: Sequence[tuple[str, str, str | None]]) -> list[CodeRun]:
-        """Results of ``(program, tests, entry_point)`` jobs, in order; misses run concurrently in one call.
-
-        ``tests`` must be trusted (the dataset's) or already parsed by the caller: a test string that
-        does not parse raises here.
-        """
-        keys = [(p, t, e) for p, t, e in jobs]
+    def run(self, jobs: Sequence[tuple[str, Suite]]) -> list[CodeRun]:
+        """Results of ``(program, suite)`` jobs, in order; misses run concurrently in one call."""
+        keys = [(program, suite) for program, suite in jobs]
         found = {k: self.results[k] for k in keys if k in self.results}
         missing = [k for k in dict.fromkeys(keys) if k not in found]
         if missing:
-            runs = self.sandbox.run_tests_many([(p, t, e) if e is not None else (p, t) for p, t, e in missing])
+            runs = self.sandbox.run_tests_many([(program, suite) if isinstance(suite, TestPlan) else (program, *suite)
+                                                for program, suite in missing])
             self.calls += 1
             self.jobs_run += len(missing)
             fresh = {key: CodeRun.from_test_run(run) for key, run in zip(missing, runs)}

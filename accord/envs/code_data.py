@@ -78,6 +78,7 @@ __all__ = [
     "humaneval_problems",
     "load_problems",
     "problem_from_record",
+    "suite_of",
 ]
 
 DATASETS = ("humaneval", "coophumaneval", "mbpp")
@@ -206,6 +207,14 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
         return None
     problem.update(dataset=dataset, source=source)
     return problem
+
+
+def suite_of(problem: dict[str, Any]) -> tuple[str, str, str | None, str | None]:
+    """The problem's reference tests as a suite for :class:`~accord.envs.code_common.TestCache`: its entry
+    point is the function under test; the canonical solution (when there is one) plans the tests that are
+    not simple asserts and the preamble is trusted setup."""
+    return (problem["test"], problem["entry_point"], problem.get("canonical") or None,
+            problem.get("preamble") or None)
 
 
 def _convert(records: Iterable[Mapping[str, Any]], dataset: str, source: str) -> list[dict[str, str]]:

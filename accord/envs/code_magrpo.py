@@ -28,7 +28,11 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
 - **+0.5** the combined program parses (else stop).
 - **+1.0 x pass rate**: the share of the reference asserts that pass (:meth:`Sandbox.run_tests`
   counts every top-level statement of ``check``'s body that contains an ``assert`` as one test;
-  HumanEval's ``assert True, "..."`` filler lines are removed by the loader).
+  HumanEval's ``assert True, "..."`` filler lines are removed by the loader). Every test is judged
+  outside the program's process: the program only returns plain values for recorded inputs, and the
+  comparison with the expected values happens in the trainer or in a sandbox that runs trusted code
+  only (:mod:`accord.sandbox.harness`), so patched builtins, forged reports, early exits and objects
+  that compare equal to everything earn nothing.
 - **-0.2** when the run timed out (``status == "timeout"``: wall clock or CPU limit).
 - Collaboration bonuses, only when ``aux`` is defined, main calls it and at least one test passes
   (the reference's "at least one test passes" gate): **+1.0** ``aux`` is called by main (a call
@@ -51,7 +55,8 @@ calls ``aux`` non-trivially and passes one test in seven earns ~3.6, more than a
 
 Execution: all programs of a reward batch run in ONE :meth:`Sandbox.run_tests_many` call (identical
 ``(program, tests)`` pairs once), concurrently, in the sandbox -- never in the trainer. A program that
-does not parse, loops forever or floods its output gets its status and 0 passes, not an exception.
+does not parse, loops forever, floods its output or returns something that is not plain data gets its
+status and 0 passes for the affected tests, not an exception.
 
 Multi-turn variant (``multi_turn: true``): :class:`HelperMainEnv`
 ------------------------------------------------------------------
@@ -60,8 +65,8 @@ above and shows each agent feedback in its next observation (with both agents' l
 
 - ``feedback: tests``: the agent's static-check messages (e.g. "your function is named `f`, it must be
   named `aux`", "main does not call aux") plus the run's status, ``passed/total`` and the first
-  three failing asserts with their error -- for ``assert X <op> Y`` the value X had (``AssertionError:
-  got 3``; :func:`~accord.envs.code_common.annotate_asserts`);
+  three failing asserts with their error -- for a simple assert the value the function returned
+  (``AssertionError: got 3``), else what the replayed test raised;
 - ``feedback: passfail``: only "all tests passed" / "some tests failed";
 - ``feedback: revise``: only "Revise your code.".
 
@@ -88,7 +93,6 @@ from accord.envs.base import Messages, TaskError, register_task
 from accord.envs.code_common import (
     CodeRun,
     TestCache,
-    annotate_asserts,
     binds_name,
     calls_to,
     case_sources,
@@ -101,7 +105,7 @@ from accord.envs.code_common import (
     safe_parse,
     shorten,
 )
-from accord.envs.code_data import DATASETS, SOURCES, load_problems
+from accord.envs.code_data import DATASETS, SOURCES, load_problems, suite_of
 from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import SandboxConfig
 
@@ -244,7 +248,7 @@ def run_pairs(cache: TestCache, checks: Sequence[PairCheck],
               problems: Sequence[dict[str, Any]]) -> list[CodeRun | None]:
     """Test runs of the pairs that have a program, all in one sandbox call; None for the others."""
     idx = [i for i, c in enumerate(checks) if c.program is not None]
-    runs = cache.run([(checks[i].program, *_tests_of(problems[i])) for i in idx]) if idx else []
+    runs = cache.run([(checks[i].program, suite_of(problems[i])) for i in idx]) if idx else []
     out: list[CodeRun | None] = [None] * len(checks)
     for i, r in zip(idx, runs):
         out[i] = r
@@ -404,7 +408,6 @@ class HelperMainEnv:
         self.name = "humaneval-mt" if dataset == "humaneval" else f"humaneval-{dataset}-mt"
         self.cache = cache if cache is not None else TestCache(SandboxConfig(timeout_s=timeout_s))
         self._problem: dict[str, Any] | None = None
-        self._run_problem: dict[str, Any] | None = None
         self._turn = 0
         self._done = False
         self._score = 0.0
@@ -438,8 +441,6 @@ class HelperMainEnv:
             if key not in task:
                 raise TaskError(f"{self.name}: a task needs {key!r} (use the rows of tasks())")
         self._problem = dict(task)
-        names = [task["entry_point"], "candidate"]
-        self._run_problem = dict(task, test=annotate_asserts(task["test"], names))  # failing asserts say what they got
         self._turn, self._done, self._score = 0, False, 0.0
         self._local = {a: 0.0 for a in AGENTS}
         self._code = {a: "" for a in AGENTS}
@@ -453,7 +454,7 @@ class HelperMainEnv:
         check_step_actions(self, actions, started=self._problem is not None, done=self._done)
         texts = {a: actions[a] for a in AGENTS}
         c = check_pair(texts["helper"], texts["main"], self._problem)
-        run = run_pairs(self.cache, [c], [self._run_problem])[0]
+        run = run_pairs(self.cache, [c], [self._problem])[0]
         levels = pair_levels(c, run)
         passed_any = run is not None and run.passed > 0
         local_now = {

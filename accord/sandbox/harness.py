@@ -1,0 +1,267 @@
+"""Unit tests judged outside the candidate's process: plans, candidate calls, verdicts.
+
+A candidate's process never decides whether a test passed. Instead:
+
+1. **Plan** (trusted): the tests are split into statements; a statement with an ``assert`` is a test,
+   the others are setup. The inputs of every call of the function under test are recorded, and for a
+   *simple* test -- ``assert f(ARGS) <op> EXPECTED`` with ``<op>`` one of ``==``, ``!=``, ``is``, ``is
+   not`` (either side), ``assert f(ARGS)`` or ``assert not f(ARGS)``, where neither ARGS nor EXPECTED
+   calls ``f`` -- the value of EXPECTED too. When every test is simple and its arguments and expected
+   value are literals, the plan is read from the source with :func:`ast.literal_eval` and nothing runs.
+   Otherwise the tests run once in a sandbox against the reference program (``reference=``), with the
+   function under test wrapped by a recorder; that process runs trusted code only.
+2. **Calls** (the candidate's process): the program runs, then its function is called on each recorded
+   input, and each return value comes back as plain data (:mod:`accord.sandbox.plain`) -- or the
+   exception raised. Nothing else comes back; anything that is not plain data fails that call.
+3. **Verdicts**: a simple test is decided here, in the caller's process, by comparing the decoded
+   return value with the expected value. Any other test (loops, tolerances, helpers of the test code)
+   is *replayed* in a fresh sandbox that runs only the trusted test code and the reference program: the
+   function under test answers each call with the candidate's recorded return value (or raises what the
+   candidate raised). That judge process never runs model-written code.
+
+So patched builtins, frame or ``gc`` walks, forged reports, early exits and objects with their own
+``__eq__`` in the candidate's process can change only the values it claims to return; a claim is
+worth something only if it is the right value.
+
+What changes against running ``check(candidate)`` in the candidate's process: the test code sees
+copies (a test that inspects how the candidate mutated its argument sees the argument unchanged); a
+return value that is not plain data fails (a generator, a NumPy array, an instance of the candidate's
+class); ``random`` is seeded per statement, identically when planning and judging; a call whose input
+depends on an earlier return value of the candidate is judged against the reference's path (it fails if
+the paths differ); a test that names the function under test directly (HumanEval/33 compares
+``candidate(x)`` with ``sort_third(x)``) calls the reference there, which makes it a real test.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import marshal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", "parse_tests", "simple_parts",
+           "simple_verdict"]
+
+_OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
+PACK = "__accord_pack__"
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: `expected` may be a list
+class Statement:
+    """One statement of a test suite, as planned."""
+
+    source: str
+    kind: str  #: "setup", "simple" (decided by the caller) or "test" (replayed by a judge)
+    op: str | None = None  #: simple: "==", "!=", "is", "is not", "truthy", "falsy"
+    expected: Any = None  #: simple: the expected value (plain data)
+    calls: tuple[int, ...] = ()  #: indices into TestPlan.inputs of the calls this statement makes
+    error: str | None = None  #: the statement could not be planned: it fails for every program
+
+    @property
+    def is_test(self) -> bool:
+        return self.kind != "setup"
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity, so that it can key a cache
+class TestPlan:
+    """Everything needed to judge a program against a test suite without trusting its process."""
+
+    __test__ = False  # not a pytest test class
+
+    function: str  #: name of the function under test, as the program defines it
+    binding: str  #: name the tests call it by ("candidate" in HumanEval's check, else ``function``)
+    statements: tuple[Statement, ...]
+    inputs: tuple[bytes, ...]  #: marshal of ``(args list, kwargs dict)`` per call
+    context: tuple[str, ...] = ()  #: trusted code run before the tests when replaying (setup, reference)
+
+    @property
+    def total(self) -> int:
+        return sum(1 for s in self.statements if s.is_test)
+
+    @property
+    def needs_judge(self) -> bool:
+        return any(s.kind == "test" and s.error is None for s in self.statements)
+
+    def judge_statements(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(s.source, s.kind, s.calls) for s in self.statements]
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------------
+
+def _mentions(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _is_call(node: ast.AST, binding: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == binding
+            and not any(_mentions(a, binding) for a in node.args)
+            and not any(_mentions(k.value, binding) for k in node.keywords))
+
+
+def simple_parts(stmt: ast.stmt, binding: str) -> tuple[str, ast.Call, ast.expr | None] | None:
+    """``(op, call, expected expression)`` of a simple test (see the module docstring), else None."""
+    if not isinstance(stmt, ast.Assert):
+        return None
+    test = stmt.test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPS:
+        op, left, right = _OPS[type(test.ops[0])], test.left, test.comparators[0]
+        if _is_call(left, binding) and not _mentions(right, binding):
+            return op, left, right
+        if _is_call(right, binding) and not _mentions(left, binding):
+            return op, right, left
+        return None
+    if _is_call(test, binding):
+        return "truthy", test, None
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and _is_call(test.operand, binding):
+        return "falsy", test.operand, None
+    return None
+
+
+def _is_test(stmt: ast.stmt) -> bool:
+    return not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and any(
+        isinstance(n, ast.Assert) for n in ast.walk(stmt))
+
+
+def _calls_check(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def parse_tests(tests: str | Sequence[str], function: str) -> tuple[str, list[tuple[str, str, ast.stmt | None]]]:
+    """``(binding, [(source, kind, node)])`` of trusted test code; ``kind`` is "setup", "simple" or "test".
+
+    With a ``def check(candidate)`` in ``tests`` (HumanEval), the other top-level statements (but the
+    ``check(...)`` call) are setup and the body of ``check`` holds the tests, which call the function by
+    ``check``'s parameter name. Otherwise the top-level statements are the tests and setup, and call
+    the function by its own name. A list of strings is one test per string.
+    """
+    if not isinstance(function, str) or not function.isidentifier():
+        raise ValueError(f"function={function!r} is not an identifier: name the function under test")
+    out: list[tuple[str, str, ast.stmt | None]] = []
+    if not isinstance(tests, str):
+        items = list(tests)
+        if not all(isinstance(t, str) for t in items):
+            raise TypeError("tests must be a string of statements or a sequence of strings")
+        for t in items:
+            body = ast.parse(t).body  # raise on broken tests here, not as a candidate failure
+            node = body[0] if len(body) == 1 else None
+            kind = "simple" if node is not None and simple_parts(node, function) else "test"
+            out.append((t, kind, node))
+        return function, out
+    body = list(ast.parse(tests).body)
+    binding = function
+    check = next((s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"), None)
+    if check is not None:
+        binding = check.args.args[0].arg if check.args.args else "candidate"
+        out += [(ast.unparse(s), "setup", s) for s in body if s is not check and not _calls_check(s)]
+        body = list(check.body)
+    for stmt in body:
+        if _is_docstring(stmt):
+            continue
+        kind = ("simple" if simple_parts(stmt, binding) else "test") if _is_test(stmt) else "setup"
+        out.append((ast.unparse(stmt), kind, stmt))
+    return binding, out
+
+
+def plan_job_statements(binding: str, parsed: list[tuple[str, str, ast.stmt | None]]) -> list[tuple]:
+    """What the planning child needs per statement: ``(source, kind, args source, expected source)``."""
+    items = []
+    for source, kind, node in parsed:
+        args_src = expected_src = ""
+        if kind == "simple":
+            _, call, expected = simple_parts(node, binding)
+            packed = ast.Call(func=ast.Name(id=PACK, ctx=ast.Load()), args=call.args, keywords=call.keywords)
+            args_src = ast.unparse(packed)
+            expected_src = ast.unparse(expected) if expected is not None else "None"
+        items.append((source, kind, args_src, expected_src))
+    return items
+
+
+def literal_parts(stmt: ast.stmt, binding: str) -> tuple[str, list, dict, Any] | None:
+    """``(op, args, kwargs, expected)`` of a simple test whose arguments and expected value are literals
+    (read with :func:`ast.literal_eval`, nothing runs), else None."""
+    parts = simple_parts(stmt, binding)
+    if parts is None:
+        return None
+    op, call, expected = parts
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    try:
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+        value = ast.literal_eval(expected) if expected is not None else None
+        marshal.dumps((args, kwargs))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return op, args, kwargs, value
+
+
+def literal_plan(tests: str | Sequence[str], function: str) -> TestPlan | None:
+    """The plan of tests that are all simple with literal arguments and expected values, read without
+    running anything; None when any statement is not of that form."""
+    binding, parsed = parse_tests(tests, function)
+    statements, inputs = [], []
+    for source, kind, node in parsed:
+        parts = literal_parts(node, binding) if kind == "simple" else None
+        if parts is None:
+            return None
+        op, args, kwargs, value = parts
+        statements.append(Statement(source, "simple", op, value, (len(inputs),)))
+        inputs.append(marshal.dumps((args, kwargs)))
+    return TestPlan(function, binding, tuple(statements), tuple(inputs))
+
+
+# --------------------------------------------------------------------------------------------------
+# Verdicts of simple tests
+# --------------------------------------------------------------------------------------------------
+
+def compare(value: Any, op: str, expected: Any) -> bool:
+    """``value <op> expected`` on plain data (no user code can run); False if the comparison breaks."""
+    try:
+        if op == "==":
+            return bool(value == expected)
+        if op == "!=":
+            return bool(value != expected)
+        if op == "is":  # decoded None, True and False are the singletons, as the test's literals are
+            return value is expected
+        if op == "is not":
+            return value is not expected
+        if op == "truthy":
+            return bool(value)
+        if op == "falsy":
+            return not value
+    except RecursionError:
+        return False
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        return "<too deep to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def simple_verdict(statement: Statement, outcome: tuple | None) -> tuple[bool, str | None]:
+    """``(passed, error)`` of a simple test given the candidate's outcome of its call:
+    ``("ok", value)``, ``("err", text)`` or None (the call never returned)."""
+    if statement.error is not None:
+        return False, f"not judged: {statement.error}"
+    if outcome is None:
+        return False, "no return value (the program stopped before this call)"
+    if outcome[0] == "err":
+        return False, outcome[1]
+    if compare(outcome[1], statement.op, statement.expected):
+        return True, None
+    return False, f"AssertionError: got {_shown(outcome[1])}"
