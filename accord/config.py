@@ -118,7 +118,12 @@ class AlgorithmConfig:
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
     loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
-    kl_estimator: str = _f("k3", "KL estimator: 'k1' (log ratio) or 'k3' (unbiased, non-negative).")
+    kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
+                           "at the sampling temperature): 'k3' (e^-x + x - 1 in the loss; its gradient is that of "
+                           "the forward KL(ref || pi), as in GRPO/TRL), 'k2' (x^2 / 2 in the loss; gradient of the "
+                           "reverse KL(pi || ref)) or 'k1' (x summed over the completion, subtracted from the "
+                           "sample's return as a reward penalty: reverse KL(pi || ref); as a loss term its "
+                           "expected gradient is zero, so accord never uses it there).")
     max_cross_joint: int = _f(4096, "Refuse cross mode when K^N joint actions per instance exceed this.")
     gamma: float = _f(1.0, "MAGRPO multi-turn discount: G = r + gamma * mean(G of the children).")
     early_stop_reward: float | None = _f(None, "MAGRPO multi-turn: end a branch when its team reward reaches this "
@@ -146,7 +151,7 @@ class AlgorithmConfig:
         _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
         _choice("algorithm", "advantage", self.advantage, ADVANTAGES)
         _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
-        _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         _positive("algorithm", "ppo_epochs", self.ppo_epochs)
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"algorithm.epsilon={self.epsilon} must be in (0, 1); 0.2 is the usual value")
