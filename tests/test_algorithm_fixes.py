@@ -86,3 +86,72 @@ def test_process_logits_keep_spares_the_sampled_token():
         assert spared[0, 0, 3] == -1.0 and spared[0, 1, 2] == 1.0
         # nothing else changes: the top token stays, the others stay dropped
         assert spared[0, 0, 0] == 4.0 and torch.isinf(spared[0, 0, 2]) and torch.isinf(spared[0, 1, 3])
+
+
+def _expected_grad(estimator, logits, ref_logits):
+    """Exact on-policy expected gradient of a per-token KL loss term over a small vocabulary:
+    sum_y pi(y) * d/dtheta k(log pi(y) - log ref(y)), with pi(y) as the (stop-gradient) sampling weight."""
+    from accord.algorithms.losses import kl_penalty
+
+    theta = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    ref = torch.log_softmax(ref_logits, -1)
+    per_token = kl_penalty(logp, ref, estimator)
+    (logp.exp().detach() * per_token).sum().backward()
+    return theta.grad
+
+
+def _grad_of(fn, logits):
+    theta = logits.clone().requires_grad_(True)
+    fn(theta).backward()
+    return theta.grad
+
+
+def test_kl_estimator_gradient_directions():
+    """What the docstrings claim: as a loss term k1 has zero expected gradient, k2 follows the reverse
+    KL(pi || ref) and k3 the forward KL(ref || pi)."""
+    torch.manual_seed(0)
+    logits, ref_logits = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    ref_logp = torch.log_softmax(ref_logits, -1)
+
+    def reverse(theta):
+        lp = torch.log_softmax(theta, -1)
+        return (lp.exp() * (lp - ref_logp)).sum()
+
+    def forward(theta):
+        lp = torch.log_softmax(theta, -1)
+        return (ref_logp.exp() * (ref_logp - lp)).sum()
+
+    assert torch.allclose(_expected_grad("k1", logits, ref_logits), torch.zeros(7, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(_expected_grad("k2", logits, ref_logits), _grad_of(reverse, logits), atol=1e-12)
+    assert torch.allclose(_expected_grad("k3", logits, ref_logits), _grad_of(forward, logits), atol=1e-12)
+    assert not torch.allclose(_grad_of(reverse, logits), _grad_of(forward, logits), atol=1e-3)
+
+
+def test_k1_is_a_reward_penalty(tiny_cfg):
+    """kl_estimator=k1: the summed log-ratio is subtracted from each sample's return (the update's loss has
+    no KL term), with top-p sampling; every step stays finite."""
+    import json
+
+    coef = 0.5
+    data = tiny_cfg(run={"steps": 4}, algorithm={"num_generations": 4, "kl_coef": coef, "kl_estimator": "k1"},
+                    rollout={"batch_size": 2, "max_new_tokens": 8, "temperature": 1.0, "top_p": 0.9},
+                    training={"lr": 3e-2, "micro_batch_size": 16})
+    trainer = Trainer(config_from_dict(data))
+    trainer.train()
+    recs = [r for r in read_metrics(trainer.run_dir) if "loss/main/pg" in r]
+    assert all(math.isfinite(r["loss/main/kl"]) for r in recs)
+    assert recs[0]["loss/main/kl"] == pytest.approx(0.0, abs=1e-5)      # step 1: the policy is the reference
+    assert recs[-1]["loss/main/kl"] != 0.0
+    rows = [json.loads(line) for line in (trainer.run_dir / "completions" / "step_000004.jsonl").open()]
+    assert len(rows) == 2 * 2 * 4                                       # B x agents x K samples
+    assert any(abs(r["return"] - r["reward"]) > 1e-6 for r in rows)    # return = reward - coef x summed log-ratio
+    # the update's loss carries no KL term: its statistics have none of their own (only the reward's)
+    pol = trainer.policies["main"]
+    samples = _samples(pol, [[1, 2, 3], [4, 5, 6, 7]])
+    for s in samples:
+        s.logprobs = [-1.0] * len(s.completion_ids)
+    stats = pol.update(samples, step=99)
+    assert "kl" not in stats
+    kls = pol.kl_rewards(samples)
+    assert [n for _, n in kls] == [3, 4] and all(math.isfinite(v) and v != 0.0 for v, _ in kls)
