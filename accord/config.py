@@ -113,6 +113,9 @@ class AlgorithmConfig:
     joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: {list(ADVANTAGES)}.")
     normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
+    group_std: str = _f("population", "The std of normalize_std: 'population' (divide by K; the default, as accord "
+                        "always did) or 'sample' (divide by K - 1, as TRL's GRPOTrainer and DeepSeekMath; larger by "
+                        "sqrt(K / (K - 1)), so advantages are that much smaller).")
     epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
     epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
@@ -129,14 +132,20 @@ class AlgorithmConfig:
     early_stop_reward: float | None = _f(None, "MAGRPO multi-turn: end a branch when its team reward reaches this "
                                          "(null: episodes end only on the environment's done or the turn limit).")
     alpha: float = _f(1.0, "AT-GRPO: candidate reward = alpha * team + local (the paper's ablation favours 0.7).")
-    norm_scope: str = _f("group", "Advantage baseline/normalisation over each 'group' (node or instance-turn-agent) "
-                         "or over all of an 'agent''s samples in the step.")
+    norm_scope: str = _f("group", "Advantage baseline/normalisation over each 'group' (node or instance-turn-agent), "
+                         "over all of an 'agent''s samples in the step, or over each 'prompt' (one agent's samples "
+                         "drawn from identical prompt tokens; in turn-based MAGRPO trees a later agent's K samples "
+                         "at a node come from K different states, which 'group' pools and 'prompt' separates).")
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
 
     def __post_init__(self) -> None:
         _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
-        _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent"))
+        _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
+        _choice("algorithm", "group_std", self.group_std, ("population", "sample"))
+        if self.group_std != "population" and not self.normalize_std:
+            raise ConfigError(f"algorithm.group_std={self.group_std} only matters with algorithm.normalize_std=true; "
+                              "set normalize_std=true or leave group_std at population")
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"algorithm.gamma={self.gamma} must be in [0, 1]")
         if self.alpha < 0:

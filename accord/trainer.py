@@ -45,7 +45,7 @@ from accord.policies import Policy
 from accord.policies_lora import build_lora_policies, generate_by_policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
 from accord.rollout.multiturn import atgrpo_rollout, check_tree_size, magrpo_tree, play_episodes
-from accord.rollout.sample import Completion
+from accord.rollout.sample import Completion, prompt_group_ids
 
 logger = logging.getLogger(__name__)
 
@@ -304,10 +304,12 @@ class Trainer:
         with self._phase(acc, "adv"):
             if algo.norm_scope == "agent":
                 groups = [self.agents.index(s.agent) for s in samples]
+            elif algo.norm_scope == "prompt":
+                groups = prompt_group_ids(samples)
             else:
                 groups = [s.group for s in samples]
             adv = group_advantages(torch.tensor([s.ret for s in samples]), torch.tensor(groups),
-                                   algo.advantage, algo.normalize_std)
+                                   algo.advantage, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
             for s, a in zip(samples, adv.tolist()):
                 s.advantage = a
             # groups whose members all have the same return carry no learning signal (every advantage 0)
