@@ -1,7 +1,8 @@
 """A policy: model + tokenizer + optimizer + LR schedule, its log-probs, update and state.
 
 Weights are fp32 (master weights); ``training.bf16`` runs forward/backward under bf16 autocast.
-The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights.
+The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights; the KL uses
+its and the policy's untruncated distributions at the sampling temperature (no top-k / top-p).
 """
 
 from __future__ import annotations

@@ -2,7 +2,12 @@
 
 The training log-prob of a token must be the log-prob it had when it was sampled: the same
 temperature and the same top-k / top-p truncation (renormalised over the kept tokens). Both the
-generator and the learner call :func:`process_logits`, so the two cannot drift apart.
+generator and the learner call :func:`process_logits`, so the two cannot drift apart (the learner
+passes the sampled tokens as ``keep``, so rounding at the truncation boundary cannot drop one).
+
+The KL penalty is different: the policy and the reference both use the untruncated distribution at
+the sampling temperature. A reference truncated like the sampler gives log-prob -inf to every token
+the moved policy samples outside the reference's own top-k / top-p set, and the loss becomes infinite.
 """
 
 from __future__ import annotations
