@@ -113,25 +113,39 @@ class AlgorithmConfig:
     joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: {list(ADVANTAGES)}.")
     normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
+    group_std: str = _f("population", "The std of normalize_std: 'population' (divide by K; the default, as accord "
+                        "always did) or 'sample' (divide by K - 1, as TRL's GRPOTrainer and DeepSeekMath; larger by "
+                        "sqrt(K / (K - 1)), so advantages are that much smaller).")
     epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
     epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
     loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
-    kl_estimator: str = _f("k3", "KL estimator: 'k1' (log ratio) or 'k3' (unbiased, non-negative).")
+    kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
+                           "at the sampling temperature): 'k3' (e^-x + x - 1 in the loss; its gradient is that of "
+                           "the forward KL(ref || pi), as in GRPO/TRL), 'k2' (x^2 / 2 in the loss; gradient of the "
+                           "reverse KL(pi || ref)) or 'k1' (x summed over the completion, subtracted from the "
+                           "sample's return as a reward penalty: reverse KL(pi || ref); as a loss term its "
+                           "expected gradient is zero, so accord never uses it there).")
     max_cross_joint: int = _f(4096, "Refuse cross mode when K^N joint actions per instance exceed this.")
     gamma: float = _f(1.0, "MAGRPO multi-turn discount: G = r + gamma * mean(G of the children).")
     early_stop_reward: float | None = _f(None, "MAGRPO multi-turn: end a branch when its team reward reaches this "
                                          "(null: episodes end only on the environment's done or the turn limit).")
     alpha: float = _f(1.0, "AT-GRPO: candidate reward = alpha * team + local (the paper's ablation favours 0.7).")
-    norm_scope: str = _f("group", "Advantage baseline/normalisation over each 'group' (node or instance-turn-agent) "
-                         "or over all of an 'agent''s samples in the step.")
+    norm_scope: str = _f("group", "Advantage baseline/normalisation over each 'group' (node or instance-turn-agent), "
+                         "over all of an 'agent''s samples in the step, or over each 'prompt' (one agent's samples "
+                         "drawn from identical prompt tokens; in turn-based MAGRPO trees a later agent's K samples "
+                         "at a node come from K different states, which 'group' pools and 'prompt' separates).")
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
 
     def __post_init__(self) -> None:
         _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
-        _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent"))
+        _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
+        _choice("algorithm", "group_std", self.group_std, ("population", "sample"))
+        if self.group_std != "population" and not self.normalize_std:
+            raise ConfigError(f"algorithm.group_std={self.group_std} only matters with algorithm.normalize_std=true; "
+                              "set normalize_std=true or leave group_std at population")
         if not 0 <= self.gamma <= 1:
             raise ConfigError(f"algorithm.gamma={self.gamma} must be in [0, 1]")
         if self.alpha < 0:
@@ -146,7 +160,7 @@ class AlgorithmConfig:
         _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
         _choice("algorithm", "advantage", self.advantage, ADVANTAGES)
         _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
-        _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         _positive("algorithm", "ppo_epochs", self.ppo_epochs)
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"algorithm.epsilon={self.epsilon} must be in (0, 1); 0.2 is the usual value")

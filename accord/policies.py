@@ -1,7 +1,8 @@
 """A policy: model + tokenizer + optimizer + LR schedule, its log-probs, update and state.
 
 Weights are fp32 (master weights); ``training.bf16`` runs forward/backward under bf16 autocast.
-The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights.
+The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights; the KL uses
+its and the policy's untruncated distributions at the sampling temperature (no top-k / top-p).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 from safetensors.torch import load_model, save_model
 from transformers import DynamicCache
 
-from accord.algorithms.losses import LossTotals, logprobs_and_entropy, policy_loss, process_logits
+from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LossTotals, logprobs_and_entropy, policy_loss,
+                                      process_logits)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.generation import Generation, generate
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
@@ -218,15 +220,20 @@ class Policy:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward_completion(self, model, batch: list[Sample], want_entropy: bool):
+    def _forward_completion(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
+                            kl_too: bool = False):
         """Log-probs of each sample's completion tokens, right-aligned in a (b, C) tensor.
 
         Sequences are left-padded so that every completion ends at the last position; only the last
         C + 1 positions' logits are computed (C = longest completion). When a prompt occurs more than
         once in ``batch`` (the K samples of one prompt), :meth:`_forward_shared_prompts` computes it once.
+
+        ``untruncated``: the log-probs are those of the untruncated distribution at the sampling
+        temperature (no top-k / top-p), as the KL reference uses. ``kl_too``: also return, as a fourth
+        value, the untruncated log-probs from the same forward (the KL penalty's side of the policy).
         """
         if len({tuple(s.prompt_ids) for s in batch}) < len(batch) and self._can_share_prompts(model):
-            return self._forward_shared_prompts(model, batch, want_entropy)
+            return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated, kl_too=kl_too)
         c = max(len(s.completion_ids) for s in batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in batch], pad)
@@ -241,14 +248,25 @@ class Policy:
         with self.autocast():
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **kwargs).logits
-        logp, ent = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy)
-        return logp, ent, mask
+        logp, ent, full = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy, untruncated,
+                                                    kl_too)
+        return (logp, ent, mask, full) if kl_too else (logp, ent, mask)
 
-    def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool):
-        """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)."""
-        processed = process_logits(logits, self.rollout.temperature, self.rollout.top_k, self.rollout.top_p)
-        truncated = self.rollout.top_k > 0 or self.rollout.top_p < 1.0
-        return logprobs_and_entropy(processed, targets, want_entropy, truncated)
+    def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool,
+                             untruncated: bool = False, kl_too: bool = False):
+        """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)
+        (without its top-k / top-p truncation when ``untruncated``), and, with ``kl_too``, the
+        untruncated log-probs as a third value (the same tensor when sampling is not truncated)."""
+        r = self.rollout
+        truncated = (r.top_k > 0 or r.top_p < 1.0) and not untruncated
+        processed = process_logits(logits, r.temperature, r.top_k if truncated else 0, r.top_p if truncated else 1.0,
+                                   keep=targets if truncated else None)
+        logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated)
+        full = None
+        if kl_too:
+            full = logp if not truncated else logprobs_and_entropy(
+                process_logits(logits, r.temperature), targets, want_entropy=False, truncated=False)[0]
+        return logp, ent, full
 
     def _can_share_prompts(self, model) -> bool:
         """Prompt sharing needs a KV cache through the forward: a plain full-attention cache (as in
@@ -258,7 +276,8 @@ class Policy:
             checkpointing = getattr(model, "is_gradient_checkpointing", False)
         return not checkpointing and supports_own_loop(model)
 
-    def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool):
+    def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
+                                kl_too: bool = False):
         """:meth:`_forward_completion` with each distinct prompt run once.
 
         The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
@@ -292,19 +311,36 @@ class Policy:
                 logits = torch.cat([head, rest], dim=1)
             else:
                 logits = head
-        logp, ent = self._completion_logprobs(logits, completion, want_entropy)
+        logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too)
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
         source = (torch.arange(c)[None, :] - (c - lengths)[:, None]).clamp(min=0)
         mask = torch.arange(c)[None, :] >= (c - lengths)[:, None]
         logp = logp.gather(1, source).masked_fill(~mask, 0.0)
         if ent is not None:
             ent = ent.gather(1, source).masked_fill(~mask, 0.0)
+        if kl_too:
+            return logp, ent, mask, full.gather(1, source).masked_fill(~mask, 0.0)
         return logp, ent, mask
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: list[Sample]) -> torch.Tensor:
-        """Log-probs of the KL reference (the frozen initial weights)."""
-        return self._forward_completion(self.ref_model, batch, want_entropy=False)[0]
+        """Log-probs of the KL reference (the frozen initial weights) under the untruncated distribution at
+        the sampling temperature: truncated like the sampler, the reference would give -inf to every
+        token the moved policy samples outside the reference's own top-k / top-p set."""
+        return self._forward_completion(self.ref_model, batch, want_entropy=False, untruncated=True)[0]
+
+    @torch.no_grad()
+    def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
+        """``kl_estimator: k1`` as a reward penalty: per sample, the sum over its completion tokens of
+        log pi - log ref (both untruncated at the sampling temperature; pi = the current weights, which
+        sampled them) and its token count. Called before the update, so it is the sampling policy's KL."""
+        out = []
+        for micro in micro_batches(samples, self.training.micro_batch_size, self.training.micro_batch_tokens):
+            logp, _, mask = self._forward_completion(self.model, micro, want_entropy=False, untruncated=True)
+            ref = self._reference_logprobs(micro)
+            sums = ((logp - ref) * mask).sum(-1).tolist()
+            out.extend((v, len(s.completion_ids)) for v, s in zip(sums, micro))
+        return out
 
     # --- update ----------------------------------------------------------------------------------
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
@@ -334,19 +370,22 @@ class Policy:
                                     num_seqs=len(mb_samples))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micro_batches(mb_samples, tr.micro_batch_size, tr.micro_batch_tokens):
-                    logp, ent, mask = self._forward_completion(self.model, micro, want_entropy=epoch == 0)
+                    kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
+                    logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
+                                                                      kl_too=kl_in_loss)
                     c = mask.size(1)
                     stored = torch.zeros_like(logp)
                     for i, s in enumerate(micro):
                         stored[i, c - len(s.logprobs):] = torch.tensor(s.logprobs)
                     old = logp.detach() if fresh else stored
                     ref = None
-                    if algo.kl_coef > 0:
+                    if kl_in_loss:
                         ref = self._reference_logprobs(micro)
                     adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype)
                     loss, stats = policy_loss(
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
-                        agg=algo.loss_agg, kl_coef=algo.kl_coef, ref_logp=ref, kl_estimator=algo.kl_estimator)
+                        agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
+                        kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None)
                     if not torch.isfinite(loss):
                         raise TrainingError(
                             f"step {step}: loss of policy {self.name!r} is {loss.item()} (epoch {epoch}, mini-batch "

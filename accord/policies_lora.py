@@ -254,13 +254,17 @@ class LoraPolicy(Policy):
         self.model.eval()  # like the frozen reference of full policies (no dropout)
         try:
             with self.model.disable_adapter():
-                return self._forward_completion(self.model, batch, want_entropy=False)[0]
+                return self._forward_completion(self.model, batch, want_entropy=False, untruncated=True)[0]
         finally:
             self.model.train(was)
 
     def update(self, samples, step: int) -> dict[str, float]:
         self.group.activate(self.name)
         return super().update(samples, step)
+
+    def kl_rewards(self, samples) -> list[tuple[float, int]]:
+        self.group.activate(self.name)
+        return super().kl_rewards(samples)
 
     # --- state -----------------------------------------------------------------------------------
     def _base_record(self) -> dict:

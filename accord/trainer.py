@@ -33,6 +33,7 @@ import torch
 
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import check_advantage_config, group_advantages
+from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.distributed import gather, submit
@@ -44,7 +45,7 @@ from accord.policies import Policy
 from accord.policies_lora import build_lora_policies, generate_by_policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
 from accord.rollout.multiturn import atgrpo_rollout, check_tree_size, magrpo_tree, play_episodes
-from accord.rollout.sample import Completion
+from accord.rollout.sample import Completion, prompt_group_ids
 
 logger = logging.getLogger(__name__)
 
@@ -297,13 +298,18 @@ class Trainer:
         self._gen_tokens = 0
         per_step_peak = reset_peak_memory()
         samples = self._rollout(step, rows, acc)
+        if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
+            with self._phase(acc, "kl"):
+                self._kl_reward_penalty(samples, acc)
         with self._phase(acc, "adv"):
             if algo.norm_scope == "agent":
                 groups = [self.agents.index(s.agent) for s in samples]
+            elif algo.norm_scope == "prompt":
+                groups = prompt_group_ids(samples)
             else:
                 groups = [s.group for s in samples]
             adv = group_advantages(torch.tensor([s.ret for s in samples]), torch.tensor(groups),
-                                   algo.advantage, algo.normalize_std)
+                                   algo.advantage, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
             for s, a in zip(samples, adv.tolist()):
                 s.advantage = a
             # groups whose members all have the same return carry no learning signal (every advantage 0)
@@ -340,6 +346,18 @@ class Trainer:
                   "instance": rows[s.instance].get("id", s.instance), "finish_reason": s.finish_reason}
                  for s in samples]
         return acc.mean(), table
+
+    def _kl_reward_penalty(self, samples: list, acc: MetricAccumulator) -> None:
+        """``kl_estimator: k1``: subtract ``kl_coef`` x the sample's summed log-ratio to the reference
+        from its return (before advantages), so the policy gradient carries the reverse KL's gradient."""
+        coef = self.cfg.algorithm.kl_coef
+        jobs = {p: submit(pol, "kl_rewards", [s for s in samples if s.policy == p]) for p, pol in self.policies.items()
+                if any(s.policy == p for s in samples)}
+        for pname, kls in zip(jobs, gather(list(jobs.values()))):
+            mine = [s for s in samples if s.policy == pname]
+            for s, (kl, _) in zip(mine, kls):
+                s.ret -= coef * kl
+            acc.add(f"loss/{pname}/kl", sum(kl for kl, _ in kls) / max(1, sum(n for _, n in kls)))
 
     @contextmanager
     def _phase(self, acc: MetricAccumulator, name: str):

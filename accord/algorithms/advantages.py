@@ -6,7 +6,9 @@ AT-GRPO: one task instance, turn and agent), and these functions only see intege
 Variants of the baseline subtracted from each return ``r`` in its group ``g`` of size ``K``:
 
 - ``mean``: ``r - mean(g)`` (GRPO);
-- ``rloo``: ``r - mean(g without r)`` = ``(r - mean(g)) * K / (K - 1)`` (leave-one-out);
+- ``rloo``: ``r - mean(g without r)`` = ``(r - mean(g)) * K / (K - 1)`` (leave-one-out); a group of one
+  sample (turn-based trees make them when an episode ends mid-turn, and grouping by prompt does) has
+  no other sample to form a baseline from, and its advantage is 0, as ``mean`` gives it;
 - ``max``:  ``r - max(g)`` (ReMax-like: the best sample is the baseline, every advantage <= 0);
 - ``raw``:  ``r`` (REINFORCE, no baseline).
 
@@ -15,6 +17,11 @@ variant: dividing by the group std after any of these baselines leaves the same 
 group mean is removed again (as standard normalisation does) the variants are identical. accord
 therefore computes the z-score directly and :func:`check_advantage_config` warns when a non-``mean``
 variant is combined with normalisation, instead of pretending they differ.
+
+``std_ddof`` chooses the group std of the z-score: 0, the population std ``sqrt(sum (r - mean)^2 / K)``
+(accord's default), or 1, the sample std ``sqrt(sum (r - mean)^2 / (K - 1))`` of TRL's GRPOTrainer and
+DeepSeekMath; the sample std is larger by ``sqrt(K / (K - 1))``, so its advantages are that much
+smaller. A one-sample group has std 0 under both (its advantage is 0).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ logger = logging.getLogger(__name__)
 VARIANTS = ("mean", "rloo", "max", "raw")
 
 
-def _group_stats(returns: torch.Tensor, group_ids: torch.Tensor):
-    """Per-sample group mean, std (population), max and size, vectorised with scatter ops."""
+def _group_stats(returns: torch.Tensor, group_ids: torch.Tensor, std_ddof: int = 0):
+    """Per-sample group mean, std (``std_ddof`` 0: population, 1: sample), max and size, vectorised with
+    scatter ops."""
     uniq, inv = torch.unique(group_ids, return_inverse=True)
     n_groups = uniq.numel()
     ones = torch.ones_like(returns)
@@ -37,7 +45,7 @@ def _group_stats(returns: torch.Tensor, group_ids: torch.Tensor):
     total = torch.zeros(n_groups, dtype=returns.dtype).index_add_(0, inv, returns)
     mean = total / size
     sq = torch.zeros(n_groups, dtype=returns.dtype).index_add_(0, inv, (returns - mean[inv]) ** 2)
-    std = (sq / size).sqrt()
+    std = (sq / (size - std_ddof).clamp(min=1)).sqrt()   # a group of size <= ddof has sq = 0: std 0
     mx = torch.full((n_groups,), -float("inf"), dtype=returns.dtype).scatter_reduce_(0, inv, returns, "amax")
     return mean[inv], std[inv], mx[inv], size[inv]
 
@@ -48,6 +56,7 @@ def group_advantages(
     variant: str = "mean",
     normalize_std: bool = False,
     eps: float = 1e-6,
+    std_ddof: int = 0,
 ) -> torch.Tensor:
     """Advantages for a flat batch of samples.
 
@@ -56,21 +65,22 @@ def group_advantages(
         group_ids: (n,) integer group id of each sample; samples of one group share a baseline.
         variant: ``mean`` | ``rloo`` | ``max`` | ``raw``.
         normalize_std: return the within-group z-score (all variants coincide; see module doc).
+        std_ddof: 0 (population std) or 1 (sample std) in the z-score's denominator.
     """
+    if std_ddof not in (0, 1):
+        raise ValueError(f"std_ddof={std_ddof!r} must be 0 (population std) or 1 (sample std)")
     if variant not in VARIANTS:
         raise ValueError(f"unknown advantage variant {variant!r}; choose one of {list(VARIANTS)}")
     if returns.shape != group_ids.shape or returns.dim() != 1:
         raise ValueError(f"returns {tuple(returns.shape)} and group_ids {tuple(group_ids.shape)} must be equal 1-D")
     returns = returns.double()
-    mean, std, mx, size = _group_stats(returns, group_ids)
+    mean, std, mx, size = _group_stats(returns, group_ids, std_ddof)
     if normalize_std:
         return ((returns - mean) / (std + eps)).float()
     if variant == "mean":
         adv = returns - mean
-    elif variant == "rloo":
-        if bool((size < 2).any()):
-            raise ValueError("rloo needs at least 2 samples in every group")
-        adv = (returns - mean) * size / (size - 1)
+    elif variant == "rloo":   # a singleton has r == mean(g): 0 * 1 / 1 = 0, its defined advantage
+        adv = (returns - mean) * size / (size - 1).clamp(min=1)
     elif variant == "max":
         adv = returns - mx
     else:

@@ -2,7 +2,12 @@
 
 The training log-prob of a token must be the log-prob it had when it was sampled: the same
 temperature and the same top-k / top-p truncation (renormalised over the kept tokens). Both the
-generator and the learner call :func:`process_logits`, so the two cannot drift apart.
+generator and the learner call :func:`process_logits`, so the two cannot drift apart (the learner
+passes the sampled tokens as ``keep``, so rounding at the truncation boundary cannot drop one).
+
+The KL penalty is different: the policy and the reference both use the untruncated distribution at
+the sampling temperature. A reference truncated like the sampler gives log-prob -inf to every token
+the moved policy samples outside the reference's own top-k / top-p set, and the loss becomes infinite.
 """
 
 from __future__ import annotations
@@ -12,10 +17,15 @@ from dataclasses import dataclass
 import torch
 
 
-def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   keep: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logits of the sampling distribution: divided by temperature, truncated to -inf.
 
-    The truncation mask is computed without gradient; the kept logits keep theirs.
+    The truncation mask is computed without gradient; the kept logits keep theirs. ``keep`` (the
+    logits' shape without the vocabulary axis) names one token per position that is never truncated:
+    the learner passes the sampled tokens, which the sampler kept by construction, so that a
+    recomputed forward whose float rounding puts a sampled token just past the top-k / top-p boundary
+    cannot give it probability 0 (a -inf log-prob and a NaN loss).
     """
     logits = logits.float()
     if temperature != 1.0:
@@ -23,7 +33,7 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     if top_k and top_k < logits.size(-1):
         with torch.no_grad():
             kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-            drop = logits < kth
+            drop = _spare(logits < kth, keep)
         logits = logits.masked_fill(drop, float("-inf"))
     if top_p < 1.0:
         with torch.no_grad():
@@ -32,9 +42,16 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
             # drop a token when the mass strictly before it already reaches top_p (the first always stays)
             before = probs.cumsum(-1) - probs
             drop_sorted = before >= top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+            drop = _spare(torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted), keep)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def _spare(drop: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """``drop`` with the ``keep`` token of each position cleared."""
+    if keep is None:
+        return drop
+    return drop.scatter(-1, keep.unsqueeze(-1), False)
 
 
 def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -81,14 +98,30 @@ class LossTotals:
     num_seqs: int
 
 
+# Where each KL estimator works (Schulman's k1/k2/k3 of x = log pi(y) - log ref(y), y sampled from pi).
+# Every value estimates the reverse KL(pi || ref) (k1 and k3 unbiasedly, k2 with a bias of third order).
+# What matters for training is the gradient of the term as it is used:
+# - k1 = x as a loss term has zero expected gradient on-policy (E_pi[grad log pi] = 0): it only works
+#   as a reward penalty, r - beta * sum_t x_t, whose policy gradient is that of KL(pi || ref) (reverse);
+# - k2 = x^2 / 2 as a loss term: its gradient x * grad log pi is, in expectation, the gradient of the
+#   reverse KL(pi || ref);
+# - k3 = e^-x + x - 1 as a loss term: its gradient (1 - ref/pi) grad log pi is, in expectation, the
+#   gradient of the forward KL(ref || pi) (GRPO's and TRL's choice; mass-covering).
+KL_LOSS_ESTIMATORS = ("k2", "k3")
+KL_REWARD_ESTIMATORS = ("k1",)
+
+
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimate from sampled tokens: k1 = log ratio, k3 = e^-x + x - 1."""
+    """Per-token KL(pi || ref) estimate from sampled tokens: k1 = log ratio x, k2 = x^2 / 2,
+    k3 = e^-x + x - 1 (see ``KL_LOSS_ESTIMATORS`` above for the direction each one's gradient follows)."""
     log_ratio = logp - ref_logp
     if estimator == "k1":
         return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio ** 2
     if estimator == "k3":
         return torch.exp(-log_ratio) + log_ratio - 1.0
-    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1 or k3")
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2 or k3")
 
 
 def policy_loss(
@@ -104,6 +137,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
     kl_estimator: str = "k3",
+    kl_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped-ratio surrogate (PPO/GRPO) of one micro-batch, normalised by batch-wide totals.
 
@@ -114,6 +148,9 @@ def policy_loss(
         agg: ``token_mean`` (sum over all tokens / all tokens), ``seq_mean_token_mean`` (mean over
             sequences of each sequence's token mean) or ``seq_sum`` (sum over a sequence's tokens,
             mean over sequences).
+        ref_logp, kl_logp: the reference's and the policy's log-probs for the KL term, both of the
+            untruncated distribution at the sampling temperature (``kl_logp`` None: ``logp``, right
+            when sampling is not truncated by top-k / top-p).
     Returns:
         The loss contribution of this micro-batch and unnormalised statistic sums (divide by
         ``totals.num_tokens`` to average).
@@ -129,7 +166,7 @@ def policy_loss(
     if kl_coef > 0:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp")
-        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        kl = kl_penalty(logp if kl_logp is None else kl_logp, ref_logp, kl_estimator)
         per_token = per_token + kl_coef * kl
     if agg == "token_mean":
         loss = (per_token * mask).sum() / totals.num_tokens

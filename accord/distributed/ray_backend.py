@@ -199,6 +199,12 @@ class RemotePolicy:
     def update(self, samples: list, step: int) -> dict[str, float]:
         return self.update_async(samples, step).result()
 
+    def kl_rewards_async(self, samples: list) -> RayFuture:
+        return self._send("kl_rewards", samples)
+
+    def kl_rewards(self, samples: list) -> list[tuple[float, int]]:
+        return self.kl_rewards_async(samples).result()
+
     def seed_stream(self, stream: str, seed: int) -> None:
         self._send("seed_stream", stream, seed).result()
 

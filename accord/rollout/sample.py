@@ -40,3 +40,10 @@ class Completion:
     logprobs: list[float]
     finish_reason: str
     text: str
+
+
+def prompt_group_ids(samples: list[Sample]) -> list[int]:
+    """Group ids that put together exactly the samples of one agent drawn from identical prompt tokens
+    (``algorithm.norm_scope: prompt``), numbered in order of first appearance."""
+    ids: dict[tuple, int] = {}
+    return [ids.setdefault((s.agent, tuple(s.prompt_ids)), len(ids)) for s in samples]

@@ -1,0 +1,253 @@
+"""Tests of the algorithm fixes of issue 14 (item 5): KL under truncated sampling, the KL estimators'
+placement, RLOO on singleton groups, the group std's ddof, and grouping by identical prompt."""
+
+import math
+
+import pytest
+import torch
+
+from accord.algorithms.losses import process_logits
+from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig, config_from_dict
+from accord.logging import read_metrics
+from accord.policies import Policy
+from accord.rollout.sample import Sample
+from accord.trainer import Trainer
+
+
+def _weights(trainer):
+    return {f"{p}/{k}": v.detach().clone() for p, pol in trainer.policies.items()
+            for k, v in pol.model.named_parameters()}
+
+
+@pytest.mark.parametrize("rollout", [{"top_p": 0.8}, {"top_k": 5}], ids=["top_p", "top_k"])
+def test_kl_with_truncated_sampling_stays_finite(tiny_cfg, rollout):
+    """20 steps with a KL penalty while sampling is truncated: before the fix the reference, truncated
+    like the sampler, gave -inf to tokens the moved policy sampled, and the loss was infinite."""
+    data = tiny_cfg(run={"steps": 20}, algorithm={"num_generations": 4, "kl_coef": 0.1, "normalize_std": True},
+                    rollout={"batch_size": 4, "max_new_tokens": 8, "temperature": 1.0, **rollout},
+                    training={"lr": 3e-2, "micro_batch_size": 16})
+    trainer = Trainer(config_from_dict(data))
+    before = _weights(trainer)
+    trainer.train()
+    recs = [r for r in read_metrics(trainer.run_dir) if "loss/main/pg" in r]
+    assert len(recs) == 20
+    for r in recs:
+        assert math.isfinite(r["loss/main/pg"]) and math.isfinite(r["loss/main/kl"]), r
+    assert max(r["loss/main/kl"] for r in recs) > 0   # the policy moved away from the reference
+    after = _weights(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def _policy(kl_coef=0.1, **rollout):
+    return Policy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 64, "num_layers": 2}),
+                  TrainingConfig(bf16=False), AlgorithmConfig(kl_coef=kl_coef), RolloutConfig(**rollout),
+                  total_optimizer_steps=1, seed=0)
+
+
+def _samples(pol, completions):
+    prompt = pol.encode_chat([{"role": "user", "content": "hello"}])
+    return [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=prompt, completion_ids=c,
+                   logprobs=[0.0] * len(c), finish_reason="length") for c in completions]
+
+
+def test_reference_logprobs_are_untruncated_at_the_sampling_temperature():
+    """The KL reference ignores top-k (every token finite) but keeps the temperature."""
+    pol = _policy(temperature=0.7, top_k=3)
+    plain = _policy(temperature=0.7)                     # same seed: same weights, no truncation
+    # tokens 0..9 at every position: most lie outside any top-3 set
+    batch = _samples(pol, [list(range(10)), list(range(10, 20))])
+    ref = pol._reference_logprobs(batch)
+    with torch.no_grad():
+        want, _, mask = plain._forward_completion(plain.model, batch, want_entropy=False)
+        truncated, _, _ = _policy(temperature=0.7, top_k=3)._forward_completion(plain.model, batch, False)
+    assert torch.isfinite(ref[mask]).all()
+    assert torch.allclose(ref[mask], want[mask], atol=1e-5)
+    # the policy's own training log-probs do renormalise over the top-3 (sampled tokens are kept)
+    assert (truncated[mask] > want[mask]).all()
+
+
+def test_policy_kl_logprobs_come_from_the_same_forward_untruncated():
+    pol = _policy(temperature=0.9, top_p=0.5)
+    batch = _samples(pol, [list(range(6)), list(range(6, 14))])
+    with torch.no_grad():
+        logp, _, mask, full = pol._forward_completion(pol.model, batch, want_entropy=False, kl_too=True)
+        untrunc, _, _ = pol._forward_completion(pol.model, batch, want_entropy=False, untruncated=True)
+    assert torch.allclose(full[mask], untrunc[mask], atol=1e-6)
+    assert (logp[mask] >= full[mask] - 1e-6).all() and (logp[mask] > full[mask]).any()
+
+
+def test_process_logits_keep_spares_the_sampled_token():
+    logits = torch.tensor([[[4.0, 3.0, 0.0, -1.0], [0.0, 5.0, 1.0, 1.0]]])   # (1, 2, 4)
+    keep = torch.tensor([[3, 2]])
+    for kw in ({"top_k": 1}, {"top_p": 0.5}):
+        plain = process_logits(logits, **kw)
+        spared = process_logits(logits, keep=keep, **kw)
+        assert torch.isinf(plain[0, 0, 3]) and torch.isinf(plain[0, 1, 2])
+        assert spared[0, 0, 3] == -1.0 and spared[0, 1, 2] == 1.0
+        # nothing else changes: the top token stays, the others stay dropped
+        assert spared[0, 0, 0] == 4.0 and torch.isinf(spared[0, 0, 2]) and torch.isinf(spared[0, 1, 3])
+
+
+def _expected_grad(estimator, logits, ref_logits):
+    """Exact on-policy expected gradient of a per-token KL loss term over a small vocabulary:
+    sum_y pi(y) * d/dtheta k(log pi(y) - log ref(y)), with pi(y) as the (stop-gradient) sampling weight."""
+    from accord.algorithms.losses import kl_penalty
+
+    theta = logits.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    ref = torch.log_softmax(ref_logits, -1)
+    per_token = kl_penalty(logp, ref, estimator)
+    (logp.exp().detach() * per_token).sum().backward()
+    return theta.grad
+
+
+def _grad_of(fn, logits):
+    theta = logits.clone().requires_grad_(True)
+    fn(theta).backward()
+    return theta.grad
+
+
+def test_kl_estimator_gradient_directions():
+    """What the docstrings claim: as a loss term k1 has zero expected gradient, k2 follows the reverse
+    KL(pi || ref) and k3 the forward KL(ref || pi)."""
+    torch.manual_seed(0)
+    logits, ref_logits = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    ref_logp = torch.log_softmax(ref_logits, -1)
+
+    def reverse(theta):
+        lp = torch.log_softmax(theta, -1)
+        return (lp.exp() * (lp - ref_logp)).sum()
+
+    def forward(theta):
+        lp = torch.log_softmax(theta, -1)
+        return (ref_logp.exp() * (ref_logp - lp)).sum()
+
+    assert torch.allclose(_expected_grad("k1", logits, ref_logits), torch.zeros(7, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(_expected_grad("k2", logits, ref_logits), _grad_of(reverse, logits), atol=1e-12)
+    assert torch.allclose(_expected_grad("k3", logits, ref_logits), _grad_of(forward, logits), atol=1e-12)
+    assert not torch.allclose(_grad_of(reverse, logits), _grad_of(forward, logits), atol=1e-3)
+
+
+def test_k1_is_a_reward_penalty(tiny_cfg):
+    """kl_estimator=k1: the summed log-ratio is subtracted from each sample's return (the update's loss has
+    no KL term), with top-p sampling; every step stays finite."""
+    import json
+
+    coef = 0.5
+    data = tiny_cfg(run={"steps": 4}, algorithm={"num_generations": 4, "kl_coef": coef, "kl_estimator": "k1"},
+                    rollout={"batch_size": 2, "max_new_tokens": 8, "temperature": 1.0, "top_p": 0.9},
+                    training={"lr": 3e-2, "micro_batch_size": 16})
+    trainer = Trainer(config_from_dict(data))
+    trainer.train()
+    recs = [r for r in read_metrics(trainer.run_dir) if "loss/main/pg" in r]
+    assert all(math.isfinite(r["loss/main/kl"]) for r in recs)
+    assert recs[0]["loss/main/kl"] == pytest.approx(0.0, abs=1e-5)      # step 1: the policy is the reference
+    assert recs[-1]["loss/main/kl"] != 0.0
+    rows = [json.loads(line) for line in (trainer.run_dir / "completions" / "step_000004.jsonl").open()]
+    assert len(rows) == 2 * 2 * 4                                       # B x agents x K samples
+    assert any(abs(r["return"] - r["reward"]) > 1e-6 for r in rows)    # return = reward - coef x summed log-ratio
+    # the update's loss carries no KL term: its statistics have none of their own (only the reward's)
+    pol = trainer.policies["main"]
+    samples = _samples(pol, [[1, 2, 3], [4, 5, 6, 7]])
+    for s in samples:
+        s.logprobs = [-1.0] * len(s.completion_ids)
+    stats = pol.update(samples, step=99)
+    assert "kl" not in stats
+    kls = pol.kl_rewards(samples)
+    assert [n for _, n in kls] == [3, 4] and all(math.isfinite(v) and v != 0.0 for v, _ in kls)
+
+
+# --- advantages: RLOO on singletons, the group std's ddof, grouping by prompt -----------------------
+
+from accord.algorithms.advantages import group_advantages  # noqa: E402
+from accord.config import ConfigError  # noqa: E402
+from accord.rollout.sample import prompt_group_ids  # noqa: E402
+
+
+def test_rloo_singleton_group_has_zero_advantage():
+    returns = torch.tensor([3.0, 1.0, 2.0, 6.0, 5.0])
+    groups = torch.tensor([0, 0, 0, 1, 2])          # groups 1 and 2 hold one sample each
+    adv = group_advantages(returns, groups, "rloo")
+    assert adv[3] == 0 and adv[4] == 0
+    # the rest is the leave-one-out baseline of group 0
+    assert torch.allclose(adv[:3], torch.tensor([3 - 1.5, 1 - 2.5, 2 - 2.0]))
+
+
+def test_group_std_sample_vs_population():
+    returns = torch.tensor([1.0, 2.0, 4.0, 7.0, 0.0, 0.0, 5.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    pop = group_advantages(returns, groups, "mean", True)
+    samp = group_advantages(returns, groups, "mean", True, std_ddof=1)
+    r = returns[:4].double()
+    assert torch.allclose(pop[:4], ((r - r.mean()) / (r.std(correction=0) + 1e-6)).float())
+    assert torch.allclose(samp[:4], ((r - r.mean()) / (r.std(correction=1) + 1e-6)).float())
+    assert torch.allclose(pop[:4] / samp[:4], torch.tensor((4 / 3) ** 0.5), atol=1e-5)
+    assert (pop[4:] == 0).all() and (samp[4:] == 0).all()   # constant group and singleton: 0, not NaN
+    with pytest.raises(ValueError, match="std_ddof"):
+        group_advantages(returns, groups, "mean", True, std_ddof=2)
+
+
+def test_group_std_config(tiny_cfg):
+    assert config_from_dict(tiny_cfg()).algorithm.group_std == "population"   # the default is unchanged
+    with pytest.raises(ConfigError, match="only matters with algorithm.normalize_std=true"):
+        config_from_dict(tiny_cfg(algorithm={"group_std": "sample"}))
+    with pytest.raises(ConfigError, match="group_std='ddof1' is not valid"):
+        config_from_dict(tiny_cfg(algorithm={"group_std": "ddof1", "normalize_std": True}))
+
+
+def test_prompt_group_ids():
+    def s(agent, prompt):
+        return Sample(agent=agent, policy="p", turn=0, group=0, instance=0, prompt_ids=prompt, completion_ids=[1],
+                      logprobs=[0.0], finish_reason="stop")
+    batch = [s("e", [1, 2]), s("o", [1, 2]), s("e", [1, 2]), s("e", [1, 3]), s("o", [1, 2])]
+    assert prompt_group_ids(batch) == [0, 1, 0, 2, 1]
+
+
+def _relay_tree_groups(tiny_cfg, norm_scope, advantage="mean", steps=1):
+    data = tiny_cfg(run={"steps": steps}, task={"name": "relay", "eval_size": 0},
+                    algorithm={"name": "magrpo", "norm_scope": norm_scope, "advantage": advantage})
+    trainer = Trainer(config_from_dict(data))
+    seen = {}
+    original = trainer.policies["main"].update
+
+    def spy(samples, step):
+        seen[step] = list(samples)
+        return original(samples, step)
+
+    trainer.policies["main"].update = spy
+    trainer.train()
+    return seen
+
+
+def test_turn_based_magrpo_groups_by_node_or_by_prompt(tiny_cfg):
+    """Relay is turn-based: at a node, agent o's K samples are drawn from K different states (after each of
+    e's samples). norm_scope=group pools them in one group; norm_scope=prompt gives each its own group."""
+    by_node = _relay_tree_groups(tiny_cfg, "group")[0]
+    by_prompt = _relay_tree_groups(tiny_cfg, "prompt")[0]
+    assert [s.completion_ids for s in by_node] == [s.completion_ids for s in by_prompt]   # same rollout
+    node_groups = {}
+    for s in by_node:
+        node_groups.setdefault(s.group, []).append(s)
+    o_groups = [g for g in node_groups.values() if g[0].agent == "o"]
+    assert o_groups and all(len({tuple(s.prompt_ids) for s in g}) > 1 for g in o_groups)  # mixed prompts
+    e_groups = [g for g in node_groups.values() if g[0].agent == "e"]
+    assert all(len({tuple(s.prompt_ids) for s in g}) == 1 for g in e_groups)            # one state each
+    # by prompt: e's groups are unchanged; o's samples with distinct prompts have advantage 0 (singletons)
+    for s_node, s_prompt in zip(by_node, by_prompt):
+        if s_node.agent == "e":
+            assert s_prompt.advantage == pytest.approx(s_node.advantage)
+    counts = {}
+    for s in by_prompt:
+        counts[(s.agent, tuple(s.prompt_ids))] = counts.get((s.agent, tuple(s.prompt_ids)), 0) + 1
+    singles = [s for s in by_prompt if counts[(s.agent, tuple(s.prompt_ids))] == 1]
+    assert singles and all(s.advantage == 0 for s in singles)
+    assert any(s.advantage != 0 for s in by_node if s.agent == "o")
+
+
+def test_rloo_through_a_multiturn_run_with_singleton_groups(tiny_cfg):
+    """advantage=rloo used to raise on the one-sample groups a turn-based tree produces; now they get 0."""
+    seen = _relay_tree_groups(tiny_cfg, "prompt", advantage="rloo", steps=2)
+    assert set(seen) == {0, 1}
+    for samples in seen.values():
+        assert all(math.isfinite(s.advantage) for s in samples)
+        assert any(s.advantage != 0 for s in samples)
