@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import sys
 from pathlib import Path
@@ -66,22 +67,47 @@ def _report(args: argparse.Namespace) -> int:
 
 def _envs(args: argparse.Namespace) -> int:
     from accord.envs import TASKS, make_task
+    from accord.envs.base import entry_point_names, import_modules, task_factory
     from accord.envs.protocol import is_env
 
+    import_modules(args.imports, "--import")
     if args.check:
         from accord.envs.check import check_env
 
         for name in args.check:
-            if name not in TASKS:
-                make_task(name)  # raises TaskError with the closest name
+            task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
             if not is_env(make_task(name)):
                 raise TaskError(f"{name!r} is a single-turn task, not a multi-turn environment; nothing to check")
             check_env(lambda: make_task(name))
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
+    failed = {}
+    for name in entry_point_names():
+        try:
+            task_factory(name)
+        except TaskError as err:
+            failed[name] = str(err)
+    sys.stdout.write(f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION\n")
     for name, (factory, description) in sorted(TASKS.items()):
-        sys.stdout.write(f"{name:12s} {description}\n")
+        required = [p.name for p in inspect.signature(factory).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        kind, roles = _kind_and_roles(make_task(name)) if not required else (f"(needs options {required})", "-")
+        sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
+    for name, err in sorted(failed.items()):
+        sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
+    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
     return 0
+
+
+def _kind_and_roles(task) -> tuple[str, str]:
+    """``single-turn`` or ``multi-turn, turn-based|simultaneous, N turns``, and the roles in order."""
+    from accord.envs.protocol import is_env
+
+    if is_env(task):
+        kind = f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns"
+    else:
+        kind = "single-turn"
+    return kind, ", ".join(task.agents)
 
 
 def _config_help() -> str:
@@ -112,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_report)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
+    p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
+                   help="import these modules first (their @register_task tasks are listed and checked)")
     p.set_defaults(func=_envs)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

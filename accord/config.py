@@ -89,7 +89,9 @@ class AgentConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("writing", "Task name (see `accord envs`).")
+    name: str = _f("writing", "Task name (see `accord envs`), or module:attribute of a task class or factory in your "
+                   "own module (e.g. my_tasks:GreetTask), or the name of an installed package's `accord.tasks` "
+                   "entry point.")
     options: dict = _f(help="Task-specific options, e.g. {variant: tldr, source: auto}.", factory=dict)
     train_size: int | None = _f(None, "Use at most this many training instances (None: all).")
     eval_size: int = _f(12, "Number of held-out instances to evaluate on.")
@@ -322,6 +324,9 @@ class Config:
     policies: dict = _f(help="Policy name -> PolicyConfig.", factory=_default_policies)
     agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents on 'main'.", factory=list)
     task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
+    imports: list = _f(help="Python modules imported before the task is looked up, e.g. [my_tasks] (their "
+                       "@register_task calls register tasks; the current directory is on the import path).",
+                       factory=list)
     algorithm: AlgorithmConfig = _f(help="Algorithm and loss.", factory=AlgorithmConfig)
     rollout: RolloutConfig = _f(help="Sampling.", factory=RolloutConfig)
     training: TrainingConfig = _f(help="Optimizer and update.", factory=TrainingConfig)
@@ -332,6 +337,9 @@ class Config:
 
     def __post_init__(self) -> None:
         _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))
+        for module in self.imports:
+            if not isinstance(module, str) or not module:
+                raise ConfigError(f"imports: {module!r} is not a module name; list module names, e.g. imports: [my_tasks]")
         if not self.policies:
             raise ConfigError("policies is empty; define at least one, e.g. policies: {main: {model: tiny-qwen2}}")
         names = [a.name for a in self.agents]

@@ -36,7 +36,7 @@ from accord.algorithms.advantages import check_advantage_config, group_advantage
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.distributed import gather, submit
-from accord.envs.base import TASKS, make_task
+from accord.envs.base import import_modules, make_task, task_factory
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
 from accord.logging import MetricAccumulator, make_sinks
@@ -51,9 +51,10 @@ logger = logging.getLogger(__name__)
 
 def build_task(cfg: Config):
     """The task or environment a config names, with its baseline variant applied."""
+    import_modules(cfg.imports)
     algo, options = cfg.algorithm, dict(cfg.task.options)
     if algo.baseline == "single_agent":
-        if cfg.task.name in TASKS and "single_agent" not in inspect.signature(TASKS[cfg.task.name][0]).parameters:
+        if "single_agent" not in inspect.signature(task_factory(cfg.task.name)[0]).parameters:
             raise ConfigError(f"algorithm.baseline=single_agent: task {cfg.task.name!r} has no single-agent variant "
                               "(no `single_agent` option); use baseline=centralized for a one-model baseline")
         options["single_agent"] = True
