@@ -19,6 +19,7 @@ from pathlib import Path
 from accord.config import ConfigError, describe, load_config
 from accord.envs.base import TaskError
 from accord.envs.check import EnvCheckError
+from accord.logging.console import configure_logging
 from accord.rollout.multiturn import TreeTooLargeError
 from accord.models import ModelNotFoundError
 from accord.policies import PromptTooLongError
@@ -44,7 +45,18 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(config_path, positional)
     run_dir = train(cfg, resume=bool(args.resume))
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    _log_held_out(run_dir, cfg.rollout.eval_temperature)
     return 0
+
+
+def _log_held_out(run_dir: Path, temperature: float) -> None:
+    """End the console with what the run learned: held-out results before -> after."""
+    from accord.logging import read_metrics
+    from accord.logging.console import held_out_summary
+
+    if (run_dir / "metrics.jsonl").is_file():
+        for line in held_out_summary(read_metrics(run_dir), temperature=temperature):
+            logger.info("%s", line)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -142,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="import these modules first (their @register_task tasks are listed and checked)")
     p.set_defaults(func=_envs)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)  # shares the progress bar's console
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError, EnvCheckError,

@@ -455,8 +455,22 @@ _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
 def _unknown_key(path: str, key: str, valid: list[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
+    if not path:  # a nested key given at the top level (steps=5 for run.steps=5): exact names first
+        hint = _nested_hint(key, exact=True) or hint or _nested_hint(key, exact=False)
     where = path or "the top level"
     return ConfigError(f"unknown config key {(path + '.' if path else '') + key!r}; {hint}valid keys at {where}: {valid}")
+
+
+def _nested_hint(key: str, exact: bool) -> str:
+    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``."""
+    leaves: dict[str, list[str]] = {}
+    for dotted, _, _ in describe():
+        if "." in dotted:
+            leaves.setdefault(dotted.rsplit(".", 1)[1], []).append(dotted)
+    close = [key] if key in leaves else [] if exact else difflib.get_close_matches(key, list(leaves), n=1)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:3]) + "? "
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:
