@@ -186,6 +186,9 @@ def test_imports_list_registers_an_environment_for_train_and_eval(project):
     # the registered name alone, without the imports, is unknown and the error says how to fix it
     bare = run("train", "cfg.yaml", "task.name=echo", "task.options={}", cwd=project)
     assert bare.returncode == 2 and "unknown task 'echo'" in bare.stderr and "imports" in bare.stderr
+    missing = run("train", "cfg.yaml", "imports=[mypkg.nothere]", cwd=project)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "imports: 'mypkg.nothere': module 'mypkg.nothere' does not import" in missing.stderr
 
 
 def test_entry_point_of_an_installed_package(project, tmp_path):
