@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from accord.config import ConfigError, describe, load_config
 from accord.envs.base import TaskError
 from accord.envs.check import EnvCheckError
+from accord.logging.console import configure_logging
 from accord.rollout.multiturn import TreeTooLargeError
 from accord.models import ModelNotFoundError
 from accord.policies import PromptTooLongError
@@ -43,7 +45,18 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(config_path, positional)
     run_dir = train(cfg, resume=bool(args.resume))
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    _log_held_out(run_dir, cfg.rollout.eval_temperature)
     return 0
+
+
+def _log_held_out(run_dir: Path, temperature: float) -> None:
+    """End the console with what the run learned: held-out results before -> after."""
+    from accord.logging import read_metrics
+    from accord.logging.console import held_out_summary
+
+    if (run_dir / "metrics.jsonl").is_file():
+        for line in held_out_summary(read_metrics(run_dir), temperature=temperature):
+            logger.info("%s", line)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -66,22 +79,47 @@ def _report(args: argparse.Namespace) -> int:
 
 def _envs(args: argparse.Namespace) -> int:
     from accord.envs import TASKS, make_task
+    from accord.envs.base import entry_point_names, import_modules, task_factory
     from accord.envs.protocol import is_env
 
+    import_modules(args.imports, "--import")
     if args.check:
         from accord.envs.check import check_env
 
         for name in args.check:
-            if name not in TASKS:
-                make_task(name)  # raises TaskError with the closest name
+            task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
             if not is_env(make_task(name)):
                 raise TaskError(f"{name!r} is a single-turn task, not a multi-turn environment; nothing to check")
             check_env(lambda: make_task(name))
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
+    failed = {}
+    for name in entry_point_names():
+        try:
+            task_factory(name)
+        except TaskError as err:
+            failed[name] = str(err)
+    sys.stdout.write(f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION\n")
     for name, (factory, description) in sorted(TASKS.items()):
-        sys.stdout.write(f"{name:12s} {description}\n")
+        required = [p.name for p in inspect.signature(factory).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        kind, roles = _kind_and_roles(make_task(name)) if not required else (f"(needs options {required})", "-")
+        sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
+    for name, err in sorted(failed.items()):
+        sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
+    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
     return 0
+
+
+def _kind_and_roles(task) -> tuple[str, str]:
+    """``single-turn`` or ``multi-turn, turn-based|simultaneous, N turns``, and the roles in order."""
+    from accord.envs.protocol import is_env
+
+    if is_env(task):
+        kind = f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns"
+    else:
+        kind = "single-turn"
+    return kind, ", ".join(task.agents)
 
 
 def _config_help() -> str:
@@ -112,10 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_report)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
+    p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
+                   help="import these modules first (their @register_task tasks are listed and checked)")
     p.set_defaults(func=_envs)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO)  # shares the progress bar's console
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError, EnvCheckError,

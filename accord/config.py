@@ -89,7 +89,9 @@ class AgentConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("writing", "Task name (see `accord envs`).")
+    name: str = _f("writing", "Task name (see `accord envs`), or module:attribute of a task class or factory in your "
+                   "own module (e.g. my_tasks:GreetTask), or the name of an installed package's `accord.tasks` "
+                   "entry point.")
     options: dict = _f(help="Task-specific options, e.g. {variant: tldr, source: auto}.", factory=dict)
     train_size: int | None = _f(None, "Use at most this many training instances (None: all).")
     eval_size: int = _f(12, "Number of held-out instances to evaluate on.")
@@ -336,6 +338,9 @@ class Config:
     policies: dict = _f(help="Policy name -> PolicyConfig.", factory=_default_policies)
     agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents on 'main'.", factory=list)
     task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
+    imports: list = _f(help="Python modules imported before the task is looked up, e.g. [my_tasks] (their "
+                       "@register_task calls register tasks; the current directory is on the import path).",
+                       factory=list)
     algorithm: AlgorithmConfig = _f(help="Algorithm and loss.", factory=AlgorithmConfig)
     rollout: RolloutConfig = _f(help="Sampling.", factory=RolloutConfig)
     training: TrainingConfig = _f(help="Optimizer and update.", factory=TrainingConfig)
@@ -346,6 +351,9 @@ class Config:
 
     def __post_init__(self) -> None:
         _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))
+        for module in self.imports:
+            if not isinstance(module, str) or not module:
+                raise ConfigError(f"imports: {module!r} is not a module name; list module names, e.g. imports: [my_tasks]")
         if not self.policies:
             raise ConfigError("policies is empty; define at least one, e.g. policies: {main: {model: tiny-qwen2}}")
         names = [a.name for a in self.agents]
@@ -461,8 +469,22 @@ _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
 def _unknown_key(path: str, key: str, valid: list[str]) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
+    if not path:  # a nested key given at the top level (steps=5 for run.steps=5): exact names first
+        hint = _nested_hint(key, exact=True) or hint or _nested_hint(key, exact=False)
     where = path or "the top level"
     return ConfigError(f"unknown config key {(path + '.' if path else '') + key!r}; {hint}valid keys at {where}: {valid}")
+
+
+def _nested_hint(key: str, exact: bool) -> str:
+    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``."""
+    leaves: dict[str, list[str]] = {}
+    for dotted, _, _ in describe():
+        if "." in dotted:
+            leaves.setdefault(dotted.rsplit(".", 1)[1], []).append(dotted)
+    close = [key] if key in leaves else [] if exact else difflib.get_close_matches(key, list(leaves), n=1)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:3]) + "? "
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:

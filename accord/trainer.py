@@ -37,7 +37,7 @@ from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.distributed import gather, submit
-from accord.envs.base import TASKS, make_task
+from accord.envs.base import import_modules, make_task, task_factory
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
 from accord.logging import MetricAccumulator, make_sinks
@@ -52,9 +52,10 @@ logger = logging.getLogger(__name__)
 
 def build_task(cfg: Config):
     """The task or environment a config names, with its baseline variant applied."""
+    import_modules(cfg.imports)
     algo, options = cfg.algorithm, dict(cfg.task.options)
     if algo.baseline == "single_agent":
-        if cfg.task.name in TASKS and "single_agent" not in inspect.signature(TASKS[cfg.task.name][0]).parameters:
+        if "single_agent" not in inspect.signature(task_factory(cfg.task.name)[0]).parameters:
             raise ConfigError(f"algorithm.baseline=single_agent: task {cfg.task.name!r} has no single-agent variant "
                               "(no `single_agent` option); use baseline=centralized for a one-model baseline")
         options["single_agent"] = True
@@ -280,7 +281,8 @@ class Trainer:
         with self._phase(acc, "reward"):
             joint = score_joint_actions(self.task, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
-            samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns)
+            samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
+                                    aligned=algo.joint_mode == "aligned")
         for r in joint.rewards:
             acc.add("team/reward", r)
         by_inst = defaultdict(list)
@@ -343,7 +345,8 @@ class Trainer:
             acc.add("adv/abs_mean", abs(s.advantage))
         table = [{"prompt": s.prompt_text, "agent": s.agent, "completion": s.completion_text, "reward": s.reward,
                   "return": s.ret, "advantage": s.advantage, "group": s.group, "turn": s.turn,
-                  "instance": rows[s.instance].get("id", s.instance), "finish_reason": s.finish_reason}
+                  "instance": rows[s.instance].get("id", s.instance), "finish_reason": s.finish_reason,
+                  "joint": s.extra.get("joint"), "sample": s.extra.get("sample")}
                  for s in samples]
         return acc.mean(), table
 
@@ -362,6 +365,8 @@ class Trainer:
     @contextmanager
     def _phase(self, acc: MetricAccumulator, name: str):
         t = time.perf_counter()
+        if self.sinks is not None:
+            self.sinks.set_activity(name)  # named in the console's heartbeat line
         yield
         acc.add(f"time/{name}", time.perf_counter() - t)
 
@@ -375,6 +380,8 @@ class Trainer:
         temp = self.cfg.rollout.eval_temperature
         acc = MetricAccumulator()
         t = time.perf_counter()
+        if self.sinks is not None:
+            self.sinks.set_activity("eval")
         eval_seed = self.cfg.run.seed + 7919
         for pname, pol in self.policies.items():   # the same stream at every evaluation; training's is untouched
             pol.seed_stream("eval", eval_seed + zlib.crc32(pname.encode()))
@@ -389,6 +396,8 @@ class Trainer:
                     acc.add("eval/team/reward", ep.team_return)
                     acc.add("eval/success", float(ep.success))
                     acc.add("eval/turns", max(len(h) for h in ep.history.values()))
+                    for a in self.agents:   # an agent's own (local) return; the summary shows it where it differs
+                        acc.add(f"eval/agent/{a}/return", ep.local_return.get(a, 0.0))
             else:
                 _, prompt_texts, gens, texts = self._generate(self.eval_rows, 1, greedy=temp == 0, stream="eval",
                                                               temperature=temp or 1.0)

@@ -17,7 +17,12 @@ It returns one finite float per joint action.
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.metadata
 import inspect
+import os
+import sys
+import types
 from typing import Any, Callable, Protocol
 
 Messages = list[dict[str, str]]
@@ -54,17 +59,143 @@ def register_task(name: str, description: str):
 
 
 def make_task(name: str, options: dict | None = None) -> Task:
-    """Build a registered task; unknown names or options get the closest valid one in the error."""
+    """Build a task: a registered name, a ``module:attribute`` reference or an ``accord.tasks`` entry
+    point (see :func:`task_factory`); unknown names or options get the closest valid one in the error."""
     options = dict(options or {})
-    if name not in TASKS:
-        close = difflib.get_close_matches(name, list(TASKS), n=1)
-        hint = f" did you mean {close[0]!r}?" if close else ""
-        raise TaskError(f"unknown task {name!r};{hint} available: {sorted(TASKS)} (see `accord envs`)")
-    factory = TASKS[name][0]
+    factory = task_factory(name)[0]
     params = inspect.signature(factory).parameters
     for key in options:
         if key not in params:
             close = difflib.get_close_matches(key, list(params), n=1)
             hint = f" did you mean {close[0]!r}?" if close else ""
             raise TaskError(f"task {name!r} has no option {key!r};{hint} valid options: {list(params)}")
-    return factory(**options)
+    task = factory(**options)
+    _check_task(name, task)
+    return task
+
+
+# --- tasks from the user's own modules ----------------------------------------------------------
+
+ENTRY_POINT_GROUP = "accord.tasks"
+"""Installed packages provide tasks under this entry-point group: ``name = "pkg.module:MyTask"``
+(a task class or factory) or ``name = "pkg.module"`` (a module whose ``@register_task(name)`` runs on import)."""
+
+
+def task_factory(name: str) -> tuple[Callable[..., Task], str]:
+    """(factory, description) of a task name, looked up in this order:
+
+    1. a registered name (the built-in tasks, and those of modules already imported, e.g. ``imports:``);
+    2. ``module:attribute`` (``my_pkg.my_tasks:MyTask``): the module is imported (the current directory
+       is on the import path, as with ``python -m``) and the attribute is a task class or factory;
+    3. an entry point of the group ``accord.tasks`` with that name, loaded only now.
+    """
+    if name in TASKS:
+        return TASKS[name]
+    if ":" in name:
+        return _from_reference(name)
+    if _load_entry_point(name):
+        return TASKS[name]
+    close = difflib.get_close_matches(name, list(TASKS), n=1)
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    raise TaskError(f"unknown task {name!r};{hint} available: {sorted(TASKS)} (see `accord envs`); for a task in your "
+                    "own module use task.name=my_module:MyTask, or list the module under `imports:`")
+
+
+def import_modules(modules: list[str] | tuple[str, ...], what: str = "imports") -> None:
+    """Import each module (for its ``@register_task`` calls), with the current directory on the path."""
+    for module in modules:
+        _import_module(module, f"{what}: {module!r}")
+
+
+def entry_point_names() -> list[str]:
+    """Names of the tasks installed packages provide under :data:`ENTRY_POINT_GROUP` (none loaded)."""
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def _describe(obj: Any, origin: str) -> str:
+    doc = inspect.getdoc(obj) or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    return f"{first} ({origin})" if first else f"({origin})"
+
+
+def _import_module(module: str, what: str) -> types.ModuleType:
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)  # like `python -m`, but after the installed packages: a local file never shadows them
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module == missing or module.startswith(missing + "."):
+            fix = (f"run accord from the directory that contains {module.split('.')[0]!r}, add that directory to "
+                   "PYTHONPATH, or pip install the package that provides it")
+        else:
+            fix = f"install {missing!r} or fix the import in module {module!r}"
+        raise TaskError(f"{what}: module {module!r} does not import (ModuleNotFoundError: {err}); {fix}") from err
+    except (ImportError, SyntaxError) as err:
+        raise TaskError(f"{what}: module {module!r} does not import ({type(err).__name__}: {err}); fix the module "
+                        "so that `python -c 'import " + module + "'` works") from err
+
+
+def _from_reference(ref: str) -> tuple[Callable[..., Task], str]:
+    module, _, attr = ref.partition(":")
+    if not module or not attr or not all(part.isidentifier() for part in module.split(".") + attr.split(".")):
+        raise TaskError(f"task {ref!r} is not a module:attribute reference; write it as my_pkg.my_module:MyTask "
+                        "(a task class or a function that returns a task)")
+    obj: Any = _import_module(module, f"task {ref!r}")
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=1)
+            hint = f" did you mean {close[0]!r}?" if close else ""
+            raise TaskError(f"task {ref!r}: module {module!r} has no attribute {attr!r};{hint} name the task class "
+                            "or factory defined in that module")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TaskError(f"task {ref!r}: {attr!r} in module {module!r} is of type {type(obj).__name__}, not a task class or "
+                        "factory; point task.name at a class or a function that returns a task")
+    return obj, _describe(obj, ref)
+
+
+def _load_entry_point(name: str) -> bool:
+    """Load the ``accord.tasks`` entry point ``name`` (registering it); False when there is none."""
+    eps = {ep.value: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name}
+    if not eps:
+        return False
+    if len(eps) > 1:
+        raise TaskError(f"task {name!r} is provided by several installed packages ({sorted(eps)}, entry-point group "
+                        f"{ENTRY_POINT_GROUP!r}); uninstall all but one, or name one as task.name=module:attribute")
+    (ep,) = eps.values()
+    dist = getattr(getattr(ep, "dist", None), "name", "an installed package")
+    try:
+        obj = ep.load()
+    except (ImportError, AttributeError, SyntaxError) as err:
+        raise TaskError(f"task {name!r}: the entry point {ep.value!r} of {dist} (group {ENTRY_POINT_GROUP!r}) does not "
+                        f"load ({type(err).__name__}: {err}); fix or reinstall {dist}") from err
+    if name in TASKS:  # the module registered it with @register_task(name)
+        return True
+    if isinstance(obj, types.ModuleType) or not callable(obj):
+        raise TaskError(f"task {name!r}: the entry point {ep.value!r} of {dist} gives a {type(obj).__name__} and "
+                        f"registers no task {name!r}; point it at a task class or factory (module:attribute), or "
+                        f"register the task in that module with @register_task({name!r}, ...)")
+    TASKS[name] = (obj, _describe(obj, f"{dist}, entry point {ep.value}"))
+    return True
+
+
+_TASK_METHODS = ("rows", "prompt", "reward")
+_ENV_METHODS = ("tasks", "reset", "step", "clone", "acting", "instructions")
+
+
+def _check_task(name: str, task: Any) -> None:
+    """A built task is a single-turn task or a multi-turn environment; else one line saying what it lacks."""
+    from accord.envs.protocol import is_env
+
+    lacks = [a for a in ("name", "agents") if not hasattr(task, a)]
+    if is_env(task):
+        lacks += [m for m in _ENV_METHODS if not callable(getattr(task, m, None))]
+    else:
+        lacks += [m for m in _TASK_METHODS if not callable(getattr(task, m, None))]
+    if lacks:
+        raise TaskError(f"task {name!r} built a {type(task).__name__}, which is not a task: it lacks {lacks}; a "
+                        "single-turn task needs name, agents, rows(), prompt() and reward(), a multi-turn environment "
+                        "the protocol of accord/envs/protocol.py (see README, 'Your own task')")

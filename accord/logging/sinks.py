@@ -28,6 +28,8 @@ import numbers
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -425,14 +427,23 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 @register_sink("console")
 class ConsoleSink(_SinkBase):
     """Rich progress bar (step, ETA, latest values of ``keys``) plus a compact
-    ``logging`` INFO line every ``every`` steps (and on the last step).
+    ``logging`` line every ``every`` steps (and on the last step).
 
-    When the console is not a terminal (CI, pipes, subprocesses), rich draws no
-    live bar (only its final state on close); the logging lines still appear.
-    ``progress=False`` disables the bar, keeping the log lines.
+    In a terminal the live bar is the progress display: the per-step line is logged at DEBUG
+    (``accord -v``), so the two do not repeat each other (the CLI logs through rich's handler on
+    the same console, so log lines print above the bar). When the console is not a terminal (CI,
+    pipes, a log file), rich draws no live bar (only its final state on close); the per-step lines
+    are logged at INFO, and while a step runs a heartbeat line is logged whenever ``heartbeat_s``
+    seconds pass without one (the step, the phase set by :meth:`set_activity`, the time into the
+    step and in all). ``progress=False`` disables the bar, keeping the log lines.
     """
 
     def __init__(
@@ -445,6 +456,7 @@ class ConsoleSink(_SinkBase):
         console: Console | None = None,
         progress: bool = True,
         description: str = "train",
+        heartbeat_s: float = 60.0,
     ) -> None:
         total_steps = _check_step(total_steps, "total_steps")
         start_step = _check_step(start_step, "start_step")
@@ -474,6 +486,31 @@ class ConsoleSink(_SinkBase):
         )
         self._task = self._progress.add_task(description, total=total_steps, completed=start_step, values="")
         self._started = False
+        self.live = progress and self._progress.console.is_terminal
+        self.activity = ""
+        self._completed = start_step
+        self._t0 = self._last_line = self._step_end = time.monotonic()
+        self._stop = threading.Event()
+        self._heartbeat = None
+        if heartbeat_s and heartbeat_s > 0 and not self.live:
+            self._heartbeat = threading.Thread(target=self._beat, args=(float(heartbeat_s),), daemon=True,
+                                               name="accord-console-heartbeat")
+            self._heartbeat.start()
+
+    def set_activity(self, text: str) -> None:
+        """Name what the run is doing now (a phase such as ``gen`` or ``eval``), for the heartbeat line."""
+        self.activity = text
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(max(0.05, self._last_line + every - time.monotonic())):
+            now = time.monotonic()
+            if now - self._last_line < every:
+                continue
+            doing = f" ({self.activity})" if self.activity else ""
+            _logger.info("step %d/%d running%s: %s into the step, %s in all", min(self._completed + 1,
+                         self.total_steps), self.total_steps, doing, _duration(now - self._step_end),
+                         _duration(now - self._t0))
+            self._last_line = now
 
     def _values_text(self) -> str:
         return "  ".join(f"{k}={_fmt(v)}" for k, v in self.latest.items())
@@ -491,8 +528,12 @@ class ConsoleSink(_SinkBase):
         completed = min(self.total_steps, step)  # step n = n updates done; 0 = before training
         self._progress.update(self._task, completed=completed, values=self._values_text())
         self._logged += 1
+        self._completed = completed
+        self._step_end = self._last_line = time.monotonic()
+        self.activity = ""
         if self._logged % self.every == 0 or completed >= self.total_steps:
-            _logger.info("step %d/%d  %s", completed, self.total_steps, self._values_text())
+            level = _logging.DEBUG if self.live else _logging.INFO  # in a terminal the bar shows these values
+            _logger.log(level, "step %d/%d  %s", completed, self.total_steps, self._values_text())
 
     def log_completions(self, step: int, rows: list[dict]) -> None:
         """Completion tables are not shown on the console."""
@@ -500,6 +541,9 @@ class ConsoleSink(_SinkBase):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._stop.set()
+            if self._heartbeat is not None:
+                self._heartbeat.join()
             if self._started:
                 self._progress.stop()
 
@@ -527,6 +571,12 @@ class MultiSink(_SinkBase):
         for sink in self.sinks:
             sink.log_completions(step, rows)
 
+    def set_activity(self, text: str) -> None:
+        """Pass what the run is doing now to the sinks that show it (the console's heartbeat)."""
+        for sink in self.sinks:
+            if callable(getattr(sink, "set_activity", None)):
+                sink.set_activity(text)
+
     def close(self) -> None:
         with contextlib.ExitStack() as stack:
             for sink in reversed(self.sinks):  # ExitStack unwinds LIFO -> closes in list order
@@ -544,6 +594,7 @@ def make_sinks(
     resume_from_step: int | None = None,
     console_keys: Sequence[str] = ("team/reward",),
     console_every: int = 1,
+    console_heartbeat_s: float = 60.0,
     extra: Iterable[MetricsSink] = (),
 ) -> MultiSink:
     """Build the standard sinks for a run directory.
@@ -564,7 +615,8 @@ def make_sinks(
         purge = None if resume_from_step is None else resume_from_step + 1
         sinks.append(SINKS["tensorboard"](run_dir, purge_step=purge))
     if console:
-        sinks.append(SINKS["console"](total_steps, start_step=start_step, keys=console_keys, every=console_every))
+        sinks.append(SINKS["console"](total_steps, start_step=start_step, keys=console_keys, every=console_every,
+                                      heartbeat_s=console_heartbeat_s))
     sinks.extend(extra)
     return MultiSink(sinks)
 

@@ -106,8 +106,13 @@ def sample_returns(batch: JointBatch, n_rows: int, n_agents: int, k: int, mode: 
 
 def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_ids: dict[str, list[list[int]]],
                   prompt_texts: dict[str, list[str]], gens: dict[str, list[list[Any]]], texts: dict[str, list[list[str]]],
-                  returns: torch.Tensor, step_offset: int = 0) -> list[Sample]:
-    """Samples of a single-turn step; group id = instance * N + agent index (offset by ``step_offset``)."""
+                  returns: torch.Tensor, step_offset: int = 0, aligned: bool = True) -> list[Sample]:
+    """Samples of a single-turn step; group id = instance * N + agent index (offset by ``step_offset``).
+
+    ``extra["sample"]`` is the sample's index among its agent's K samples of the instance; aligned joint
+    actions also get ``extra["joint"]`` = instance * K + sample, the joint action's index in the step's
+    reward call, shared by the agents' samples of one joint action (cross mode: every combination of
+    samples is a joint action, so a sample has no single joint id)."""
     out = []
     n = len(agents)
     for b in range(returns.size(0)):
@@ -119,6 +124,7 @@ def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_
                     prompt_ids=prompt_ids[a][b], completion_ids=g.ids, logprobs=g.logprobs,
                     finish_reason=g.finish_reason, prompt_text=prompt_texts[a][b], completion_text=texts[a][b][s],
                     reward=ret, ret=ret,
+                    extra={"sample": s, "joint": b * len(gens[a][b]) + s if aligned else None},
                 ))
     return out
 

