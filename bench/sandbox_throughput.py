@@ -8,7 +8,12 @@ Workloads (each a batch of ``--n`` candidates through ``run_many`` / ``run_tests
 
 - ``trivial``: ``print(1)``;
 - ``humaneval``: a HumanEval-like program (a small function with a loop and a helper) checked by the
-  test harness with 5 asserts (each run separately, one subprocess per candidate);
+  test harness with 5 literal asserts (planned without running anything; one subprocess per candidate,
+  verdicts in this process);
+- ``judged``: the same program with a ``for`` loop of asserts, which a judge replays: two subprocesses
+  per candidate (the candidate's calls, then the trusted judge);
+- ``humaneval_164``: the canonical solutions of the 164 HumanEval problems against their own tests
+  (``--n`` of them, cycling), plans made once beforehand (9 of the problems need the judge);
 - ``mix_10pct_timeouts``: the humaneval workload where every tenth candidate is ``while True: pass``,
   with ``--short-timeout`` seconds of wall clock (default 1 s).
 
@@ -59,6 +64,9 @@ def check(candidate):
 check(count_vowels)
 '''
 
+JUDGED_TESTS = TESTS.replace("    assert candidate(\"ACEDY\") == 3\n",
+                             "    for word, n in [(\"ACEDY\", 3), (\"sky\", 1)]:\n        assert candidate(word) == n\n")
+
 
 def _cpu_s() -> float:
     """CPU seconds of this process and of every (reaped) descendant: the sandboxes' cost, load-independent."""
@@ -98,17 +106,29 @@ def main() -> None:
     n = args.n
     trivial = ["print(1)"] * n
     humaneval = [(PROGRAM, TESTS, "count_vowels")] * n
+    judged_plan = box.plan_tests(JUDGED_TESTS, "count_vowels", reference=PROGRAM)
+    assert judged_plan.needs_judge
+    judged = [(PROGRAM, judged_plan)] * n
+    from accord.envs.code_data import humaneval_problems, suite_of
+
+    problems = humaneval_problems()
+    plans = box.plan_tests_many([suite_of(p) for p in problems])
+    real = [(problems[i % 164]["canonical"], plans[i % 164]) for i in range(n)]
     mix = [(("while True:\n    pass\n" if i % 10 == 9 else PROGRAM), TESTS, "count_vowels") for i in range(n)]
 
     # warm-up, and a check that the workloads do what they claim
     assert {r.status for r in box.run_many(trivial[:8])} == {"ok"}
     assert {(r.passed, r.total) for r in box.run_tests_many(humaneval[:4])} == {(5, 5)}
+    assert {(r.passed, r.total) for r in box.run_tests_many(judged[:4])} == {(5, 5)}
+    assert all(r.passed == r.total for r in box.run_tests_many(real[:8]))
     statuses = [r.result.status for r in short.run_tests_many(mix[:10])]
     assert statuses.count("timeout") == 1 and statuses.count("ok") == 9, statuses
 
     results = {
         "trivial": _measure(lambda: box.run_many(trivial), n, args.rounds),
         "humaneval_5_asserts": _measure(lambda: box.run_tests_many(humaneval), n, args.rounds),
+        "judged_loop_asserts": _measure(lambda: box.run_tests_many(judged), n, args.rounds),
+        "humaneval_164_canonical": _measure(lambda: box.run_tests_many(real), n, args.rounds),
         "mix_10pct_timeouts": _measure(lambda: short.run_tests_many(mix), n, args.rounds),
     }
     for name, r in results.items():

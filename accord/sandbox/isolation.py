@@ -260,13 +260,20 @@ def _rmdir(path: str) -> bool:
 
 
 class Cgroups:
-    """Creates one cgroup per run under ``<own cgroup>/accord-sbx-<pid>/`` for each usable controller."""
+    """Per-run cgroups under ``<own cgroup>/accord-sbx-<pid>/`` for each usable controller.
+
+    A run takes a slot (one cgroup per controller) from a pool and gives it back afterwards, so that
+    concurrent runs never share one; slots are reused rather than removed, since removing a cgroup waits
+    for its last dying task (about 10 ms of wall time per run here). The OOM count of a slot is cumulative:
+    a run reads it before and after.
+    """
 
     def __init__(self) -> None:
         self.bases: dict[str, str] = {}
         self.notes: list[str] = []
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        self._free: list[tuple[str, ...]] = []
         if os.geteuid() != 0:
             self.notes.append("not root: no per-run cgroups (memory is capped per process by RLIMIT_AS)")
             return
@@ -293,58 +300,64 @@ class Cgroups:
         if self.bases:
             atexit.register(self._cleanup)
 
-    def create(self, memory_bytes: int, max_procs: int) -> list[str]:
-        """Directories of a new run's cgroups, limits set; the runner joins them before it forks."""
+    def acquire(self, memory_bytes: int, max_procs: int) -> tuple[str, ...]:
+        """A free slot's cgroup directories with the run's limits set; the runner joins them before it forks."""
         with self._lock:
-            name = f"r{next(self._counter)}"
-        made = []
-        try:
-            for controller, base in self.bases.items():
-                path = os.path.join(base, name)
-                os.mkdir(path)
-                made.append(path)
-                if controller == "memory":
-                    _write(path, "memory.limit_in_bytes", memory_bytes)
-                    if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
-                        _write(path, "memory.memsw.limit_in_bytes", memory_bytes)
-                else:
-                    _write(path, "pids.max", max_procs)
-        except OSError:
-            self.remove(made)
-            raise
-        return made
+            slot = self._free.pop() if self._free else None
+            name = None if slot is not None else f"r{next(self._counter)}"
+        if slot is None:
+            made = []
+            try:
+                for base in self.bases.values():
+                    path = os.path.join(base, name)
+                    os.mkdir(path)
+                    made.append(path)
+            except OSError:
+                for path in made:
+                    _rmdir(path)
+                raise
+            slot = tuple(made)
+        for path in slot:
+            if os.path.exists(os.path.join(path, "memory.limit_in_bytes")):
+                # cgroup v1 keeps memory <= memory+swap: lower the memory limit first, raise memsw first
+                names = ["memory.limit_in_bytes"]
+                if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
+                    names.append("memory.memsw.limit_in_bytes")
+                    if memory_bytes > _read_int(path, "memory.limit_in_bytes"):
+                        names.reverse()
+                for name in names:
+                    _write(path, name, memory_bytes)
+            elif os.path.exists(os.path.join(path, "pids.max")):
+                _write(path, "pids.max", max_procs)
+        return slot
+
+    def release(self, slot: tuple[str, ...]) -> None:
+        with self._lock:
+            self._free.append(slot)
 
     @staticmethod
-    def oom_killed(paths: list[str]) -> bool:
-        """Whether the kernel's OOM killer acted in the run's memory cgroup."""
-        for path in paths:
+    def oom_kills(slot: tuple[str, ...]) -> int:
+        """The kernel OOM killer's count in the slot's memory cgroup (cumulative over the slot's runs)."""
+        for path in slot:
             try:
                 with open(os.path.join(path, "memory.oom_control"), encoding="ascii") as fh:
                     for line in fh:
-                        if line.startswith("oom_kill ") and int(line.split()[1]) > 0:
-                            return True
+                        if line.startswith("oom_kill "):
+                            return int(line.split()[1])
             except (OSError, ValueError):
                 continue
-        return False
-
-    @staticmethod
-    def remove(paths: list[str]) -> None:
-        """Remove a finished run's cgroups (their processes are dead or dying: retry for up to 2 s)."""
-        for path in paths:
-            deadline = time.monotonic() + 2.0
-            delay = 0.0005
-            while not _rmdir(path):
-                if time.monotonic() > deadline:
-                    logger.warning("sandbox: cannot remove the cgroup %s (processes left in it?)", path)
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
+        return 0
 
     def _cleanup(self) -> None:
         for base in self.bases.values():
             for run in glob.glob(os.path.join(base, "r*")):
                 _rmdir(run)
             _rmdir(base)
+
+
+def _read_int(path: str, name: str) -> int:
+    with open(os.path.join(path, name), encoding="ascii") as fh:
+        return int(fh.read().strip())
 
 
 def _write(path: str, name: str, value: int) -> None:

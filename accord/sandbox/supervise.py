@@ -193,19 +193,19 @@ class Runner:
         uid_base = self.config.uid_base if self.config.uid_base is not None else default_uid_base()
         uid = UIDS.acquire(uid_base) if self.plan.uid_drop else None
         workdir = tempfile.mkdtemp(prefix="accord-sbx-")
-        groups: list[str] = []
+        groups: tuple[str, ...] = ()
         try:
             if self.cgroups is not None and self.cgroups.bases:
-                groups = self.cgroups.create(self.config.memory_mb * 1024 * 1024, self.config.max_procs + 8)
+                groups = self.cgroups.acquire(self.config.memory_mb * 1024 * 1024, self.config.max_procs + 8)
             return self._execute_in(workdir, uid, groups, mode, code, stdin, files or {}, extra or {}, probing)
         finally:
             _rmtree(workdir)
             if groups:
-                Cgroups.remove(groups)
+                self.cgroups.release(groups)
             if uid is not None:
                 UIDS.release(uid_base, uid)
 
-    def _prepare(self, workdir: str, uid: int | None, groups: list[str], mode: str, code: str,
+    def _prepare(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
                  files: dict[str, str], extra: dict, nonce: str, report_fd: int) -> str:
         """Write the files and the job; returns the directory the child starts in."""
         home = os.path.join(workdir, "files")
@@ -233,7 +233,7 @@ class Runner:
             filename = "/sandbox/" + SOLUTION
         job = {
             "nonce": nonce, "report_fd": report_fd, "mode": mode, "code": code, "filename": filename,
-            "uid": uid, "limits": self._limits(), "root": root, "cgroups": groups,
+            "uid": uid, "limits": self._limits(), "root": root, "cgroups": list(groups),
             "hostname": "--uts" in self.plan.flags, "seccomp": self.plan.seccomp,
             "tmpfs_mb": self.config.tmpfs_mb, "disk_mb": self.config.disk_mb, "max_files": self.config.max_files,
         }
@@ -248,7 +248,7 @@ class Runner:
                     os.chown(os.path.join(dirpath, name), uid, uid)
         return home
 
-    def _execute_in(self, workdir: str, uid: int | None, groups: list[str], mode: str, code: str,
+    def _execute_in(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
                     stdin: str | None, files: dict[str, str], extra: dict,
                     probing: bool) -> tuple[Raw, list[dict], bool]:
         cfg = self.config
@@ -317,7 +317,7 @@ class Runner:
             _sweep_uid(uid)
 
     def _supervise(self, proc: subprocess.Popen, report_r: int, start: float, uid: int | None,
-                   groups: list[str]) -> Raw:
+                   groups: tuple[str, ...]) -> Raw:
         """Read the three pipes until they close, the deadline passes or output overflows; then clean up."""
         cfg = self.config
         assert proc.stdout is not None and proc.stderr is not None
@@ -329,6 +329,7 @@ class Runner:
             poller.register(fd, select.POLLIN)
         open_fds = set(buffers)
         deadline = start + cfg.timeout_s
+        oom_before = Cgroups.oom_kills(groups) if groups else 0
         killed: str | None = None
         truncated = False
         cleaned = False
@@ -380,7 +381,7 @@ class Runner:
             proc.stdout.close()
             proc.stderr.close()
         return Raw(killed, returncode, bytes(buffers[out_fd]), bytes(buffers[err_fd]), bytes(buffers[report_r]),
-                   truncated, time.monotonic() - start, Cgroups.oom_killed(groups))
+                   truncated, time.monotonic() - start, bool(groups) and Cgroups.oom_kills(groups) > oom_before)
 
 
 # --------------------------------------------------------------------------------------------------
