@@ -1,9 +1,10 @@
 """The sandbox's child runner: the only code of accord that runs inside a sandbox.
 
-The parent (:mod:`accord.sandbox.supervise`) starts ``python -I -S -c <this file's source> <job file>``;
-``-c`` means the file itself is never exposed inside the sandbox, and everything here uses only builtin
-and standard-library modules (the sandbox sees nothing else). The module is importable for tests and
-linters; :func:`main` runs only when the source is executed as ``__main__``.
+The parent (:mod:`accord.sandbox.supervise`) compiles this file once and writes the code object into
+each run's job file; ``python -I -S -c <bootstrap> <job file>`` loads both and calls :func:`main`. So
+the file itself is never exposed inside the sandbox, and everything here uses only builtin and
+standard-library modules (the sandbox sees nothing else). The module is importable for tests and
+linters.
 
 A run has two processes in the sandbox's pid namespace:
 
@@ -578,11 +579,8 @@ def _worker(job, report):
     _finish(0)
 
 
-def main():
-    path = sys.argv[1]
-    with open(path, "rb") as fh:
-        job = marshal.loads(fh.read())
-    os.unlink(path)
+def main(job):
+    """Run one job (a dict written by the parent; see :mod:`accord.sandbox.supervise`)."""
     tag = ("@accord-" + job.pop("nonce") + " ").encode()
     fd = job["report_fd"]
 
@@ -633,6 +631,3 @@ def main():
     report(e="exit", code=os.WEXITSTATUS(status))
     os._exit(os.WEXITSTATUS(status))
 
-
-if __name__ == "__main__":
-    main()

@@ -40,7 +40,14 @@ JOB = ".accord-job"
 RESERVED = {SOLUTION, JOB}
 _REPORT_CAP = 1 << 22  # bytes of report-pipe data kept; more is treated as an output flood
 _READ_CHUNK = 1 << 16
-_CHILD_SOURCE = (Path(__file__).with_name("child.py")).read_text(encoding="utf-8")
+_CHILD_PATH = Path(__file__).with_name("child.py")
+# Compiled once per process (compiling it in every sandbox would cost ~4 ms of each run): the job file
+# carries the code object, and this bootstrap, the only source given to the interpreter, runs it.
+_CHILD_CODE = compile(_CHILD_PATH.read_text(encoding="utf-8"), "accord-sandbox-child", "exec", dont_inherit=True)
+_BOOTSTRAP = ("import marshal, os, sys\n"
+              "with open(sys.argv[1], 'rb') as fh:\n    code, job = marshal.loads(fh.read())\n"
+              "os.unlink(sys.argv[1])\nchild = {'__name__': 'accord_sandbox_child'}\n"
+              "exec(code, child)\nchild['main'](job)\n")
 _PROBE_CODE = ("import os, decimal, fractions, statistics, socket, hashlib, json, re, random, collections\n"
                "print(os.getuid(), decimal.Decimal(1) / 4, os.getcwd())\n")
 
@@ -163,7 +170,7 @@ class Runner:
 
     def _argv(self, net: bool, job_path: str) -> list[str]:
         python = [sys.executable, "-I"] + ([] if self.config.site_packages else ["-S"])
-        python += ["-c", _CHILD_SOURCE, job_path, f"{PROCESS_MARKER}:{os.getpid()}"]
+        python += ["-c", _BOOTSTRAP, job_path, f"{PROCESS_MARKER}:{os.getpid()}"]
         flags = list(self.plan.flags)
         if net:
             flags += ["--net"] if (flags or os.geteuid() == 0) else ["--user", "--map-root-user", "--net"]
@@ -240,7 +247,7 @@ class Runner:
         job.update(extra)
         fd = os.open(os.path.join(workdir, JOB), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(marshal.dumps(job))
+            fh.write(marshal.dumps((_CHILD_CODE, job)))
         if uid is not None and root is None:  # no root of its own: the code works in the host directory
             for dirpath, _dirnames, filenames in os.walk(home):
                 os.chown(dirpath, uid, uid)
