@@ -513,3 +513,22 @@ def test_temp_dirs_are_removed(box):
     box.run("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\nos.chmod('a', 0)")
     box.run_many(["print(1)"] * 3)
     assert _sandbox_dirs() - before == set()
+
+
+def test_harness_bad_return_values_fail_cleanly(quick):
+    program = ("import sys\n"
+               "def f(kind):\n"
+               "    if kind == 'recurse':\n        return f(kind)\n"
+               "    if kind == 'huge':\n        return 'x' * (3 * 2**20)\n"
+               "    if kind == 'many':\n        return [0] * 200_000\n"
+               "    if kind == 'flood':\n        sys.stdout.write('y' * 10**6)\n        return 1\n"
+               "    return kind\n")
+    run = quick.run_tests(program, [f"assert f({k!r}) == 0" for k in ("recurse", "huge", "many")]
+                          + ["assert f('ok') == 'ok'"], "f")
+    errors = [c.error for c in run.result.test_cases]
+    assert errors[0].startswith("RecursionError")
+    assert errors[1].startswith("not plain data") and errors[2].startswith("not plain data"), errors
+    assert (run.passed, run.result.status) == (1, "ok")
+    run = quick.run_tests(program, ["assert f('ok') == 'ok'", "assert f('flood') == 1"], "f")
+    assert (run.result.status, run.result.truncated) == ("output_limit", True)
+    assert run.passed == 1 and run.result.test_cases[1].error.startswith("no return value")
