@@ -514,4 +514,8 @@ def test_trainer_runs_multi_turn_humaneval_and_code(tiny_cfg):
                         rollout={"max_prompt_tokens": 2048, "history_turns": 0})
         data["run"]["run_dir"] += algo["name"]
         metrics = Trainer(config_from_dict(data)).train()
-        assert metrics["perf/samples"] > 0
+        # batch 2; untrained, no episode ends early. MAGRPO tree, 2 turns, K = 2: 2 + 2 * 2 joint actions of 2
+        # agents per problem. AT-GRPO: 2 turns x 2 agents x K = 2 candidates per problem.
+        expected = 2 * (2 + 4) * 2 if algo["name"] == "magrpo" else 2 * 2 * 2 * 2
+        assert metrics["perf/samples"] == expected, (algo, metrics["perf/samples"])
+        assert metrics["episode/turns"] == 2.0

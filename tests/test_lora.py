@@ -1,5 +1,7 @@
 """specialization=lora: one frozen base, one PEFT adapter per policy (tiny models only)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from accord.logging import read_metrics
 from accord.models import load_model_and_tokenizer
 from accord.policies_lora import LoraPolicy, build_lora_policies, generate_by_policy
 from accord.rollout.sample import Sample
-from accord.trainer import Trainer
+from accord.trainer import Trainer, train
 
 TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}
 FEW = ["q_proj", "v_proj"]  # fewer adapted modules keep the tiny runs fast
@@ -72,12 +74,15 @@ def test_lora_runs_on_the_local_backend_only(tiny_cfg):
         config_from_dict(data)
 
 
-def test_unknown_target_module_names_the_available_ones_before_training(tiny_cfg, monkeypatch):
-    called = []
-    monkeypatch.setattr(Trainer, "train_step", lambda *a, **k: called.append(1))
+def test_unknown_target_module_names_the_available_ones_before_training(tiny_cfg):
+    data = lora_data(tiny_cfg, lora={"target_modules": ["q_proj", "qkv"]})
+    data["run"]["eval_before"] = True  # an evaluation would write metrics before the first step
     with pytest.raises(ConfigError, match=r"\['qkv'\] match no module.*'down_proj'.*'q_proj'.*'v_proj'"):
-        Trainer(config_from_dict(lora_data(tiny_cfg, lora={"target_modules": ["q_proj", "qkv"]})))
-    assert not called
+        train(config_from_dict(data))  # the entry point `accord train` uses
+    run_dir = Path(data["run"]["run_dir"])
+    metrics = run_dir / "metrics.jsonl"
+    assert not metrics.exists() or metrics.read_text().strip() == ""  # nothing evaluated or trained
+    assert not list(run_dir.glob("**/step_*"))  # no checkpoint
 
 
 def test_one_base_adapters_on_every_projection_base_frozen(tiny_cfg):

@@ -350,4 +350,7 @@ def test_trainer_smoke_on_math(tiny_cfg):
                                                                              "max_position_embeddings": 4096}}},
                     rollout={"max_prompt_tokens": 4096})
     metrics = Trainer(config_from_dict(data)).train()
-    assert metrics["perf/samples"] > 0 and 0.0 <= metrics["eval/success"] <= 1.0
+    # AT-GRPO: batch 2 x 1 turn x 2 agents (tool, reasoner) x K = 2 candidates, each a sample
+    assert metrics["perf/samples"] == 2 * 1 * 2 * 2 and metrics["episode/turns"] == 1.0
+    assert "agent/tool/local_reward" in metrics and "agent/reasoner/local_reward" in metrics
+    assert metrics["eval/turns"] == 1.0 and (metrics["eval/success"] * 2).is_integer()  # 2 held-out problems
