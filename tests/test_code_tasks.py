@@ -416,8 +416,10 @@ def test_read_tests():
                                       "for i in range(3):\n    assert f(i) >= 0\nassert g(1) == 1\n"
                                       "assert f(X) == 4\nassert not f([1, -2])\nassert 'x' != f(s='y')\n"
                                       "assert f(open(__file__).read()) is not None"), "f", 20)
-    # only literal asserts on f: nothing of the tester's code ever runs
-    assert sources == ["assert f(1) == 2", "assert not f([1, -2])", "assert 'x' != f(s='y')"]
+    # only literal asserts on f that pin a value: nothing of the tester's code ever runs
+    assert sources == ["assert f(1) == 2"]
+    assert read_tests("assert f(2) is None\nassert 3 == f(s='y')\nassert f(1) is not None\nassert f(0)", "f",
+                      20)[1] == ["assert f(2) is None", "assert 3 == f(s='y')"]
     assert code == "\n".join(sources) + "\n"
     assert read_tests("no tests here", "f", 20) == ("", [])
     assert len(read_tests("\n".join(f"assert f({i}) == {i}" for i in range(30)), "f", 5)[1]) == 5
@@ -452,8 +454,9 @@ def test_code_env_rewards_and_end(problems):
         scores[name] = res.local_rewards["tester"]
         assert res.team_reward == 0.0
     # useful = right on the canonical AND failing on the None stub; x (0.5 + 0.5 * caught the coder's bug)
-    # `f(1.0) == f(1.0)` is not a test at all (no literal expected value): "half" has 2 useful tests of 3.
-    assert scores == {"good": 1.0, "vacuous": 0.0, "wrong": 0.0, "none": 0.0, "half": 2 / 3, "miss": 0.5}
+    # `f(1.0) == f(1.0)` and `f(2) is not 7` are not tests at all (no pinned literal value): "vacuous" has
+    # none and "half" only its two good ones.
+    assert scores == {"good": 1.0, "vacuous": 0.0, "wrong": 0.0, "none": 0.0, "half": 1.0, "miss": 0.5}
     r = env.step({"tester": fenced(good)})
     assert not r.done and r.info["n_tests"] == 2
     assert "FAIL: assert truncate_number(3.5) == 0.5 -> AssertionError: got 3.5" in r.observations["coder"]

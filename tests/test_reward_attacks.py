@@ -303,3 +303,111 @@ def test_no_vsock_and_no_network(box):
     assert "connected" not in result.stdout
     assert lines[0] == f"{int(socket.AF_VSOCK)} 97"  # EAFNOSUPPORT from the seccomp filter
     assert os.getpid() > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Attacks on the trainer and on the run's status (found by red-teaming this sandbox)
+# --------------------------------------------------------------------------------------------------
+
+# Writes events with the worker's own report function, found by walking up the stack, and also tries
+# the runner's control channel (`control`, in the worker's frame, whose descriptor is closed by then).
+FORGE = '''import sys, os
+f = sys._getframe(0)
+while "report" not in f.f_locals:
+    f = f.f_back
+for name in ("report", "control"):
+    fn = f.f_locals.get(name)
+    if fn is not None:
+        cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+        try:
+            os.write(cells["fd"], cells["tag"] + b'{"e":"%s"%s}\\n')
+        except OSError:
+            pass
+'''
+FAILING = "print(41)\nraise ValueError('wrong approach')\n"
+
+
+def test_forged_events_cannot_choose_the_status(box):
+    honest = box.run(FAILING)
+    assert (honest.status, honest.exception) == ("error", "ValueError")
+    for event, extra in (("setup", ',"error":"x"'), ("exit", ',"code":0'), ("start", "")):
+        forged = box.run(FORGE % (event, extra) + FAILING)
+        assert (forged.status, forged.returncode) == ("error", 1), (event, forged)
+
+
+def test_math_tool_cannot_dodge_its_error_penalty():
+    env = make_task("math", {"source": "reasoning_gym"})
+    task = env.tasks("train", limit=1)[0]
+    rewards = []
+    for program in (FAILING, FORGE % ("setup", ',"error":"x"') + FAILING):
+        env.reset(task)
+        res = env.step({"tool": f"```python\n{program}```"})
+        rewards.append((res.info["tool_status"], res.local_rewards["tool"]))
+    assert rewards[0] == rewards[1] == ("error", pytest.approx(-0.1)), rewards
+
+
+def test_colliding_hashes_are_refused_in_linear_time():
+    from accord.sandbox.plain import PlainDataError, decode
+
+    p = 2**61 - 1  # k * p all hash to 0: building a set of them is quadratic
+    for text in ('{"s":[' + ",".join(str(k * p) for k in range(1, 20_000)) + "]}",
+                 '{"d":[' + ",".join(f"[{k * p},0]" for k in range(1, 20_000)) + "]}"):
+        with pytest.raises(PlainDataError, match="share one hash"):
+            decode(text)
+    assert decode('{"s":[1,2,3]}') == {1, 2, 3}
+
+
+def test_hash_flood_through_forged_call_values(task, problems, honest):
+    body = ("import sys, os, json\nP = 2**61 - 1\n"
+            "text = '{\"s\":[' + ','.join(str(k * P) for k in range(1, 40000)) + ']}'\n"
+            "f = sys._getframe(1)\nwhile 'report' not in f.f_locals:\n    f = f.f_back\n"
+            "rep = f.f_locals['report']\n"
+            "cells = dict(zip(rep.__code__.co_freevars, (c.cell_contents for c in rep.__closure__)))\n"
+            "line = cells['tag'] + json.dumps({'e': 'call', 'i': 0, 'ok': True, 'v': text}).encode() + b'\\n'\n"
+            "while line:\n    line = line[os.write(cells['fd'], line):]\nreturn 0")
+    helper, main = _pair(problems[0], "", body)
+    [levels] = task.score([helper], [main], problems[:1])
+    assert levels["tests"] <= honest[0]["tests"] + 1e-9
+
+
+def test_no_kernel_keyrings_and_no_new_namespaces(box):
+    if not probe_isolation().seccomp:
+        pytest.skip("no seccomp here")
+    code = ("import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "r = libc.syscall(248 if os.uname().machine == 'x86_64' else 217, b'user', b'k', b'secret', 6, -4)\n"
+            "print(r, errno.errorcode.get(ctypes.get_errno()))\n"
+            "print(libc.unshare(0x10000000), errno.errorcode.get(ctypes.get_errno()))\n"
+            "import threading\nt = threading.Thread(target=print, args=('thread ok',))\nt.start()\nt.join()\n"
+            "pid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint('fork ok', os.waitpid(pid, 0)[1])\n")
+    result = box.run(code)
+    assert result.stdout.splitlines() == ["-1 EPERM", "-1 EPERM", "thread ok", "fork ok 0"], result
+
+
+def test_the_runner_is_hidden_from_the_code(box):
+    if not probe_isolation().pid_namespace:
+        pytest.skip("no pid namespace here")
+    result = box.run("import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()) == [str(os.getpid())],"
+                     " os.path.exists('/proc/1/cmdline'))")
+    assert result.stdout.strip() == "True False", result
+
+
+def test_lone_surrogates_from_a_candidate_never_reach_the_tokenizer(problems):
+    env = make_task("humaneval", {"multi_turn": True})
+    env.reset(problems[0])
+    helper = "```python\ndef aux(*args, **kwargs):\n    raise ValueError(chr(0xD800) * 3)\n```"
+    main = f"```python\ndef {problems[0]['entry_point']}(*args):\n    return aux(*args)\n```"
+    res = env.step({"helper": helper, "main": main})
+    for text in res.observations.values():
+        text.encode("utf-8")  # raises on a lone surrogate
+    assert "ValueError" in res.observations["main"]
+
+
+def test_tester_tests_must_pin_a_value(problems):
+    p = next(q for q in problems if q["id"] == "HumanEval/2")
+    env = make_task("code", {})
+    env.reset(p)
+    env.step({"coder": "```python\ndef truncate_number(number):\n    return number\n```"})
+    for weak in ("assert truncate_number(3.5) is not None", "assert truncate_number(3.5) != None",
+                 "assert truncate_number(3.5)", "assert truncate_number(3.5) != 7"):
+        res = env.clone().step({"tester": f"```python\n{weak}\n```"})
+        assert res.local_rewards["tester"] == 0.0 and not res.done, weak

@@ -18,11 +18,11 @@ Reading the outputs (static, nothing executed in the trainer)
 Both go through :func:`~accord.envs.code_common.extract_code`. The **coder's** code is normalised
 (top-level imports, ``def``/``class`` and assignments kept) and must define the entry point at the top
 level; the program run is ``preamble + code``. A coder output without the entry point is not run: it
-passes nothing. The **tester's** tests (:func:`read_tests`): its top-level asserts of the form
-``assert ENTRY(ARGS) == EXPECTED`` (or ``!=``, ``is``, ``is not``, either side; ``assert ENTRY(ARGS)``;
-``assert not ENTRY(ARGS)``) whose arguments and expected value are literals, at most ``max_tests`` of
-them (the first ones); everything else is dropped (``assert True``, asserts about other things, setup
-code, computed expected values). **No code of the tester ever runs**: a test is an input and an expected
+passes nothing. The **tester's** tests (:func:`read_tests`): its top-level asserts that pin a value,
+``assert ENTRY(ARGS) == EXPECTED`` (either side) or ``assert ENTRY(ARGS) is True``/``False``/``None``,
+whose arguments and expected value are literals, at most ``max_tests`` of them (the first ones);
+everything else is dropped (``assert True``, ``assert ENTRY(x)``, ``!=``, ``is not None``, asserts about
+other things, setup code, computed expected values). **No code of the tester ever runs**: a test is an input and an expected
 value, and whether it passes on a program is decided in the trainer by comparing the expected value with
 the plain value the program returned (:mod:`accord.sandbox.harness`). A test that inspects its own source,
 the program or the harness cannot even be written in this form.
@@ -120,10 +120,12 @@ def stub_program(problem: dict[str, Any]) -> str:
 def read_tests(text: str, entry_point: str, max_tests: int) -> tuple[str, list[str]]:
     """(test code, source of each test) from a tester's answer; ``("", [])`` when it has none.
 
-    A test is a top-level ``assert ENTRY(ARGS) <op> EXPECTED`` (``==``, ``!=``, ``is``, ``is not``, either
-    side), ``assert ENTRY(ARGS)`` or ``assert not ENTRY(ARGS)`` whose arguments and expected value are
-    literals; at most ``max_tests`` of them, the first ones. Everything else is dropped: nothing of the
-    tester's code ever runs, so its tests are judged by comparing values (see the module docstring).
+    A test states an exact expected value: a top-level ``assert ENTRY(ARGS) == EXPECTED`` (either side),
+    or ``assert ENTRY(ARGS) is True`` / ``False`` / ``None``, whose arguments and expected value are
+    literals; at most ``max_tests`` of them, the first ones. Everything else is dropped: checks that do
+    not pin a value (``assert ENTRY(x)``, ``!= v``, ``is not None``: a stub fails them, so they would
+    pass as useful while checking almost nothing), computed values, setup code. Nothing of the tester's
+    code ever runs: its tests are judged by comparing values (see the module docstring).
     """
     tree = safe_parse(extract_code(text))
     if tree is None:
@@ -132,7 +134,11 @@ def read_tests(text: str, entry_point: str, max_tests: int) -> tuple[str, list[s
     for stmt in tree.body:
         if len(sources) >= max_tests:
             break
-        if literal_parts(stmt, entry_point) is None:
+        parts = literal_parts(stmt, entry_point)
+        if parts is None:
+            continue
+        op, _, _, expected = parts
+        if not (op == "==" or (op == "is" and any(expected is v for v in (True, False, None)))):
             continue
         try:
             sources.append(ast.unparse(stmt))

@@ -155,13 +155,22 @@ def _oom_message(stderr: bytes) -> bool:
     return any(m in tail for m in (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory"))
 
 
-def classify(raw: Raw, evs: list[dict], net: bool) -> ExecResult:
-    """The :class:`ExecResult` of a finished run (see the module docstring for the statuses)."""
+def classify(raw: Raw, control: list[dict], worker: list[dict], net: bool) -> ExecResult:
+    """The :class:`ExecResult` of a finished run (see the module docstring for the statuses).
+
+    Whether the code ran and how it exited come from the runner's control channel, which the job's code
+    cannot write to; ``syntax`` and ``exc`` (the labels syntax_error / memory and the exception's type)
+    come from the worker's channel, so a candidate could only swap one failing label for another.
+    """
     stdout = raw.stdout.decode("utf-8", errors="replace")
     stderr = raw.stderr.decode("utf-8", errors="replace")
     kinds: dict = {}
-    for e in evs:
-        kinds.setdefault(e.get("e"), e)
+    for e in worker:
+        if e.get("e") in ("syntax", "exc"):
+            kinds.setdefault(e.get("e"), e)
+    for e in control:
+        if e.get("e") in ("start", "setup", "exit"):
+            kinds.setdefault(e.get("e"), e)
     exit_event = kinds.get("exit")
     returncode: int | None = raw.returncode
     if exit_event is not None:
@@ -248,8 +257,8 @@ class Sandbox:
     # --- plain runs -----------------------------------------------------------------------------
     def _run(self, mode: str, code: str, stdin: str | None = None, files: dict[str, str] | None = None,
              extra: dict | None = None) -> tuple[ExecResult, list[dict]]:
-        raw, evs, net = self._runner.execute(mode, code, stdin=stdin, files=files, extra=extra)
-        return classify(raw, evs, net), evs
+        raw, control, worker, net = self._runner.execute(mode, code, stdin=stdin, files=files, extra=extra)
+        return classify(raw, control, worker, net), worker
 
     def run(self, code: str, stdin: str | None = None, files: dict[str, str] | None = None) -> ExecResult:
         """Run ``code`` as ``__main__`` with ``stdin`` as its standard input and ``files`` (relative path ->

@@ -29,9 +29,10 @@ under them covered by an empty read-only tmpfs; ``/dev`` holds only ``null``, ``
 private tmpfs; the working directory ``/sandbox`` is a size-capped tmpfs holding the program and the
 caller's files.
 
-Reports go to an inherited pipe, one line per event, tagged with a per-run nonce. The nonce keeps the
-framing apart from stray writes; it is not what makes verdicts safe: a candidate can write any event
-it likes, which amounts to claiming return values, and every verdict is computed outside its process.
+Reports go to two inherited pipes, one line per event, tagged with a per-run nonce (see :func:`main`):
+the runner's control channel, closed in the worker before any code of the job runs, and the worker's
+channel. A candidate can write any event it likes to the second, which amounts to claiming return
+values; every verdict is computed outside its process, and its status from the control channel.
 """
 
 from __future__ import annotations
@@ -165,9 +166,26 @@ def event_line(tag, event):
 # --------------------------------------------------------------------------------------------------
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MNT_DETACH = 2
-_SYSCALLS = {  # machine -> (pivot_root, socket, socketpair, io_uring_setup, audit arch)
-    "x86_64": (155, 41, 53, 425, 0xC000003E),
-    "aarch64": (41, 198, 199, 425, 0xC00000B7),
+EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
+_NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+# Per machine: its audit arch, then syscall numbers. Refused in the worker: namespaces of its own (unshare,
+# setns, clone with namespace flags; clone3 with ENOSYS so that libc falls back to clone), the kernel
+# keyrings (a key outlives the run and is readable by later runs of the same uid), mount changes,
+# ptrace and reading other processes' memory, bpf, perf events, userfaultfd, io_uring (it bypasses
+# seccomp), AF_VSOCK sockets (vsock ignores network namespaces) and any syscall of another ABI.
+_SYSCALLS = {
+    "x86_64": {"arch": 0xC000003E, "pivot_root": 155, "socket": 41, "socketpair": 53, "clone": 56,
+               "deny": {"unshare": 272, "setns": 308, "add_key": 248, "request_key": 249, "keyctl": 250,
+                        "mount": 165, "umount2": 166, "pivot_root": 155, "ptrace": 101, "process_vm_readv": 310,
+                        "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
+                        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+               "enosys": {"clone3": 435}},
+    "aarch64": {"arch": 0xC00000B7, "pivot_root": 41, "socket": 198, "socketpair": 199, "clone": 220,
+                "deny": {"unshare": 97, "setns": 268, "add_key": 217, "request_key": 218, "keyctl": 219,
+                         "mount": 40, "umount2": 39, "pivot_root": 41, "ptrace": 117, "process_vm_readv": 270,
+                         "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
+                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+                "enosys": {"clone3": 435}},
 }
 DEVICES = ("null", "zero", "full", "random", "urandom")
 WORKDIR = "/sandbox"
@@ -249,7 +267,7 @@ def build_root(job):
         os.makedirs(new + path, 0o755, exist_ok=True)
         m.tmpfs(new + path, "mode=1777,size=%dm,nr_inodes=4096" % job["tmpfs_mb"])
     os.makedirs(new + "/proc", 0o755, exist_ok=True)
-    m.mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    m.mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # runner hidden
     work = new + WORKDIR
     os.makedirs(work, 0o755, exist_ok=True)
     m.tmpfs(work, "mode=755,size=%dm,nr_inodes=%d" % (job["disk_mb"], job["max_files"]))
@@ -259,7 +277,7 @@ def build_root(job):
     if numbers is None:
         raise OSError(0, "pivot_root: unknown machine " + os.uname().machine, new)
     os.chdir(new)
-    if m.libc.syscall(numbers[0], b".", b".") != 0:  # the old root ends up stacked on top: detach it
+    if m.libc.syscall(numbers["pivot_root"], b".", b".") != 0:  # the old root ends up stacked on top: detach it
         m._fail("pivot_root", new)
     if m.libc.umount2(b".", MNT_DETACH) != 0:
         m._fail("umount2", "/")
@@ -272,31 +290,31 @@ def _join_cgroups(paths):
             fh.write("0")
 
 
+def seccomp_program(machine):
+    """The worker's seccomp filter as classic BPF ``(code, jt, jf, k)`` instructions (see ``_SYSCALLS``)."""
+    table = _SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno = 0x7FFF0000, 0x00050000
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, table["arch"]), (ret, 0, 0, errno | EPERM),  # another ABI: refused
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, errno | EPERM)]     # x32: refused
+    for action, numbers in ((errno | EPERM, table["deny"]), (errno | ENOSYS, table["enosys"])):
+        for nr in sorted(set(numbers.values())):
+            prog += [(jeq, 0, 1, nr), (ret, 0, 0, action)]
+    for name in ("socket", "socketpair"):  # args[0] (low half) is the address family
+        prog += [(jeq, 0, 4, table[name]), (ld, 0, 0, 16), (jeq, 0, 1, 40), (ret, 0, 0, errno | EAFNOSUPPORT),
+                 (ld, 0, 0, 0)]
+    prog += [(jeq, 0, 4, table["clone"]), (ld, 0, 0, 16), (jset, 0, 1, _NAMESPACE_FLAGS),
+             (ret, 0, 0, errno | EPERM), (ld, 0, 0, 0)]
+    prog.append((ret, 0, 0, allow))
+    return prog
+
+
 def _seccomp(libc, ctypes):
-    """Refuse AF_VSOCK sockets (vsock ignores network namespaces), io_uring (it bypasses seccomp) and any
-    syscall of another ABI (i386 or x32 on x86_64). Returns None, or why it is not installed."""
-    numbers = _SYSCALLS.get(os.uname().machine)
-    if numbers is None:
-        return "unknown machine " + os.uname().machine
-    _, sock, pair, uring, arch = numbers
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, deny_perm, deny_af = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 97  # EPERM, EAFNOSUPPORT
-    program = [
-        (ld, 0, 0, 4),            # 0: A = arch
-        (jeq, 1, 0, arch),        # 1: native ABI -> 3
-        (ret, 0, 0, deny_perm),   # 2: another ABI (i386 on x86_64): refused
-        (ld, 0, 0, 0),            # 3: A = syscall number
-        (jge, 6, 0, 0x40000000),  # 4: x32 ABI -> 11
-        (jeq, 3, 0, sock),        # 5: socket -> 9
-        (jeq, 2, 0, pair),        # 6: socketpair -> 9
-        (jeq, 3, 0, uring),       # 7: io_uring_setup -> 11
-        (ret, 0, 0, allow),       # 8
-        (ld, 0, 0, 16),           # 9: A = low half of args[0], the address family
-        (jeq, 1, 2, 40),          # 10: AF_VSOCK -> 12, else -> 13
-        (ret, 0, 0, deny_perm),   # 11
-        (ret, 0, 0, deny_af),     # 12
-        (ret, 0, 0, allow),       # 13
-    ]
+    """Install :func:`seccomp_program`; returns None, or why it is not installed."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        return "unknown machine " + machine
+    program = seccomp_program(machine)
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
@@ -553,14 +571,15 @@ def _judge(job, report):
             report(e="verdict", i=index, ok=error is None, err=error)
 
 
-def _worker(job, report):
+def _worker(job, report, control):
     try:
         seccomp_problem = _limit_and_drop(job)
     except (OSError, ValueError, ImportError) as exc:
-        report(e="setup", error="worker setup: " + describe(exc))
+        control(e="setup", error="worker setup: " + describe(exc))
         os._exit(125)
     if seccomp_problem is not None:
-        report(e="seccomp", error=seccomp_problem)
+        control(e="seccomp", error=seccomp_problem)
+    os.close(job["ctl_fd"])  # from here on, no code of the job can write to the runner's channel
     mode = job["mode"]
     if mode in ("plan", "judge"):
         try:
@@ -579,11 +598,7 @@ def _worker(job, report):
     _finish(0)
 
 
-def main(job):
-    """Run one job (a dict written by the parent; see :mod:`accord.sandbox.supervise`)."""
-    tag = ("@accord-" + job.pop("nonce") + " ").encode()
-    fd = job["report_fd"]
-
+def _reporter(tag, fd):
     def report(encode_only=False, **event):
         data = event_line(tag, event)
         if encode_only:
@@ -595,6 +610,20 @@ def main(job):
                 return None
         return None
 
+    return report
+
+
+def main(job):
+    """Run one job (a dict written by the parent; see :mod:`accord.sandbox.supervise`).
+
+    Two pipes lead to the parent: the runner's control channel (``ctl_fd``: start, setup failures, the
+    worker's exit status), which the worker closes before any code of the job runs, and the worker's
+    channel (``report_fd``: call values, exceptions, verdicts of trusted modes). So a candidate can
+    write only to the second, and the run's status never depends on what it writes.
+    """
+    tag = ("@accord-" + job.pop("nonce") + " ").encode()
+    control = _reporter(tag, job["ctl_fd"])
+    report = _reporter(tag, job["report_fd"])
     os.umask(0o022)
     error = None
     try:
@@ -607,17 +636,18 @@ def main(job):
     except OSError as exc:
         error = describe(exc)
     if error is not None:
-        report(e="setup", error="sandbox setup: " + error)
+        control(e="setup", error="sandbox setup: " + error)
         os._exit(125)
-    report(e="start")
+    control(e="start")
     try:
         pid = os.fork()
     except OSError as exc:
-        report(e="setup", error="fork: " + describe(exc))
+        control(e="setup", error="fork: " + describe(exc))
         os._exit(125)
     if pid == 0:
-        _worker(job, report)
+        _worker(job, report, control)
         sys.exit(0)
+    os.close(job["report_fd"])
     while True:
         try:
             done, status = os.wait()
@@ -626,8 +656,7 @@ def main(job):
         if done == pid:
             break
     if os.WIFSIGNALED(status):
-        report(e="exit", signal=os.WTERMSIG(status))
+        control(e="exit", signal=os.WTERMSIG(status))
         os._exit(128 + os.WTERMSIG(status))
-    report(e="exit", code=os.WEXITSTATUS(status))
+    control(e="exit", code=os.WEXITSTATUS(status))
     os._exit(os.WEXITSTATUS(status))
-

@@ -19,6 +19,8 @@ from typing import Any
 __all__ = ["MAX_TEXT", "PlainDataError", "decode"]
 
 MAX_TEXT = 1 << 20  #: longest encoded value accepted, in characters
+MAX_ITEMS = 200_000  #: most values (containers and scalars) in one decoded value
+MAX_SAME_HASH = 64  #: most members of one set, frozenset or dict that may share one hash value
 _MAX_DEPTH = 70
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -32,7 +34,13 @@ def _reject_constant(name: str) -> Any:
 
 
 def decode(text: str) -> Any:
-    """The value encoded in ``text``; :class:`PlainDataError` when it is anything but plain data."""
+    """The value encoded in ``text``; :class:`PlainDataError` when it is anything but plain data.
+
+    Building a set or dict hashes its members, and members with equal hashes make that quadratic (ints
+    ``k * (2**61 - 1)`` all hash to 0, and so do tuples built from them): a set, frozenset or dict with
+    more than :data:`MAX_SAME_HASH` members of one hash value is refused before it is built, so that
+    decoding stays linear in the text whatever a candidate writes.
+    """
     if not isinstance(text, str):
         raise PlainDataError(f"expected text, got {type(text).__name__}")
     if len(text) > MAX_TEXT:
@@ -41,17 +49,29 @@ def decode(text: str) -> Any:
         raw = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, the int digit limit, deep nesting
         raise PlainDataError(f"not valid encoded data: {exc}") from None
-    return _build(raw, 0)
+    return _build(raw, 0, [0])
 
 
-def _build(raw: Any, depth: int) -> Any:
+def _check_hashes(members: list) -> None:
+    counts: dict[int, int] = {}
+    for member in members:
+        h = hash(member)  # hashes of plain values are ints below 2**61 - 1: distinct ones never collide here
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise PlainDataError(f"more than {MAX_SAME_HASH} members of a set or dict share one hash value")
+
+
+def _build(raw: Any, depth: int, count: list[int]) -> Any:
     if depth > _MAX_DEPTH:
         raise PlainDataError(f"nested deeper than {_MAX_DEPTH}")
+    count[0] += 1
+    if count[0] > MAX_ITEMS:
+        raise PlainDataError(f"more than {MAX_ITEMS} values")
     kind = type(raw)
     if raw is None or kind in (bool, int, float, str):
         return raw
     if kind is list:
-        return [_build(x, depth + 1) for x in raw]
+        return [_build(x, depth + 1, count) for x in raw]
     if kind is not dict or len(raw) != 1:
         raise PlainDataError("a JSON object must be one tagged value")
     (tag, body), = raw.items()
@@ -71,21 +91,21 @@ def _build(raw: Any, depth: int) -> Any:
     if tag == "c":
         if len(body) != 2 or not all(type(x) in (int, float) or type(x) is dict for x in body):
             raise PlainDataError("complex needs [real, imag]")
-        real, imag = (_build(x, depth + 1) for x in body)
+        real, imag = (_build(x, depth + 1, count) for x in body)
         if type(real) is not float or type(imag) is not float:
             raise PlainDataError("complex parts must be floats")
         return complex(real, imag)
-    items = [_build(x, depth + 1) for x in body]
+    items = [_build(x, depth + 1, count) for x in body]
     try:
         if tag == "t":
             return tuple(items)
-        if tag == "s":
-            return set(items)
-        if tag == "f":
-            return frozenset(items)
+        if tag in ("s", "f"):
+            _check_hashes(items)
+            return set(items) if tag == "s" else frozenset(items)
         if tag == "d":
             if not all(type(p) is list and len(p) == 2 for p in items):
                 raise PlainDataError("a dict needs [key, value] pairs")
+            _check_hashes([k for k, _ in items])
             return {k: v for k, v in items}
     except TypeError as exc:  # an unhashable key or set member (a list, a dict)
         raise PlainDataError(f"tag {tag!r}: {exc}") from None

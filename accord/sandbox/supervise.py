@@ -57,7 +57,8 @@ class Raw(NamedTuple):
     returncode: int | None  # of the process the parent started (unshare or the runner)
     stdout: bytes
     stderr: bytes
-    report: bytes
+    report: bytes  # the worker's channel: whatever the job's code wrote there
+    control: bytes  # the runner's channel: written before the job's code runs, and by the runner
     truncated: bool
     duration_s: float
     oom_killed: bool
@@ -141,8 +142,17 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
+def _clean(value):
+    """Text from a sandbox as valid UTF-8 (a lone surrogate, e.g. in a candidate's exception message,
+    would break tokenizers and JSON writers downstream)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
 def events(report: bytes, nonce: str) -> list[dict]:
-    """The runner's report lines that carry this run's tag; anything else on the pipe is ignored."""
+    """The report lines that carry this run's tag; anything else on the pipe is ignored. String values
+    are cleaned to valid UTF-8, but ``v`` (an encoded value, decoded strictly by the caller)."""
     tag = f"@accord-{nonce} ".encode()
     out = []
     for line in report.split(b"\n"):
@@ -152,7 +162,7 @@ def events(report: bytes, nonce: str) -> list[dict]:
             except (ValueError, RecursionError):
                 continue
             if isinstance(event, dict):
-                out.append(event)
+                out.append({k: (v if k == "v" else _clean(v)) for k, v in event.items()})
     return out
 
 
@@ -191,8 +201,8 @@ class Runner:
         ]
 
     def execute(self, mode: str, code: str, *, stdin: str | None = None, files: dict[str, str] | None = None,
-                extra: dict | None = None, probing: bool = False) -> tuple[Raw, list[dict], bool]:
-        """Run the child in ``mode``; returns (raw result, its events, network isolated)."""
+                extra: dict | None = None, probing: bool = False) -> tuple[Raw, list[dict], list[dict], bool]:
+        """Run the child in ``mode``; returns (raw result, control events, worker events, network isolated)."""
         if not isinstance(code, str):
             raise TypeError(f"code must be str, not {type(code).__name__}")
         if stdin is not None and not isinstance(stdin, str):
@@ -213,7 +223,7 @@ class Runner:
                 UIDS.release(uid_base, uid)
 
     def _prepare(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
-                 files: dict[str, str], extra: dict, nonce: str, report_fd: int) -> str:
+                 files: dict[str, str], extra: dict, nonce: str, report_fd: int, ctl_fd: int) -> str:
         """Write the files and the job; returns the directory the child starts in."""
         home = os.path.join(workdir, "files")
         os.mkdir(home)
@@ -239,7 +249,7 @@ class Runner:
                     "links": list(spec.links), "files": home}
             filename = "/sandbox/" + SOLUTION
         job = {
-            "nonce": nonce, "report_fd": report_fd, "mode": mode, "code": code, "filename": filename,
+            "nonce": nonce, "report_fd": report_fd, "ctl_fd": ctl_fd, "mode": mode, "code": code, "filename": filename,
             "uid": uid, "limits": self._limits(), "root": root, "cgroups": list(groups),
             "hostname": "--uts" in self.plan.flags, "seccomp": self.plan.seccomp,
             "tmpfs_mb": self.config.tmpfs_mb, "disk_mb": self.config.disk_mb, "max_files": self.config.max_files,
@@ -257,20 +267,23 @@ class Runner:
 
     def _execute_in(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
                     stdin: str | None, files: dict[str, str], extra: dict,
-                    probing: bool) -> tuple[Raw, list[dict], bool]:
+                    probing: bool) -> tuple[Raw, list[dict], list[dict], bool]:
         cfg = self.config
         net = (not cfg.network) if probing else (self.plan.net and not cfg.network)
         nonce = secrets.token_hex(16)
-        report_r, report_w = os.pipe()
         with contextlib.ExitStack() as stack:
+            report_r, report_w = os.pipe()
+            ctl_r, ctl_w = os.pipe()
+            writers = [report_w, ctl_w]
             stack.callback(os.close, report_r)
+            stack.callback(os.close, ctl_r)
 
-            def close_write_end() -> None:  # the parent's copy is closed right after the start
-                if report_w >= 0:
-                    os.close(report_w)
+            def close_writers() -> None:  # the parent's copies are closed right after the start
+                while writers:
+                    os.close(writers.pop())
 
-            stack.callback(close_write_end)
-            home = self._prepare(workdir, uid, groups, mode, code, files, extra, nonce, report_w)
+            stack.callback(close_writers)
+            home = self._prepare(workdir, uid, groups, mode, code, files, extra, nonce, report_w, ctl_w)
             stdin_file = None
             if stdin is not None:
                 stdin_file = stack.enter_context(tempfile.TemporaryFile())
@@ -288,21 +301,20 @@ class Runner:
                 proc = subprocess.Popen(
                     self._argv(net, os.path.join(workdir, JOB)), cwd=home, env=env,
                     stdin=stdin_file if stdin_file else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, pass_fds=(report_w,), start_new_session=True,
+                    stderr=subprocess.PIPE, pass_fds=(report_w, ctl_w), start_new_session=True,
                 )
             except OSError as exc:
                 logger.error("sandbox: cannot start the sandbox process: %s", exc)
-                raw = Raw(None, None, b"", f"cannot start the sandbox: {exc}".encode(), b"",
+                raw = Raw(None, None, b"", f"cannot start the sandbox: {exc}".encode(), b"", b"",
                           False, time.monotonic() - start, False)
-                return raw, [{"e": "setup", "error": f"cannot start the sandbox: {exc}"}], net
-            os.close(report_w)
-            report_w = -1
-            raw = self._supervise(proc, report_r, start, uid, groups)
-            evs = events(raw.report, nonce)
-            setup = next((e.get("error") for e in evs if e.get("e") == "setup"), None)
+                return raw, [{"e": "setup", "error": f"cannot start the sandbox: {exc}"}], [], net
+            close_writers()
+            raw = self._supervise(proc, report_r, ctl_r, start, uid, groups)
+            control, worker = events(raw.control, nonce), events(raw.report, nonce)
+            setup = next((e.get("error") for e in control if e.get("e") == "setup"), None)
             if probing:
                 self.last_setup_error = str(setup) if setup else None
-            return raw, evs, net
+            return raw, control, worker, net
 
     def _kill(self, proc: subprocess.Popen, uid: int | None) -> None:
         """Kill everything the run started. Returns once no process of it is left."""
@@ -323,14 +335,15 @@ class Runner:
         if uid is not None and not self.plan.pid_namespace:
             _sweep_uid(uid)
 
-    def _supervise(self, proc: subprocess.Popen, report_r: int, start: float, uid: int | None,
+    def _supervise(self, proc: subprocess.Popen, report_r: int, ctl_r: int, start: float, uid: int | None,
                    groups: tuple[str, ...]) -> Raw:
-        """Read the three pipes until they close, the deadline passes or output overflows; then clean up."""
+        """Read the four pipes until they close, the deadline passes or output overflows; then clean up."""
         cfg = self.config
         assert proc.stdout is not None and proc.stderr is not None
         out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-        buffers = {out_fd: bytearray(), err_fd: bytearray(), report_r: bytearray()}
-        caps = {out_fd: cfg.max_output_bytes, err_fd: cfg.max_output_bytes, report_r: _REPORT_CAP}
+        buffers = {out_fd: bytearray(), err_fd: bytearray(), report_r: bytearray(), ctl_r: bytearray()}
+        caps = {out_fd: cfg.max_output_bytes, err_fd: cfg.max_output_bytes, report_r: _REPORT_CAP,
+                ctl_r: _REPORT_CAP}
         poller = select.poll()
         for fd in buffers:
             poller.register(fd, select.POLLIN)
@@ -357,7 +370,7 @@ class Runner:
                     room = caps[fd] - len(buf)
                     buf += chunk[:max(room, 0)]
                     if len(chunk) > room:
-                        truncated = fd != report_r or truncated
+                        truncated = fd in (out_fd, err_fd) or truncated
                         killed = "output_limit"
                         break
                 if not ready and not cleaned and _exited(proc.pid):
@@ -388,7 +401,7 @@ class Runner:
             proc.stdout.close()
             proc.stderr.close()
         return Raw(killed, returncode, bytes(buffers[out_fd]), bytes(buffers[err_fd]), bytes(buffers[report_r]),
-                   truncated, time.monotonic() - start, bool(groups) and Cgroups.oom_kills(groups) > oom_before)
+                   bytes(buffers[ctl_r]), truncated, time.monotonic() - start, bool(groups) and Cgroups.oom_kills(groups) > oom_before)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -404,8 +417,8 @@ def _try_plan(plan: Plan, network: bool, cgroups: Cgroups | None) -> tuple[str |
 
     config = SandboxConfig(timeout_s=20, workers=1, network=network)
     runner = Runner(config, plan, cgroups)
-    raw, evs, _ = runner.execute("exec", _PROBE_CODE, probing=True)
-    seccomp_ok = not any(e.get("e") == "seccomp" for e in evs)
+    raw, control, _, _ = runner.execute("exec", _PROBE_CODE, probing=True)
+    seccomp_ok = not any(e.get("e") == "seccomp" for e in control)
     if runner.last_setup_error:
         return f"setup failed: {runner.last_setup_error}", seccomp_ok
     if raw.killed or raw.returncode != 0:
