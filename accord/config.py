@@ -113,7 +113,8 @@ class AlgorithmConfig:
                        "agent trained on its local reward only).")
     num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2).")
     joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
-    advantage: str = _f("mean", f"Baseline of the group-relative advantage: {list(ADVANTAGES)}.")
+    advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
+                        "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
     normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
     group_std: str = _f("population", "The std of normalize_std: 'population' (divide by K; the default, as accord "
                         "always did) or 'sample' (divide by K - 1, as TRL's GRPOTrainer and DeepSeekMath; larger by "
@@ -121,6 +122,8 @@ class AlgorithmConfig:
     epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
     epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
+    loss: str = _f("clip", "Policy loss: 'clip' (the clipped-ratio surrogate of PPO/GRPO), or a loss registered with "
+                   "accord.algorithms.register_loss (in a module under imports:).")
     loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
     kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
@@ -160,7 +163,10 @@ class AlgorithmConfig:
                 "samples per group; set algorithm.num_generations=4 (the papers' default)"
             )
         _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
-        _choice("algorithm", "advantage", self.advantage, ADVANTAGES)
+        for key in ("advantage", "loss"):  # registered names: checked against the registries when a run is built
+            if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
+                raise ConfigError(f"algorithm.{key}={getattr(self, key)!r} must be the name of a registered "
+                                  f"{'advantage estimator' if key == 'advantage' else 'policy loss'}")
         _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
         _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         _positive("algorithm", "ppo_epochs", self.ppo_epochs)

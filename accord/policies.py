@@ -385,7 +385,7 @@ class Policy:
                     loss, stats = policy_loss(
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                         agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
-                        kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None)
+                        kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss)
                     if not torch.isfinite(loss):
                         raise TrainingError(
                             f"step {step}: loss of policy {self.name!r} is {loss.item()} (epoch {epoch}, mini-batch "

@@ -18,6 +18,7 @@ only through the policy interface (:class:`accord.policies.Policy`, LoRA adapter
 from __future__ import annotations
 
 import functools
+import difflib
 import inspect
 import logging
 import random
@@ -32,7 +33,8 @@ import numpy as np
 import torch
 
 from accord import envs  # noqa: F401  (registers the built-in tasks)
-from accord.algorithms.advantages import check_advantage_config, group_advantages
+from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config, group_advantages
+from accord.algorithms.losses import POLICY_LOSSES
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
@@ -50,9 +52,23 @@ from accord.rollout.sample import Completion, prompt_group_ids
 logger = logging.getLogger(__name__)
 
 
+def check_registered(cfg: Config) -> None:
+    """``algorithm.advantage`` and ``algorithm.loss`` name registered functions (after ``imports:``)."""
+    for key, registry, register in (("advantage", ADVANTAGE_ESTIMATORS, "register_advantage"),
+                                    ("loss", POLICY_LOSSES, "register_loss")):
+        name = getattr(cfg.algorithm, key)
+        if name not in registry:
+            close = difflib.get_close_matches(name, list(registry), n=1)
+            hint = f" did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"algorithm.{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. "
+                              f"Register your own with accord.algorithms.{register} in a module listed under "
+                              "imports:")
+
+
 def build_task(cfg: Config):
     """The task or environment a config names, with its baseline variant applied."""
     import_modules(cfg.imports)
+    check_registered(cfg)
     algo, options = cfg.algorithm, dict(cfg.task.options)
     if algo.baseline == "single_agent":
         if "single_agent" not in inspect.signature(task_factory(cfg.task.name)[0]).parameters:

@@ -12,6 +12,7 @@ the moved policy samples outside the reference's own top-k / top-p set, and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -124,6 +125,57 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2 or k3")
 
 
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What a policy-loss function sees for one micro-batch: (b, T) log-probs under the current policy and
+    at sampling time, (b, 1) advantages, the (b, T) completion mask and the clip ranges."""
+
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    epsilon: float
+    epsilon_high: float
+
+
+LossFn = Callable[[SurrogateInputs], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+#: name -> policy loss: (b, T) per-token loss (to be minimised) and masked per-token statistic sums.
+POLICY_LOSSES: dict[str, LossFn] = {}
+
+
+def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: register a policy loss under ``name`` (``algorithm.loss: name``). The function returns the
+    per-token loss and a dict of statistics summed over the masked tokens (logged as ``loss/<policy>/<key>``,
+    averaged per token); aggregation (``algorithm.loss_agg``) and the KL term are applied by accord."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"policy loss name {name!r} must be an identifier")
+
+    def deco(fn: LossFn) -> LossFn:
+        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"a policy loss named {name!r} is already registered; choose another name")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+@register_loss("clip")
+def clipped_surrogate(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO/GRPO's clipped-ratio surrogate ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)``."""
+    ratio = torch.exp(x.logp - x.old_logp)
+    unclipped = ratio * x.advantages
+    clipped = ratio.clamp(1.0 - x.epsilon, 1.0 + x.epsilon_high) * x.advantages
+    per_token = -torch.minimum(unclipped, clipped)
+    with torch.no_grad():
+        stats = {
+            "pg": (per_token * x.mask).sum(),
+            "clip_frac": (((ratio < 1.0 - x.epsilon) & (x.advantages < 0))
+                          | ((ratio > 1.0 + x.epsilon_high) & (x.advantages > 0))).to(x.mask.dtype).mul(x.mask).sum(),
+            "ratio": (ratio * x.mask).sum(),
+        }
+    return per_token, stats
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -138,8 +190,10 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,
     kl_estimator: str = "k3",
     kl_logp: torch.Tensor | None = None,
+    loss: str = "clip",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped-ratio surrogate (PPO/GRPO) of one micro-batch, normalised by batch-wide totals.
+    """The registered policy loss ``loss`` of one micro-batch (default: the clipped-ratio surrogate of
+    PPO/GRPO) plus the KL term, aggregated and normalised by batch-wide totals.
 
     Args:
         logp, old_logp, mask: (b, T) current and sampling log-probs and the completion mask.
@@ -155,13 +209,16 @@ def policy_loss(
         The loss contribution of this micro-batch and unnormalised statistic sums (divide by
         ``totals.num_tokens`` to average).
     """
+    if loss not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {loss!r}; choose one of {sorted(POLICY_LOSSES)} or register one "
+                         "with accord.algorithms.register_loss")
     mask = mask.to(logp.dtype)
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    ratio = torch.exp(logp - old_logp)
-    adv = advantages.unsqueeze(-1)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - epsilon, 1.0 + eps_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token, stats = POLICY_LOSSES[loss](SurrogateInputs(logp, old_logp, advantages.unsqueeze(-1), mask,
+                                                           epsilon, eps_high))
+    if per_token.shape != logp.shape:
+        raise ValueError(f"policy loss {loss!r} returned a loss of shape {tuple(per_token.shape)}; it must be "
+                         f"per token, {tuple(logp.shape)}")
     kl = None
     if kl_coef > 0:
         if ref_logp is None:
@@ -169,21 +226,15 @@ def policy_loss(
         kl = kl_penalty(logp if kl_logp is None else kl_logp, ref_logp, kl_estimator)
         per_token = per_token + kl_coef * kl
     if agg == "token_mean":
-        loss = (per_token * mask).sum() / totals.num_tokens
+        total = (per_token * mask).sum() / totals.num_tokens
     elif agg == "seq_mean_token_mean":
         lengths = mask.sum(-1).clamp(min=1)
-        loss = ((per_token * mask).sum(-1) / lengths).sum() / totals.num_seqs
+        total = ((per_token * mask).sum(-1) / lengths).sum() / totals.num_seqs
     elif agg == "seq_sum":
-        loss = (per_token * mask).sum() / totals.num_seqs
+        total = (per_token * mask).sum() / totals.num_seqs
     else:
         raise ValueError(f"unknown loss aggregation {agg!r}")
-    with torch.no_grad():
-        stats = {
-            "pg": (-torch.minimum(unclipped, clipped) * mask).sum(),
-            "clip_frac": (((ratio < 1.0 - epsilon) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0)))
-            .to(mask.dtype).mul(mask).sum(),
-            "ratio": (ratio * mask).sum(),
-        }
-        if kl is not None:
+    if kl is not None:
+        with torch.no_grad():
             stats["kl"] = (kl * mask).sum()
-    return loss, stats
+    return total, stats

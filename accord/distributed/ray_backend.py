@@ -148,8 +148,10 @@ class PolicyWorker:
                 "threads": torch.get_num_threads()}
 
     def build(self, cfg: Config, name: str, index: int, total_optimizer_steps: int) -> dict:
+        from accord.envs.base import import_modules
         from accord.trainer import build_policy, seed_everything
 
+        import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
         seed_everything(cfg.run.seed + index)
         self.policy = build_policy(cfg, name, index, total_optimizer_steps)
         device = next(self.policy.model.parameters()).device
