@@ -229,7 +229,7 @@ def test_sandbox_sees_only_the_standard_library_and_its_directory(box):
     iso = probe_isolation()
     if not iso.mount_namespace:
         pytest.skip(f"no root file system of its own here: {iso.notes}")
-    paths = [str(REPO), str(REPO / "accord"), SITE, DATA, sys.prefix, "/work", "/etc/passwd", "/home",
+    paths = [str(REPO), str(REPO / "accord"), SITE, DATA, sys.prefix, "/work", "/etc/shadow", "/etc/hostname", "/home",
              os.path.expanduser("~/.cache")]
     code = ("import os, sys\n"
             f"print([os.path.exists(p) for p in {paths!r}])\n"
@@ -411,3 +411,46 @@ def test_tester_tests_must_pin_a_value(problems):
                  "assert truncate_number(3.5)", "assert truncate_number(3.5) != 7"):
         res = env.clone().step({"tester": f"```python\n{weak}\n```"})
         assert res.local_rewards["tester"] == 0.0 and not res.done, weak
+
+
+def test_the_worker_holds_no_capability_and_cannot_use_the_new_mount_api(box):
+    if not probe_isolation().seccomp:
+        pytest.skip("no seccomp here")
+    code = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "caps = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if l.startswith('Cap'))\n"
+            "print(sorted(k for k, v in caps.items() if int(v, 16)))\n"
+            "for nr in (428, 430, 442):  # open_tree, fsopen, mount_setattr\n"
+            "    print(libc.syscall(nr, -100, b'/usr', 0, None, 0), errno.errorcode.get(ctypes.get_errno()))\n")
+    result = box.run(code)
+    assert result.stdout.splitlines() == ["[]"] + ["-1 EPERM"] * 3, result
+
+
+def test_every_mount_the_code_did_not_get_to_write_is_read_only(box):
+    if not probe_isolation().mount_namespace:
+        pytest.skip("no root file system of its own here")
+    code = ("writable = {'/tmp', '/dev/shm', '/sandbox', '/proc'} | {f'/dev/{d}' for d in ('null', 'zero', 'full', "
+            "'random', 'urandom')}\n"
+            "for line in open('/proc/self/mountinfo'):\n"
+            "    f = line.split()\n    point, opts = f[4], f[5].split(',')\n"
+            "    if point not in writable and 'ro' not in opts:\n        print('rw', point)\n"
+            "print('checked')\n")
+    assert box.run(code).stdout == "checked\n"
+
+
+def test_return_values_have_a_budget_per_run():
+    box = Sandbox(SandboxConfig(timeout_s=10.0, max_return_bytes=250_000))
+    program = "def f(i):\n    return 'x' * 100_000\n"
+    run = box.run_tests(program, [f"assert f({i}) == 'x' * 100_000" for i in range(4)], "f")
+    assert [c.passed for c in run.result.test_cases] == [True, True, False, False]
+    assert "max_return_bytes" in run.result.test_cases[2].error
+
+
+def test_honest_programs_that_start_interpreters_or_look_up_users(box):
+    code = ("import subprocess, sys, multiprocessing as mp, pwd, os\n"
+            "def sq(x):\n    return x * x\n"
+            "if __name__ == '__main__':\n"
+            "    print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())\n"
+            "    with mp.get_context('spawn').Pool(2) as pool:\n        print(pool.map(sq, [1, 2, 3]))\n"
+            "    print(pwd.getpwuid(os.getuid()).pw_name)\n")
+    result = box.run(code)
+    assert result.stdout.splitlines() == ["42", "[1, 4, 9]", "sandbox" if os.geteuid() == 0 else "root"], result

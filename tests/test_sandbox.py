@@ -531,4 +531,5 @@ def test_harness_bad_return_values_fail_cleanly(quick):
     assert (run.passed, run.result.status) == (1, "ok")
     run = quick.run_tests(program, ["assert f('ok') == 'ok'", "assert f('flood') == 1"], "f")
     assert (run.result.status, run.result.truncated) == ("output_limit", True)
-    assert run.passed == 1 and run.result.test_cases[1].error.startswith("no return value")
+    # the value reported before the flood counts; the flooding call fails (killed, or its pipe closed)
+    assert run.passed == 1 and not run.result.test_cases[1].passed

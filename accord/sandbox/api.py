@@ -59,6 +59,7 @@ class SandboxConfig:
     cpu_s: float | None = None  #: CPU seconds per process (RLIMIT_CPU); None: ceil(timeout_s) + 1
     memory_mb: int = 512  #: memory of the whole run (cgroup) and address space per process (RLIMIT_AS), MiB
     max_output_bytes: int = 64 * 1024  #: cap of stdout and of stderr, each; beyond it: output_limit
+    max_return_bytes: int = 256 * 1024  #: encoded return values decoded per run (all calls); later calls fail
     file_size_mb: int = 16  #: largest file the code may write (RLIMIT_FSIZE), MiB
     max_procs: int = 64  #: processes/threads of the run (RLIMIT_NPROC of its uid, and its pids cgroup)
     max_open_files: int = 256  #: RLIMIT_NOFILE
@@ -86,6 +87,7 @@ class SandboxConfig:
         need("cpu_s", self.cpu_s is None or (number("cpu_s") and self.cpu_s > 0), "must be None or a number > 0")
         need("memory_mb", integer("memory_mb") and self.memory_mb >= 64, "must be an int >= 64 (MiB)")
         need("max_output_bytes", integer("max_output_bytes") and self.max_output_bytes >= 1, "must be an int >= 1")
+        need("max_return_bytes", integer("max_return_bytes") and self.max_return_bytes >= 1, "must be an int >= 1")
         need("file_size_mb", integer("file_size_mb") and self.file_size_mb >= 1, "must be an int >= 1 (MiB)")
         need("max_procs", integer("max_procs") and self.max_procs >= 1, "must be an int >= 1")
         need("max_open_files", integer("max_open_files") and self.max_open_files >= 16, "must be an int >= 16")
@@ -208,11 +210,13 @@ def classify(raw: Raw, control: list[dict], worker: list[dict], net: bool) -> Ex
     return ExecResult(status, returncode, stdout, stderr, raw.duration_s, raw.truncated, net, exception)
 
 
-def call_outcomes(evs: list[dict], n: int) -> list[tuple | None]:
+def call_outcomes(evs: list[dict], n: int, max_bytes: int) -> list[tuple | None]:
     """Per call, ``("ok", value)`` / ``("err", text)`` / None from a ``calls`` run's events. A value that
-    does not decode as plain data fails its call; the first event of a call counts."""
+    does not decode as plain data fails its call; the first event of a call counts. At most ``max_bytes``
+    of encoded values are decoded per run (decoding costs the trainer's CPU): later values fail."""
     out: list[tuple | None] = [None] * n
     seen: set[int] = set()
+    budget = max_bytes
     for e in evs:
         if e.get("e") != "call":
             continue
@@ -221,6 +225,11 @@ def call_outcomes(evs: list[dict], n: int) -> list[tuple | None]:
             continue
         seen.add(i)
         if e.get("ok") is True and isinstance(e.get("v"), str):
+            budget -= len(e["v"])
+            if budget < 0:
+                out[i] = ("err", f"not plain data: the run's return values exceed {max_bytes} bytes in all "
+                                 "(SandboxConfig.max_return_bytes)")
+                continue
             try:
                 out[i] = ("ok", decode(e["v"]))
             except PlainDataError as exc:
@@ -376,7 +385,7 @@ class Sandbox:
     def _test_one(self, program: str, plan: TestPlan) -> TestRun:
         extra = {"function": plan.function, "calls": list(plan.inputs)}
         result, evs = self._run("calls", program, extra=extra)
-        outcomes = call_outcomes(evs, len(plan.inputs))
+        outcomes = call_outcomes(evs, len(plan.inputs), self.config.max_return_bytes)
         if not any(e.get("e") == "done" for e in evs) and result.status == "ok":
             result = ExecResult("error", result.returncode, result.stdout, result.stderr, result.duration_s,
                                 result.truncated, result.network_isolated, "SystemExit")

@@ -53,7 +53,12 @@ class Unencodable(Exception):
     """A value that is not plain data (or too deep/large); the message names what was found."""
 
 
+MAX_STR = 1 << 20  # the parent refuses longer encoded values anyway
+
+
 def _json_str(value):
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return '"' + value + '"'  # the common case, at C speed
     out = ['"']
     for ch in value:
         code = ord(ch)
@@ -102,7 +107,9 @@ def encode(value):
                 return '{"F":"%s"}' % ("inf" if v > 0 else "-inf")
             return float.__repr__(v)
         if t is str:
-            return _json_str(v)
+            if len(v) > MAX_STR:
+                raise Unencodable("a string longer than %d characters" % MAX_STR)
+            return _json_str(str.__str__(v))
         if t is list:
             return "[" + ",".join([enc(x, depth + 1) for x in list.copy(v)]) + "]"
         if t is tuple:
@@ -170,21 +177,26 @@ EPERM, ENOSYS, EAFNOSUPPORT = 1, 38, 97
 _NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 # Per machine: its audit arch, then syscall numbers. Refused in the worker: namespaces of its own (unshare,
 # setns, clone with namespace flags; clone3 with ENOSYS so that libc falls back to clone), the kernel
-# keyrings (a key outlives the run and is readable by later runs of the same uid), mount changes,
+# keyrings (a key outlives the run and is readable by later runs of the same uid), mount changes (old and
+# new mount API),
 # ptrace and reading other processes' memory, bpf, perf events, userfaultfd, io_uring (it bypasses
 # seccomp), AF_VSOCK sockets (vsock ignores network namespaces) and any syscall of another ABI.
+_NEW_MOUNT_API = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+                  "mount_setattr": 442}  # the same numbers on every architecture
 _SYSCALLS = {
     "x86_64": {"arch": 0xC000003E, "pivot_root": 155, "socket": 41, "socketpair": 53, "clone": 56,
+               "mount_setattr": 442, "capset": 126,
                "deny": {"unshare": 272, "setns": 308, "add_key": 248, "request_key": 249, "keyctl": 250,
                         "mount": 165, "umount2": 166, "pivot_root": 155, "ptrace": 101, "process_vm_readv": 310,
                         "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
-                        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+                        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API},
                "enosys": {"clone3": 435}},
     "aarch64": {"arch": 0xC00000B7, "pivot_root": 41, "socket": 198, "socketpair": 199, "clone": 220,
+                "mount_setattr": 442, "capset": 91,
                 "deny": {"unshare": 97, "setns": 268, "add_key": 217, "request_key": 218, "keyctl": 219,
                          "mount": 40, "umount2": 39, "pivot_root": 41, "ptrace": 117, "process_vm_readv": 270,
                          "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
-                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API},
                 "enosys": {"clone3": 435}},
 }
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -213,13 +225,42 @@ class _Mounter:
             self._fail("mount", target)
 
     def bind_ro(self, source, target):
+        """Bind ``source`` (with every mount below it) at ``target``, all of it read-only, nosuid, nodev."""
         self.mount(source, target, None, MS_BIND | MS_REC)
         self.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        if self._setattr_recursive(target):
+            return
+        for sub in _submounts(target):  # kernels before 5.12: remount each mount below the target too
+            self.mount(None, sub, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+    def _setattr_recursive(self, target):
+        """``mount_setattr(AT_RECURSIVE)`` read-only/nosuid/nodev; False where the kernel lacks it."""
+        number = _SYSCALLS.get(os.uname().machine, {}).get("mount_setattr")
+        if number is None:
+            return False
+        attr = (self.ctypes.c_uint64 * 4)(0x1 | 0x2 | 0x4, 0, 0, 0)  # MOUNT_ATTR_RDONLY | NOSUID | NODEV
+        if self.libc.syscall(number, -100, target.encode(), 0x8000, self.ctypes.byref(attr), 32) == 0:
+            return True
+        if self.ctypes.get_errno() == 38:  # ENOSYS
+            return False
+        self._fail("mount_setattr", target)
 
     def tmpfs(self, target, options, readonly=False):
         self.mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
         if readonly:
             self.mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
+
+
+def _submounts(target):
+    """Mount points strictly below ``target`` (from /proc/self/mountinfo), outermost first."""
+    prefix = target.rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                found.append(point)
+    return sorted(set(found), key=len)
 
 
 def _make_target(path, is_dir):
@@ -272,6 +313,13 @@ def build_root(job):
     os.makedirs(work, 0o755, exist_ok=True)
     m.tmpfs(work, "mode=755,size=%dm,nr_inodes=%d" % (job["disk_mb"], job["max_files"]))
     _copy_tree(spec["files"], work, job["uid"])
+    uid = job["uid"] if job["uid"] is not None else 0
+    os.makedirs(new + "/etc", 0o755, exist_ok=True)
+    with open(new + "/etc/passwd", "w") as fh:  # for pwd.getpwuid(os.getuid()) and the like
+        fh.write("root:x:0:0::/root:/bin/sh\nsandbox:x:%d:%d::%s:/bin/sh\n" % (uid, uid, WORKDIR))
+    with open(new + "/etc/group", "w") as fh:
+        fh.write("root:x:0:\nsandbox:x:%d:\n" % uid)
+    _EXECUTABLE[0] = spec["python"]
     m.mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=755,size=1m")
     numbers = _SYSCALLS.get(os.uname().machine)
     if numbers is None:
@@ -330,6 +378,26 @@ def _seccomp(libc, ctypes):
     return None
 
 
+def _drop_bounding_set(libc):
+    """Empty the capability bounding set and lock the securebits (both need CAP_SETPCAP: done while the
+    worker still has it), so that no capability can come back, through exec or otherwise."""
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP; fails with EINVAL past the last capability
+    # SECBIT_NOROOT, NO_SETUID_FIXUP and their locks, KEEP_CAPS locked off
+    libc.prctl(28, 0x1 | 0x2 | 0x4 | 0x8 | 0x20, 0, 0, 0)  # PR_SET_SECUREBITS
+
+
+def _drop_capabilities(libc, ctypes):
+    """Empty the effective, permitted and inheritable sets, so that even a worker that is uid 0 (in a user
+    namespace) holds no capability: it cannot reach the runner's files in /proc or remount anything."""
+    numbers = _SYSCALLS.get(os.uname().machine)
+    if numbers is not None:
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: two 32-bit words each, all empty
+        if libc.syscall(numbers["capset"], ctypes.byref(header), ctypes.byref(data)) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+
+
 def _limit_and_drop(job):
     """Limits, oom_score_adj, the run's uid, no_new_privs, seccomp; returns why seccomp is missing, if it is."""
     import resource
@@ -347,11 +415,13 @@ def _limit_and_drop(job):
     except OSError:
         pass
     ctypes, libc = _libc()  # before the uid changes: the new uid may not be able to read the stdlib
+    _drop_bounding_set(libc)
     uid = job["uid"]
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+    _drop_capabilities(libc, ctypes)
     if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG = SIGKILL: die with the runner
@@ -391,6 +461,9 @@ def _finish(code):
 def _new_main(filename):
     import builtins
     import types
+
+    if _EXECUTABLE[0]:  # the trainer's path (a venv's link, say) may not exist here; the interpreter does
+        sys.executable = sys._base_executable = _EXECUTABLE[0]
 
     module = types.ModuleType("__main__")
     module.__file__ = filename
@@ -454,6 +527,9 @@ def _calls(job, report, namespace):
             report(e="call", i=index, ok=False, err="not plain data: " + describe(exc))
             continue
         report(e="call", i=index, ok=True, v=text)
+
+
+_EXECUTABLE = [None]
 
 
 class _Diverged(AssertionError):
@@ -622,6 +698,8 @@ def main(job):
     write only to the second, and the run's status never depends on what it writes.
     """
     tag = ("@accord-" + job.pop("nonce") + " ").encode()
+    _, libc = _libc()
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: the runner's /proc files stay closed to the worker
     control = _reporter(tag, job["ctl_fd"])
     report = _reporter(tag, job["report_fd"])
     os.umask(0o022)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import logging
 import marshal
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -245,11 +246,14 @@ def compare(value: Any, op: str, expected: Any) -> bool:
     raise ValueError(f"unknown comparison {op!r}")
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 6, 8
+_REPR.maxfrozenset, _REPR.maxstring, _REPR.maxlong, _REPR.maxother = 8, 120, 60, 60
+
+
 def _shown(value: Any, limit: int = 200) -> str:
-    try:
-        text = repr(value)
-    except RecursionError:
-        return "<too deep to show>"
+    """A bounded repr: a few items of each container, long strings and numbers cut in the middle."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -121,6 +121,18 @@ def _sweep_uid(uid: int) -> None:
     logger.error("sandbox: processes of uid %d survive repeated SIGKILL", uid)
 
 
+def _drain(fd: int, buf: bytearray, cap: int) -> None:
+    """Append what a non-blocking pipe still holds to ``buf`` (up to ``cap`` bytes)."""
+    while len(buf) < cap:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        buf += chunk[: cap - len(buf)]
+
+
 def _exited(pid: int) -> bool:
     """Whether ``pid`` has exited, without reaping it (so its pid and process group stay reserved)."""
     try:
@@ -246,7 +258,7 @@ class Runner:
             spec = root_spec(self.config.site_packages)
             os.mkdir(os.path.join(workdir, "root"))
             root = {"dir": os.path.join(workdir, "root"), "binds": list(spec.binds), "covers": list(spec.covers),
-                    "links": list(spec.links), "files": home}
+                    "links": list(spec.links), "files": home, "python": os.path.realpath(sys.executable)}
             filename = "/sandbox/" + SOLUTION
         job = {
             "nonce": nonce, "report_fd": report_fd, "ctl_fd": ctl_fd, "mode": mode, "code": code, "filename": filename,
@@ -392,6 +404,11 @@ class Runner:
                 proc.stdout.close()
                 proc.stderr.close()
             self._kill(proc, uid)
+            if killed is not None:  # what was reported before the kill still counts: read it to the end
+                for fd in (report_r, ctl_r):
+                    if fd in open_fds:
+                        os.set_blocking(fd, False)
+                        _drain(fd, buffers[fd], caps[fd])
             try:
                 returncode: int | None = proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
