@@ -108,7 +108,8 @@ LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum")
 class AlgorithmConfig:
     name: str = _f("magrpo", "Algorithm: 'magrpo' (team reward, joint-action trees) or 'atgrpo' (agent- and "
                    "turn-wise groups; turn-based environments).")
-    baseline: str = _f("none", "Baseline variant: 'none', 'single_agent' (the task's one-agent variant), "
+    baseline: str = _f("none", "Baseline variant: 'none', 'single_agent' (the task's one-agent variant; on "
+                       "writing and humaneval one model writes both parts in one completion), "
                        "'centralized' (one model writes all roles in one completion) or 'independent' (each "
                        "agent trained on its local reward only).")
     num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2).")

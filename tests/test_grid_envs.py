@@ -10,9 +10,24 @@ from accord.envs import make_task
 from accord.envs.base import TaskError
 from accord.envs.check import GARBAGE, check_env
 from accord.envs.grid_common import DIRECTIONS, parse_moves, split_of
-from accord.envs.planpath import PlanPathEnv, shortest_path
-from accord.envs.sokoban import SokobanEnv, read_rows
-from accord.envs.sudoku import SudokuEnv, is_solved, parse_grid
+from accord.envs.planpath import PlanPathEnv as _PlanPathEnv, shortest_path
+from accord.envs.sokoban import SokobanEnv as _SokobanEnv, read_rows
+from accord.envs.sudoku import SudokuEnv as _SudokuEnv, is_solved, parse_grid
+
+
+# These tests play the direct workflow (planner -> executor, moves written as text). Since the default
+# workflow became the paper's tool agent -> planner, they ask for it by name; the tool workflow is tested
+# in tests/test_grid_tool.py.
+def PlanPathEnv(**kw):
+    return _PlanPathEnv(**{"workflow": "direct", **kw})
+
+
+def SudokuEnv(**kw):
+    return _SudokuEnv(**{"workflow": "direct", **kw})
+
+
+def SokobanEnv(**kw):
+    return _SokobanEnv(**{"workflow": "direct", **kw})
 
 SUDOKU_ACTIONS = ["Grid:\n1234\n3412\n2143\n4321", "```\nGrid:\n1 2 | 3 4\n3 4 | 1 2\n-----\n2 1 | 4 3\n4 3 | 2 1\n```",
                   "Grid:\n12..\n....\n....\n....", "Grid:\n5678\n1234\n1234\n1234"]
@@ -60,7 +75,8 @@ def test_check_env_larger_settings():
 def test_registered_and_options_validated():
     env = make_task("planpath", {"size": 5, "single_agent": True})
     assert env.agents == ("solver",) and env.max_turns == 4
-    assert make_task("sudoku").agents == ("planner", "executor")
+    assert make_task("sudoku").agents == ("tool", "planner")        # the paper's roles are the default
+    assert make_task("sudoku", {"workflow": "direct"}).agents == ("planner", "executor")
     assert make_task("sokoban").max_turns == 5
     for name, options, key in [("planpath", {"size": 2}, "size"), ("planpath", {"wall_frac": 0.9}, "wall_frac"),
                                ("sudoku", {"size": 5}, "size"), ("sudoku", {"holes": 16}, "holes"),
@@ -115,7 +131,8 @@ def test_planpath_bfs_path_solves_with_optimal_bonus():
         assert res.done and res.info["success"] is True
         d = abs(task["start"][0] - task["goal"][0]) + abs(task["start"][1] - task["goal"][1])
         assert res.team_reward == pytest.approx(d + 1.0 + 0.5)  # shaping gamma*0 - (-d), goal, optimal
-        assert res.local_rewards["executor"] == pytest.approx(-0.01 * len(path))
+        # the mover's local reward carries its own step's progress as well as its move costs
+        assert res.local_rewards["executor"] == pytest.approx(d + 1.0 + 0.5 - 0.01 * len(path))
         assert res.local_rewards["planner"] == 0.0
 
 
@@ -131,7 +148,7 @@ def test_planpath_detour_loses_optimal_bonus_and_blocked_moves_cost():
     detour = env.step({"executor": moves_text([_blocked_move(task)] + path)})
     assert detour.info["success"]
     assert best.team_reward - detour.team_reward == pytest.approx(0.5)
-    assert best.local_rewards["executor"] - detour.local_rewards["executor"] == pytest.approx(0.10)
+    assert best.local_rewards["executor"] - detour.local_rewards["executor"] == pytest.approx(0.5 + 0.10)
     assert "1 blocked" in detour.observations["planner"]
     # a lone blocked move: -0.10, no shaping, state unchanged
     env.reset(task)
@@ -224,7 +241,7 @@ def test_sudoku_solution_solves_and_clue_change_does_not():
         team, local, res = run_episode(env, task, ["Grid:\n" + "\n".join(task["solution"])],
                                        planner_text="Grid:\n" + "\n".join(task["solution"]))
         assert res.info["success"] and team == pytest.approx(2.5)
-        assert local["executor"] == pytest.approx(-0.01 * task["holes"])
+        assert local["executor"] == pytest.approx(2.5 - 0.01 * task["holes"])
         # swapping two digits keeps a valid Sudoku but changes clues: not solved, rejected
         clue = next(ch for row in task["puzzle"] for ch in row if ch != ".")
         other = _relabel(task["solution"], clue, "1" if clue != "1" else "2")
@@ -261,7 +278,7 @@ def test_sudoku_penalties_and_progress():
     r, c = next((i, j) for i in range(4) for j in range(4) if rows[i][j] == ".")
     rows[r][c] = task["solution"][r][c]
     res = env.step({"solver": "Grid:\n" + "\n".join("".join(x) for x in rows)})
-    assert res.team_reward > 0 and res.local_rewards["solver"] == pytest.approx(-0.01)
+    assert res.team_reward > 0 and res.local_rewards["solver"] == pytest.approx(res.team_reward - 0.01)
     assert res.done and not res.info["success"]          # the last turn ends the episode unsolved
     assert env._state.edits == 1
 
@@ -347,7 +364,7 @@ def test_sokoban_box_off_goal_and_no_farming():
     env.reset(task)
     res = env.step({"solver": "Moves: R"})  # pushes the box at (1,2) off its goal to (1,3)
     assert res.team_reward == pytest.approx(-0.5 - 0.1)
-    assert res.local_rewards["solver"] == pytest.approx(-0.01)
+    assert res.local_rewards["solver"] == pytest.approx(-0.5 - 0.1 - 0.01)
     assert "left the goal" in res.info["feedback"]
     res = env.step({"solver": "Moves: D R R U L"})  # walk round and push it back on
     assert res.team_reward == pytest.approx(0.1)  # shaping only: the goal count is no record

@@ -126,7 +126,8 @@ def test_envs_lists_kind_and_roles(tmp_path):
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
     assert "single-turn" in rows["writing"] and "concise, detailed" in rows["writing"]
-    assert "multi-turn, turn-based, 4 turns" in rows["planpath"] and "planner, executor" in rows["planpath"]
+    # the paper's roles are the default workflow (tool -> planner)
+    assert "multi-turn, turn-based, 4 turns" in rows["planpath"] and "tool, planner" in rows["planpath"]
     assert "multi-turn, turn-based" in rows["relay"] and "e, o" in rows["relay"]
 
 

@@ -58,6 +58,16 @@ Execution: all programs of a reward batch run in ONE :meth:`Sandbox.run_tests_ma
 does not parse, loops forever, floods its output or returns something that is not plain data gets its
 status and 0 passes for the affected tests, not an exception.
 
+Single-model baseline (``single_agent: true``): :class:`SingleCoderTask`
+-------------------------------------------------------------------------
+MAGRPO's single-model baseline: one agent, ``coder``, writes both functions in one completion. The
+completion is read like an agent's output (:func:`~accord.envs.code_common.extract_code`,
+:func:`~accord.envs.code_common.normalise`) and split by :func:`split_single`: the top-level ``def aux``
+is the helper's part, the entry-point function main's part, and the completion's top-level imports go
+with both; any other top-level statement is dropped. The parts get the team reward above unchanged (a
+missing function is an empty part: the format gate gives 0), so the rows of a run read like the
+two-agent rows. Single-turn only (with ``multi_turn: true`` use ``algorithm.baseline: centralized``).
+
 Multi-turn variant (``multi_turn: true``): :class:`HelperMainEnv`
 ------------------------------------------------------------------
 A simultaneous environment with the same two roles. Each step takes both outputs, scores the pair as
@@ -389,6 +399,61 @@ class HelperMainTask:
         return [lv["tests"] >= TESTS - 1e-9 for lv in self.score(helper, main, problems)]
 
 
+CODER = "coder"
+_SINGLE = ("Write Python that solves the problem in exactly two functions, in one ```python block: a helper "
+           "function named `aux` with a `return` statement, and the function `{entry}` with the signature "
+           "`{signature}`, which calls `aux` and uses its return value. Do not write tests or example calls.")
+
+
+def split_single(text: str, entry_point: str) -> tuple[str, str]:
+    """(helper part, main part) of one completion that should define ``aux`` and ``entry_point``."""
+    norm = normalise(extract_code(text))
+    if norm is None:
+        return "", ""
+    _, tree = norm
+    imports = [stmt for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))]
+    parts = []
+    for name in (AUX, entry_point):
+        funcs = [f for f in function_defs(tree) if f.name == name]
+        parts.append(ast.unparse(ast.Module(body=imports + funcs[:1], type_ignores=[])) if funcs else "")
+    return parts[0], parts[1]
+
+
+class SingleCoderTask(HelperMainTask):
+    """MAGRPO's single-model baseline of the coding task: one ``coder`` writes ``aux`` and the entry point."""
+
+    agents = (CODER,)
+
+    def __init__(self, dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
+                 timeout_s: float = 3.0):
+        super().__init__(dataset=dataset, source=source, data_files=data_files, timeout_s=timeout_s)
+        self.name += "-single"
+
+    def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
+        if agent != CODER:
+            raise ValueError(f"unknown agent {agent!r}; the single-model humaneval task has one agent, {CODER!r}")
+        ask = _SINGLE.format(entry=row["entry_point"], signature=row["signature"])
+        return [{"role": "user", "content": f"{ask}\n\n{_problem_block(row)}"}]
+
+    def _split(self, completions: dict, columns: dict) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+        if CODER not in completions:
+            raise KeyError(f"completions lack agent {CODER!r}; the single-model humaneval task has one agent "
+                           f"(got {sorted(completions)})")
+        texts = completions[CODER]
+        problems = [{k: v[j] for k, v in columns.items()} for j in range(len(texts))]
+        pairs = [split_single(t, p["entry_point"]) for t, p in zip(texts, problems)]
+        return [h for h, _ in pairs], [m for _, m in pairs], problems
+
+    def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[float]:
+        """Team reward of each completion's two parts (see the module docstring)."""
+        helper, main, problems = self._split(completions, columns)
+        return [lv["total"] for lv in self.score(helper, main, problems)]
+
+    def success(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[bool]:
+        helper, main, problems = self._split(completions, columns)
+        return [lv["tests"] >= TESTS - 1e-9 for lv in self.score(helper, main, problems)]
+
+
 # --------------------------------------------------------------------------------------------------
 # Multi-turn environment
 # --------------------------------------------------------------------------------------------------
@@ -487,8 +552,17 @@ class HelperMainEnv:
                             "CoopHumanEval, MBPP); multi_turn=true for test feedback")
 def make_humaneval(dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
                    multi_turn: bool = False, max_turns: int = 2, feedback: str = "tests",
-                   timeout_s: float = 3.0):
-    """The single-turn task, or with ``multi_turn=True`` the simultaneous multi-turn environment."""
+                   timeout_s: float = 3.0, single_agent: bool = False):
+    """The single-turn task, or with ``multi_turn=True`` the simultaneous multi-turn environment;
+    ``single_agent=True``: MAGRPO's single-model baseline (one ``coder`` writes both functions)."""
+    if not isinstance(single_agent, bool):
+        raise TaskError(f"task.options.single_agent={single_agent!r}: must be true or false")
+    if single_agent:
+        if multi_turn:
+            raise TaskError("task.options.single_agent=true is the single-turn single-model baseline; with "
+                            "multi_turn=true use algorithm.baseline=centralized (one model writes both roles)")
+        _check_options(dataset, source, feedback, max_turns)
+        return SingleCoderTask(dataset=dataset, source=source, data_files=data_files, timeout_s=timeout_s)
     if multi_turn:
         return HelperMainEnv(dataset=dataset, source=source, data_files=data_files, max_turns=max_turns,
                              feedback=feedback, timeout_s=timeout_s)

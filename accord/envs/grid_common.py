@@ -1,9 +1,13 @@
 """Shared pieces of AT-GRPO's puzzle environments (:mod:`planpath`, :mod:`sudoku`, :mod:`sokoban`).
 
-- :class:`PuzzleEnv`: the turn-based planner -> executor protocol all three follow (or one ``solver``
-  when ``single_agent=True``). A puzzle module supplies the state, a parser, the function that applies
-  a parsed action to a state, and the rendering; this class does the turn order, the planner's
-  simulation on a copy, the end of the episode, observations and info.
+- :class:`PuzzleEnv`: the turn-based protocol all three follow. ``workflow="tool_planner"`` (the
+  default, the AT-GRPO paper's roles): ``tool`` -> ``planner``, the tool agent's Python program runs in
+  :class:`accord.sandbox.Sandbox` on the current state and its printed output is shown to the planner,
+  whose answer moves the environment. ``workflow="direct"``: ``planner`` -> ``executor``, the planner
+  writes its proposal as text. ``single_agent=True``: one ``solver``. A puzzle module supplies the state,
+  a parser, the function that applies a parsed action to a state, the state as JSON data for the tool
+  agent, and the rendering; this class does the turn order, the proposer's simulation on a copy, the
+  sandboxed tool runs, the end of the episode, observations and info.
 - :func:`parse_moves`: a forgiving reader of move lists (``Moves: U R R D``) in model text.
 - :func:`render_grid`: one character per cell with row and column indices.
 - :func:`generate_split`: deterministic task generation from integer seeds, with the train/eval split
@@ -19,13 +23,18 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import logging
 import random
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from accord.envs.base import TaskError
 from accord.envs.protocol import StepResult, check_step_actions
+
+logger = logging.getLogger(__name__)
 
 DIRECTIONS: dict[str, tuple[int, int]] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
 COORDS = "(row, col) from 0, row 0 at the top; U = row-1, D = row+1, L = col-1, R = col+1"
@@ -193,31 +202,171 @@ class Outcome:
     out_of_moves: bool = False  # the episode's move cap is reached
 
 
+# --------------------------------------------------------------------------------------------------
+# the tool agent's programs
+
+WORKFLOWS = ("tool_planner", "direct")
+TOOL_FAILED = frozenset({"error", "syntax_error", "timeout", "memory", "output_limit", "killed"})
+NO_CODE = "no_code"
+_SHOW_OUTPUT, _SHOW_ERROR = 600, 400
+_TOOL_CACHE_SIZE = 4096
+_tool_cache: OrderedDict[tuple[str, str, float], "ToolRun"] = OrderedDict()
+_tool_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """What one tool program did: a sandbox status (or ``no_code``), its stdout, and a failure summary."""
+
+    status: str
+    stdout: str = ""
+    error: str = ""
+
+
+class _ToolBox:
+    """One :class:`accord.sandbox.Sandbox` per environment, created on the first tool run and shared by
+    the environment's clones (``deepcopy`` returns the same holder)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._box = None
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> "_ToolBox":
+        return self
+
+    def sandbox(self):
+        with self._lock:
+            if self._box is None:
+                from accord.sandbox import Sandbox, SandboxConfig
+
+                self._box = Sandbox(SandboxConfig(timeout_s=self.timeout_s, memory_mb=256, workers=1))
+            return self._box
+
+
+def _clean_error(stderr: str, exception: str | None) -> str:
+    text = re.sub(r'File "[^"]*/([^/"]+\.py)"', r'File "\1"', stderr)
+    text = re.sub(r"/[^\s\"']*accord-sbx-[^/\s\"']*/", "", text)
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not re.fullmatch(r"\s*[~^]+\s*", ln)]
+    tail = "\n".join(lines[-3:]) or (exception or "")
+    return tail[-_SHOW_ERROR:]
+
+
+def run_tool(text: str, state_json: str, box: _ToolBox) -> ToolRun:
+    """Run the program in the tool agent's reply ``text`` (its last ```python block, see
+    :func:`accord.envs.math_env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
+    working directory; never raises. Results are cached per (program, state, timeout) in a process-wide
+    LRU; sandbox failures of ours (``sandbox_error``) are not cached."""
+    from accord.envs.math_env import extract_code
+
+    code = extract_code(text)
+    if code is None:
+        return ToolRun(NO_CODE)
+    key = (code, state_json, box.timeout_s)
+    with _tool_lock:
+        hit = _tool_cache.get(key)
+        if hit is not None:
+            _tool_cache.move_to_end(key)
+            return hit
+    result = box.sandbox().run(code, files={"state.json": state_json})
+    run = ToolRun(result.status, result.stdout, "" if result.ok else _clean_error(result.stderr, result.exception))
+    if result.status == "sandbox_error":
+        if "sandbox_error" not in _warned:
+            _warned.add("sandbox_error")
+            logger.warning("puzzle tool agent: the sandbox could not run a program (%s); its output counts as "
+                           "unreadable. Check accord.sandbox.probe_isolation() on this machine.", run.error or "no detail")
+        return run
+    with _tool_lock:
+        _tool_cache[key] = run
+        while len(_tool_cache) > _TOOL_CACHE_SIZE:
+            _tool_cache.popitem(last=False)
+    return run
+
+
+def describe_tool_run(run: ToolRun, timeout_s: float) -> str:
+    """The tool run as the planner sees it: the printed output (tail), or the failure."""
+    if run.status == NO_CODE:
+        return "no ```python block in the tool agent's reply, so nothing ran."
+    if run.status == "ok":
+        out = run.stdout.strip("\n")
+        if not out.strip():
+            return "the program ran and printed nothing."
+        if len(out) > _SHOW_OUTPUT:
+            out = f"[... {len(out) - _SHOW_OUTPUT} characters cut]\n" + out[-_SHOW_OUTPUT:]
+        return "the program printed:\n" + out
+    what = {"error": "stopped with an error", "syntax_error": "has a syntax error",
+            "timeout": f"timed out (limit {timeout_s:g} s) and was stopped", "memory": "ran out of memory",
+            "output_limit": "printed too much and was stopped", "killed": "was killed",
+            "sandbox_error": "could not be run (sandbox failure)"}.get(run.status, run.status)
+    return f"the program {what}." + (f"\n{run.error}" if run.error else "")
+
+
+TOOL_COMMON = ("Write one Python program in a single ```python fenced block. It runs in a fresh directory that "
+               "holds `state.json`, the current state as data (read it with `import json; s = "
+               "json.load(open('state.json'))`), with the Python standard library only, no input and at most "
+               "{timeout:g} seconds. What it prints is shown to your teammate, the planner, who decides the "
+               "answer; you are rewarded by how good the printed answer would be if applied now.")
+
+
 class PuzzleEnv:
-    """Base of the turn-based puzzle environments: ``("planner", "executor")`` or ``("solver",)``.
+    """Base of the turn-based puzzle environments. Agents, by ``workflow``:
 
-    The planner's step never changes the real state: its proposal is applied to a deep copy and its
-    local reward is what that copy earned (team + local increments of the simulated executor step,
-    without the end-of-episode failure penalty); the team increment of a planner step is 0. The
-    executor (or the solver) is applied to the real state; a turn ends with its step. The episode ends
-    when the puzzle is solved, when the move cap is reached, or after ``max_turns`` turns; an episode
-    that ends unsolved gets ``fail_penalty`` added to the team increment of its last step.
+    - ``"tool_planner"`` (default; the AT-GRPO paper's roles): ``("tool", "planner")``. The tool agent
+      writes a Python program; it runs in the sandbox (one :class:`accord.sandbox.Sandbox` per environment,
+      ``tool_timeout_s`` seconds, standard library only) with ``state.json`` -- :meth:`_state_data` of the
+      current state -- in its working directory. Its printed output (or its error, or the timeout) is
+      shown to the planner; the planner's answer is applied to the real state.
+    - ``"direct"``: ``("planner", "executor")``. The planner writes its proposal as text; the executor's
+      answer is applied to the real state.
+    - ``single_agent=True`` (either workflow): ``("solver",)``, whose answer is applied directly.
 
-    Subclasses set ``name``, ``fail_penalty``, ``_instructions`` and implement ``_load``, ``_parse``,
-    ``_apply``, ``_show_plan``, ``_render`` and ``_budget``.
+    The first role of a two-role workflow (the *proposer*: ``tool`` or direct ``planner``) never changes
+    the real state: its answer -- the tool program's stdout, read by the same parser as a planner's text,
+    in the trainer process, never inside the sandboxed program -- is applied to a deep copy, and its
+    local reward is what that copy earned (team + local increments of the simulated step, without the
+    end-of-episode failure penalty); a reply with no program, a program that fails (error, timeout,
+    memory, output flood) or output with nothing readable earns what unreadable text earns. Its team
+    increment is 0. The second role (the *mover*: ``planner`` or ``executor``; or the solver) is applied
+    to the real state; its local reward is its own step's task progress plus its move costs (``team +
+    local`` increments of its step, without the failure penalty), so that independent learners
+    (``alpha = 0``) still prefer solving; its team increment is the step's progress. A turn ends with
+    the mover's step. The episode ends when the puzzle is solved, when the move cap is reached, or
+    after ``max_turns`` turns; an episode that ends unsolved gets ``fail_penalty`` added to the team
+    increment of its last step.
+
+    Subclasses set ``name``, ``fail_penalty``, ``_instructions`` (keys ``planner``, ``executor``, ``solver``
+    for the direct roles, ``tool`` and ``tool_planner`` for the tool workflow's roles) and implement
+    ``_load``, ``_parse``, ``_apply``, ``_show_plan``, ``_render``, ``_budget`` and ``_state_data``.
     """
 
     name = "puzzle"
     simultaneous = False
     fail_penalty = 0.0
 
-    def __init__(self, *, max_turns: int, single_agent: bool):
+    def __init__(self, *, max_turns: int, single_agent: bool, workflow: str = "tool_planner",
+                 tool_timeout_s: float = 3.0):
         self.max_turns = check_int("max_turns", max_turns, 1)
         if not isinstance(single_agent, bool):
             raise TaskError(f"task.options.single_agent={single_agent!r}: must be true or false")
+        if workflow not in WORKFLOWS:
+            raise TaskError(f"task.options.workflow={workflow!r}: choose one of {list(WORKFLOWS)} (tool_planner: the "
+                            "paper's tool agent + planner; direct: planner + executor writing moves as text)")
+        if isinstance(tool_timeout_s, bool) or not isinstance(tool_timeout_s, (int, float)) \
+                or not 0 < tool_timeout_s <= 60:
+            raise TaskError(f"task.options.tool_timeout_s={tool_timeout_s!r}: must be a number of seconds in (0, 60]")
         self.single_agent = single_agent
-        self.agents: tuple[str, ...] = ("solver",) if single_agent else ("planner", "executor")
-        self._instructions: dict[str, str] = {}  # role -> system prompt, set by the subclass
+        self.workflow = workflow
+        self.tool_timeout_s = float(tool_timeout_s)
+        if single_agent:
+            self.agents: tuple[str, ...] = ("solver",)
+        elif workflow == "tool_planner":
+            self.agents = ("tool", "planner")
+        else:
+            self.agents = ("planner", "executor")
+        self._tool_mode = not single_agent and workflow == "tool_planner"
+        self._box = _ToolBox(self.tool_timeout_s)
+        self._instructions: dict[str, str] = {}  # role key -> system prompt, set by the subclass
         self._state: Any = None
         self._slot = 0
         self._turn = 0
@@ -251,6 +400,10 @@ class PuzzleEnv:
         """Moves used and left, e.g. ``"Moves used 3 of 40, at most 20 per turn."``"""
         raise NotImplementedError
 
+    def _state_data(self, state: Any) -> dict[str, Any]:
+        """The state as plain JSON data: the tool agent's ``state.json``."""
+        raise NotImplementedError
+
     # protocol -------------------------------------------------------------------------------------
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -259,6 +412,8 @@ class PuzzleEnv:
         """The system prompt of ``agent``."""
         if agent not in self.agents:
             raise ValueError(f"{self.name}: unknown agent {agent!r}; agents are {list(self.agents)}")
+        if self._tool_mode:
+            return self._instructions["tool_planner" if agent == "planner" else "tool"]
         return self._instructions[agent]
 
     def reset(self, task: dict[str, Any], seed: int = 0) -> dict[str, str]:
@@ -282,19 +437,29 @@ class PuzzleEnv:
         check_step_actions(self, actions, started=self._state is not None, done=self._done)
         agent = self.agents[self._slot]
         text = actions[agent]
-        parsed = self._parse(text)
         local = dict.fromkeys(self.agents, 0.0)
         team = 0.0
-        if agent == "planner":
+        if len(self.agents) == 2 and agent == self.agents[0]:
+            tool_info: dict[str, Any] = {}
+            if self._tool_mode:
+                run = run_tool(text, json.dumps(self._state_data(self._state), sort_keys=True), self._box)
+                parsed = self._parse(run.stdout if run.status == "ok" else "")
+                tool_info = {"tool_status": run.status}
+            else:
+                parsed = self._parse(text)
             sim = copy.deepcopy(self._state)
             out = self._apply(sim, parsed)
             local[agent] = out.team + out.local
-            self._proposal = self._show_plan(self._state, parsed)
+            shown = self._show_plan(self._state, parsed)
+            if self._tool_mode:
+                shown = describe_tool_run(run, self.tool_timeout_s) + "\nRead as: " + shown
+            self._proposal = shown
             self._slot = 1
-            info = {"plan_reward": local[agent], "plan_solves": out.solved}
+            info = {"plan_reward": local[agent], "plan_solves": out.solved, **tool_info}
         else:
+            parsed = self._parse(text)
             out = self._apply(self._state, parsed)
-            team, local[agent] = out.team, out.local
+            team, local[agent] = out.team, out.team + out.local
             self._turn += 1
             self._slot = 0
             self._proposal = None
@@ -323,7 +488,8 @@ class PuzzleEnv:
         turn = min(self._turn + 1, self.max_turns)
         parts = [self._render(self._state), f"Turn {turn} of {self.max_turns}. {self._budget(self._state)}",
                  f"Last: {self._feedback}"]
-        if agent == "executor":
+        if len(self.agents) == 2 and agent == self.agents[1]:
             proposal = self._proposal or "none yet this turn"
-            parts.append("Planner's proposal:" + ("" if proposal.startswith("\n") else " ") + proposal)
+            label = "Tool agent's program (run on the current state):" if self._tool_mode else "Planner's proposal:"
+            parts.append(label + ("" if proposal.startswith("\n") else " ") + proposal)
         return "\n".join(parts)

@@ -5,18 +5,28 @@ A ``size`` x ``size`` grid with about ``wall_frac`` of its cells walls (exact co
 start is at least 2 steps from the goal). Agents move ``P`` with ``U D L R``; a move into a wall or off
 the grid is *blocked*: ``P`` stays and the move still counts.
 
-Roles (turn order). The paper's *tool agent* writes Python whose printed action list is run on a copy
-of the state; here the **planner** writes that list directly (``Moves: ...``) and its proposal is
-simulated on a copy (the real state does not change). The paper's *plan agent* is the **executor**: it
-sees the state and the planner's latest proposal and writes the moves applied to the real state (at
-most ``max_moves_per_turn`` per turn, and never past the move cap ``max_moves``). With
-``single_agent=True`` one ``solver`` acts as the executor with no planner (the single-agent baseline).
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+
+- ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
+  the sandbox with ``state.json`` = ``{"size", "grid" (rows of '#' and '.'), "rows" (the same with P and
+  G), "position": [row, col], "goal": [row, col], "moves_left", "moves_per_turn"}`` and should print a
+  line ``Moves: ...`` (e.g. from a BFS). Its output (or error) is shown to the **planner**, whose
+  ``Moves:`` line is applied to the real state (at most ``max_moves_per_turn`` per turn, never past the
+  move cap ``max_moves``). The tool agent's reward is that of its printed moves applied to a copy now.
+- ``direct``: the **planner** writes the move list as text and it is simulated on a copy; the
+  **executor** sees it and writes the moves applied to the real state.
+- ``single_agent=True``: one ``solver`` writes the moves (the single-agent baseline).
+
 An episode ends at the goal, at the move cap, or after ``max_turns`` turns.
 
 Rewards, as in the reference except where said, split into team and local increments:
 
-- **local** (the acting role's move quality): -0.01 per applied move, -0.10 per blocked move; text with
-  no readable move list (or an empty one) applies nothing and costs -0.10 (one blocked move).
+- **local** (the acting role's own step): -0.01 per applied move, -0.10 per blocked move; text with
+  no readable move list (or an empty one) applies nothing and costs -0.10 (one blocked move); plus,
+  for the role whose moves are applied (planner in ``tool_planner``, executor in ``direct``, solver),
+  its step's team increment below except the failure penalty, so that with ``alpha = 0`` (independent
+  learners) an optimal 8-move solve from distance 8 earns ``8 + 1 + 0.5 - 0.08 = 9.42`` and one safe
+  move toward the goal ``0.99 + 0.01 * 8 - 0.01 = 1.06``.
 - **team** (task progress): potential shaping ``lam * (gamma * phi(s') - phi(s))`` with
   ``phi = -Manhattan distance to the goal``, ``gamma = 0.99``, ``lam = 1``; +1 on reaching the goal;
   +0.5 more if the path is optimal (the moves made, blocked ones included, equal the BFS distance from
@@ -29,8 +39,10 @@ Rewards, as in the reference except where said, split into team and local increm
   far from the goal could out-earn the +1 goal bonus; per step the extra is at most
   ``0.01 * distance`` per turn. (2) The reference gives its -1 at the step cap; here an episode can
   also end at the turn limit, and the -1 is given at either end.
-- **planner**: its local reward is the team + local reward the executor would earn by applying the
-  proposal now (simulated on a copy; no failure penalty); its team increment is 0.
+- **tool** (``tool_planner``) and **planner** (``direct``): the local reward is the team + local reward
+  of applying the printed (tool) or written (planner) moves to the current state now (simulated on a
+  copy; no failure penalty); a tool reply with no program, a failing program or output without a
+  readable move list earns -0.10. The team increment is 0.
 
 Moves after the goal is reached are not applied. Observations show the grid (one character per cell,
 row/column indices), the legend, coordinates, turn and move budget, the last step's feedback, and for
@@ -49,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import (COORDS, DIRECTIONS, Outcome, ParsedMoves, PuzzleEnv, check_int,
+from accord.envs.grid_common import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
                                      generate_split, parse_moves, render_grid, show_moves, split_of)
 
 STEP_COST, BLOCKED_COST = -0.01, -0.10
@@ -136,6 +148,23 @@ _SOLVER = (
     "End your answer with exactly one line: Moves: U R R D")
 
 
+_TOOL = (
+    "You are the tool agent in a two-agent team solving a grid path puzzle. " + TOOL_COMMON + " state.json holds: "
+    "size; grid, a list of row strings with '#' for a wall and '.' for a free cell; rows, the same with P (the "
+    "current position) and G (the goal); position and goal as [row, col] (row 0 at the top); moves_left and "
+    "moves_per_turn. Moves: U (row-1), D (row+1), L (col-1), R (col+1); a move into a wall or off the grid is "
+    "wasted. Compute the shortest move sequence from position to goal (e.g. breadth-first search) and print it "
+    "as one line: Moves: U R R D")
+_TOOL_PLANNER = (
+    "You are the planner in a two-agent team solving a grid path puzzle. P is the current position, G the "
+    "goal, # a wall, . a free cell. Moves: U (up), D (down), L (left), R (right). Your teammate, the tool agent, "
+    "wrote a program that ran on the current state; its output (or error) is in the observation: check it "
+    "against the grid, fix it if it is wrong, and give the moves to make now. They are applied in order; a "
+    "move into a wall or off the grid is wasted and penalised; reaching G solves the puzzle, and the shortest "
+    "path earns a bonus.\n"
+    "End your answer with exactly one line: Moves: U R R D")
+
+
 class PlanPathEnv(PuzzleEnv):
     """Plan-Path: see the module docstring."""
 
@@ -143,8 +172,10 @@ class PlanPathEnv(PuzzleEnv):
     fail_penalty = FAIL_PENALTY
 
     def __init__(self, size: int = 10, wall_frac: float = 0.22, max_turns: int = 4,
-                 max_moves_per_turn: int | None = None, max_moves: int | None = None, single_agent: bool = False):
-        super().__init__(max_turns=max_turns, single_agent=single_agent)
+                 max_moves_per_turn: int | None = None, max_moves: int | None = None, single_agent: bool = False,
+                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0):
+        super().__init__(max_turns=max_turns, single_agent=single_agent, workflow=workflow,
+                         tool_timeout_s=tool_timeout_s)
         self.size = check_int("size", size, 4, 50)
         if not isinstance(wall_frac, (int, float)) or not 0.0 <= wall_frac <= 0.5:
             raise TaskError(f"task.options.wall_frac={wall_frac!r}: must be a number in [0, 0.5]")
@@ -152,7 +183,8 @@ class PlanPathEnv(PuzzleEnv):
         self.max_moves_per_turn = None if max_moves_per_turn is None else check_int(
             "max_moves_per_turn", max_moves_per_turn, 1)
         self.max_moves = None if max_moves is None else check_int("max_moves", max_moves, 1)
-        self._instructions = {"planner": _PLANNER, "executor": _EXECUTOR, "solver": _SOLVER}
+        self._instructions = {"planner": _PLANNER, "executor": _EXECUTOR, "solver": _SOLVER,
+                              "tool": _TOOL.format(timeout=self.tool_timeout_s), "tool_planner": _TOOL_PLANNER}
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         """Generated instances of ``split`` (default 1000 train / 100 eval), disjoint by wall layout."""
@@ -243,11 +275,22 @@ class PlanPathEnv(PuzzleEnv):
     def _budget(self, s: PathState) -> str:
         return f"Moves used {s.moves_used} of {s.max_moves}, at most {s.per_turn} per turn."
 
+    def _state_data(self, s: PathState) -> dict[str, Any]:
+        rows = [list(row) for row in s.grid]
+        rows[s.goal[0]][s.goal[1]] = "G"
+        rows[s.pos[0]][s.pos[1]] = "P"
+        return {"size": len(s.grid), "grid": list(s.grid), "rows": ["".join(r) for r in rows],
+                "position": list(s.pos), "goal": list(s.goal), "moves_left": s.max_moves - s.moves_used,
+                "moves_per_turn": s.per_turn}
 
-@register_task("planpath", "AT-GRPO Plan-Path: planner proposes, executor moves P to G on a walled grid (size 10)")
+
+@register_task("planpath", "AT-GRPO Plan-Path: a tool agent's Python (sandboxed) then a planner moves P to G (size 10)")
 def make_planpath(size: int = 10, wall_frac: float = 0.22, max_turns: int = 4, max_moves_per_turn: int | None = None,
-                  max_moves: int | None = None, single_agent: bool = False) -> PlanPathEnv:
+                  max_moves: int | None = None, single_agent: bool = False, workflow: str = "tool_planner",
+                  tool_timeout_s: float = 3.0) -> PlanPathEnv:
     """Plan-Path environment; ``max_moves_per_turn`` defaults to ``4 * size`` and ``max_moves`` to
-    ``max_turns * max_moves_per_turn``."""
+    ``max_turns * max_moves_per_turn``; ``workflow``: ``tool_planner`` (tool -> planner, the paper's) or
+    ``direct`` (planner -> executor); ``tool_timeout_s`` limits each tool program."""
     return PlanPathEnv(size=size, wall_frac=wall_frac, max_turns=max_turns, max_moves_per_turn=max_moves_per_turn,
-                       max_moves=max_moves, single_agent=single_agent)
+                       max_moves=max_moves, single_agent=single_agent, workflow=workflow,
+                       tool_timeout_s=tool_timeout_s)

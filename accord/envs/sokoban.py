@@ -1,4 +1,4 @@
-"""``sokoban``: AT-GRPO's Sokoban as a turn-based planner -> executor environment.
+"""``sokoban``: AT-GRPO's Sokoban as a turn-based tool agent -> planner environment (or planner -> executor).
 
 A ``size`` x ``size`` room (walls on the border, ``round(wall_frac * (size-2)**2)`` inner walls, the
 floor kept connected) with ``num_boxes`` boxes and as many goals. Puzzles are made by reverse play, as
@@ -12,18 +12,27 @@ The player moves with ``U D L R`` and pushes a box by walking into it if the cel
 free; a move into a wall, or a push into a wall or another box, is *blocked* (nothing moves, the move
 still counts). Solved when every box is on a goal.
 
-Roles (turn order). The paper's *tool agent* writes Python whose printed action list is run on a copy
-of the state; here the **planner** writes the list directly (``Moves: ...``) and it is simulated on a
-copy (the real state does not change). The **executor** (the paper's *plan agent*) sees the state and
-the planner's proposal and writes the moves applied to the real state (at most
-``max_moves_per_turn`` per turn). With ``single_agent=True`` one ``solver`` acts as the executor with
-no planner. An episode ends when solved, at the move cap ``max_moves`` (200, the reference's), or after
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+
+- ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
+  the sandbox with ``state.json`` = ``{"size", "rows" (the room in the notation below), "walls", "goals",
+  "boxes" (lists of [row, col]), "player": [row, col], "moves_left", "moves_per_turn"}`` and should print
+  a line ``Moves: ...`` (e.g. from a breadth-first search over (player, boxes)). Its output (or error)
+  is shown to the **planner**, whose ``Moves:`` line is applied to the real state (at most
+  ``max_moves_per_turn`` per turn).
+- ``direct``: the **planner** writes the list as text and it is simulated on a copy; the **executor**
+  sees it and writes the moves applied to the real state.
+- ``single_agent=True``: one ``solver`` writes the moves.
+
+An episode ends when solved, at the move cap ``max_moves`` (200, the reference's), or after
 ``max_turns`` turns.
 
 Rewards per move (the reference's numbers), split into team and local increments:
 
-- **local** (the acting role's move quality): -0.01 per move made, -0.05 per blocked move; text with no
-  readable move list (or an empty one) applies nothing and costs -0.05.
+- **local** (the acting role's own step): -0.01 per move made, -0.05 per blocked move; text with no
+  readable move list (or an empty one) applies nothing and costs -0.05; plus, for the role whose moves
+  are applied (planner in ``tool_planner``, executor in ``direct``, solver), its step's team increment
+  below except the failure penalty (independent learners, ``alpha = 0``, still prefer solving).
 - **team** (task progress): +1 when a box reaches a goal, -0.5 when a box leaves one; shaping
   ``0.1 * (phi(s') - phi(s))`` with ``phi = -sum over boxes of the Manhattan distance to the nearest
   goal``; +10 when solved; -5 when the episode ends unsolved (the reference's penalty at the 200-move
@@ -31,8 +40,10 @@ Rewards per move (the reference's numbers), split into team and local increments
   on goals exceeds its best so far in the episode. With several boxes the reference's +1 / -0.5 pays
   +0.5 for every push off and back onto a goal, which a policy can farm; with one box (the paper's
   setting) nothing changes, since a box reaching the goal solves the puzzle.
-- **planner**: its local reward is the team + local reward the executor would earn by applying the
-  proposal now (simulated on a copy; no failure penalty); its team increment is 0.
+- **tool** (``tool_planner``) and **planner** (``direct``): the local reward is the team + local reward
+  of applying the printed (tool) or written (planner) moves to the current state now (simulated on a
+  copy; no failure penalty); a tool reply with no program, a failing program or output without a
+  readable move list earns -0.05. The team increment is 0.
 
 Moves after the puzzle is solved are not applied. A box pushed into a corner that is not a goal can
 never leave it; the episode then runs until the move cap or the turn limit.
@@ -49,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import (COORDS, DIRECTIONS, Outcome, ParsedMoves, PuzzleEnv, check_int,
+from accord.envs.grid_common import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
                                      generate_split, parse_moves, render_grid, show_moves, split_of)
 
 STEP_COST, BLOCKED_COST = -0.01, -0.05
@@ -184,6 +195,16 @@ _INSTRUCTIONS = {
                  "and give the moves to make now. Blocked moves are wasted and penalised.\n" + _FMT),
     "solver": ("You solve a Sokoban puzzle. " + _RULES + " Give the moves to make now. Blocked moves are wasted "
                "and penalised.\n" + _FMT),
+    "tool": ("You are the tool agent in a two-agent team solving a Sokoban puzzle. " + _RULES + " " + TOOL_COMMON
+             + " state.json holds: size; rows, the room as row strings (" + LEGEND + "); walls, goals and boxes "
+             "as lists of [row, col] (row 0 at the top); player as [row, col]; moves_left and moves_per_turn. "
+             "Moves: U (row-1), D (row+1), L (col-1), R (col+1). Search for a move sequence that puts every box "
+             "on a goal (e.g. breadth-first search over the player and box positions) and print it as one line: "
+             "Moves: U R R D"),
+    "tool_planner": ("You are the planner in a two-agent team solving a Sokoban puzzle. " + _RULES + " Your "
+                     "teammate, the tool agent, wrote a program that ran on the current state; its output (or "
+                     "error) is in the observation: check it against the room, fix it if it is wrong, and give "
+                     "the moves to make now. Blocked moves are wasted and penalised.\n" + _FMT),
 }
 
 
@@ -194,8 +215,10 @@ class SokobanEnv(PuzzleEnv):
     fail_penalty = FAIL_PENALTY
 
     def __init__(self, size: int = 6, num_boxes: int = 1, wall_frac: float = 0.1, max_turns: int = 5,
-                 max_moves_per_turn: int = 40, max_moves: int = 200, single_agent: bool = False):
-        super().__init__(max_turns=max_turns, single_agent=single_agent)
+                 max_moves_per_turn: int = 40, max_moves: int = 200, single_agent: bool = False,
+                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0):
+        super().__init__(max_turns=max_turns, single_agent=single_agent, workflow=workflow,
+                         tool_timeout_s=tool_timeout_s)
         self.size = check_int("size", size, 6, 20)  # a 3x3 inner room leaves almost no puzzles
         self.num_boxes = check_int("num_boxes", num_boxes, 1, max(1, (size - 2) ** 2 // 4))
         if not isinstance(wall_frac, (int, float)) or not 0.0 <= wall_frac <= 0.3:
@@ -203,7 +226,7 @@ class SokobanEnv(PuzzleEnv):
         self.wall_frac = float(wall_frac)
         self.max_moves_per_turn = check_int("max_moves_per_turn", max_moves_per_turn, 1)
         self.max_moves = check_int("max_moves", max_moves, 1)
-        self._instructions = _INSTRUCTIONS
+        self._instructions = {**_INSTRUCTIONS, "tool": _INSTRUCTIONS["tool"].format(timeout=self.tool_timeout_s)}
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         """Generated puzzles of ``split`` (default 1000 train / 100 eval), disjoint by room (walls, goals)."""
@@ -300,10 +323,19 @@ class SokobanEnv(PuzzleEnv):
     def _budget(self, s: SokobanState) -> str:
         return f"Moves used {s.moves_used} of {s.max_moves}, at most {s.per_turn} per turn."
 
+    def _state_data(self, s: SokobanState) -> dict[str, Any]:
+        return {"size": s.size, "rows": render_rows(s.size, set(s.walls), set(s.goals), s.boxes, s.player),
+                "walls": [list(c) for c in sorted(s.walls)], "goals": [list(c) for c in sorted(s.goals)],
+                "boxes": [list(c) for c in sorted(s.boxes)], "player": list(s.player),
+                "moves_left": s.max_moves - s.moves_used, "moves_per_turn": s.per_turn}
 
-@register_task("sokoban", "AT-GRPO Sokoban: planner proposes, executor pushes the box(es) onto goals (6x6, one box)")
+
+@register_task("sokoban", "AT-GRPO Sokoban: a tool agent's Python (sandboxed) then a planner pushes the box (6x6)")
 def make_sokoban(size: int = 6, num_boxes: int = 1, wall_frac: float = 0.1, max_turns: int = 5,
-                 max_moves_per_turn: int = 40, max_moves: int = 200, single_agent: bool = False) -> SokobanEnv:
-    """Sokoban environment (puzzles by reverse play; see :mod:`accord.envs.sokoban`)."""
+                 max_moves_per_turn: int = 40, max_moves: int = 200, single_agent: bool = False,
+                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0) -> SokobanEnv:
+    """Sokoban environment (puzzles by reverse play; see :mod:`accord.envs.sokoban`); ``workflow``:
+    ``tool_planner`` (tool -> planner, the paper's) or ``direct`` (planner -> executor)."""
     return SokobanEnv(size=size, num_boxes=num_boxes, wall_frac=wall_frac, max_turns=max_turns,
-                      max_moves_per_turn=max_moves_per_turn, max_moves=max_moves, single_agent=single_agent)
+                      max_moves_per_turn=max_moves_per_turn, max_moves=max_moves, single_agent=single_agent,
+                      workflow=workflow, tool_timeout_s=tool_timeout_s)

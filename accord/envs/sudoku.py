@@ -1,4 +1,4 @@
-"""``sudoku``: AT-GRPO's Sudoku as a turn-based planner -> executor environment.
+"""``sudoku``: AT-GRPO's Sudoku as a turn-based tool agent -> planner environment (or planner -> executor).
 
 A ``size`` x ``size`` Sudoku (4, the paper's setting, or 9) with ``holes`` empty cells. The solution
 grid is drawn by randomised backtracking (every valid grid can come out) and ``holes`` cells are
@@ -7,11 +7,18 @@ and keeps every clue counts as solved. The solved check (:func:`is_solved`) test
 and the clues; the stored ``solution`` is never used to judge an answer (the reference's check
 ignored the clues, so a valid grid unrelated to the puzzle counted).
 
-Roles (turn order). The paper's *tool agent* writes Python whose output is a grid; here the **planner**
-writes a complete grid directly and it is checked on a copy of the state (the real grid does not
-change). The **executor** (the paper's *plan agent*) sees the grid and the planner's proposal and
-submits the grid that replaces the current one. With ``single_agent=True`` one ``solver`` acts as the
-executor with no planner. An episode ends when the grid is solved or after ``max_turns`` turns.
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+
+- ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
+  the sandbox with ``state.json`` = ``{"size", "box" (box side), "grid" (the current grid), "clues" (the
+  puzzle), both lists of rows of ints, 0 = empty}`` and should print the completed grid (a line
+  ``Grid:`` and ``size`` rows). Its output (or error) is shown to the **planner**, whose grid replaces
+  the current one.
+- ``direct``: the **planner** writes a complete grid as text and it is checked on a copy; the
+  **executor** sees it and submits the grid that replaces the current one.
+- ``single_agent=True``: one ``solver`` submits grids.
+
+An episode ends when the grid is solved or after ``max_turns`` turns.
 
 Answer format: after a line ``Grid:``, ``size`` lines of ``size`` cells, rows top to bottom; a cell is a
 digit ``1..size``, or ``.``/``0``/``_``/``?`` for a cell left empty. Spaces, commas, ``|``, brackets and
@@ -22,16 +29,19 @@ a ``Grid:`` line the last block of ``size`` row-like lines is read.
 Rewards (the reference's numbers), split into team and local increments. A *cell edit* is a cell whose
 value the submitted grid changes; it is the unit the reference's "steps" map to here.
 
-- **local** (the acting role's submission quality): -0.01 per cell edit (at least -0.01 per
-  submission); -0.5 for an invalid grid (unreadable, or changing a clue: the submission is rejected and
-  the grid stays as it was); -1 for a digit out of range (e.g. 7 in a 4x4; rejected).
+- **local** (the acting role's own step): -0.01 per cell edit (at least -0.01 per submission); -0.5
+  for an invalid grid (unreadable, or changing a clue: the submission is rejected and the grid stays
+  as it was); -1 for a digit out of range (e.g. 7 in a 4x4; rejected); plus, for the role whose grid
+  is submitted (planner in ``tool_planner``, executor in ``direct``, solver), its step's team
+  increment below (independent learners, ``alpha = 0``, still prefer solving).
 - **team** (task progress): on solving, +2, plus 0.5 if the cell edits of the whole episode are at most
   the number of holes (every empty cell written once); otherwise ``0.5 * delta(progress) + 0.02 *
   delta(units)``, where progress is the share of holes holding a digit with no duplicate in its row,
   column or box, and units counts the rows, columns and boxes that hold each digit exactly once. No
   failure penalty: a failed episode earns at most ``0.5 + 0.02 * 3 * size`` < 2.
-- **planner**: its local reward is the team + local reward the executor would earn by submitting the
-  proposal now (on a copy); its team increment is 0.
+- **tool** (``tool_planner``) and **planner** (``direct``): the local reward is the team + local reward
+  of submitting the printed (tool) or written (planner) grid now (on a copy); a tool reply with no
+  program, a failing program or output without a readable grid earns -0.5. The team increment is 0.
 
 Tasks: an instance is ``eval`` when the sha1 of its *solution grid* is 0 mod 5, so eval puzzles share
 neither a puzzle nor a solution grid with training puzzles (4x4 has only 288 solution grids, so
@@ -46,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import Outcome, PuzzleEnv, check_int, generate_split, split_of, strip_fences
+from accord.envs.grid_common import TOOL_COMMON, Outcome, PuzzleEnv, check_int, generate_split, split_of, strip_fences
 
 EDIT_COST, INVALID_GRID, OUT_OF_RANGE = -0.01, -0.5, -1.0
 SOLVED_BONUS, EFFICIENT_BONUS, PROGRESS_W, UNITS_W = 2.0, 0.5, 0.5, 0.02
@@ -216,7 +226,17 @@ def _instr(role: str, n_note: str) -> str:
               "once; the puzzle's digits (clues) are fixed.")
     fmt = ("Answer format: a line `Grid:` and then the grid, one row per line, e.g. for 4x4:\n"
            "Grid:\n1234\n3412\n2143\n4321")
-    if role == "planner":
+    if role == "tool":
+        head = ("You are the tool agent in a two-agent team solving a Sudoku. " + TOOL_COMMON + " state.json "
+                "holds: size; box, the side of a box; grid, the current grid, and clues, the puzzle, both as lists "
+                "of rows of integers with 0 for an empty cell. Solve it (e.g. by backtracking) and print the grid "
+                "in the answer format below.")
+    elif role == "tool_planner":
+        head = ("You are the planner in a two-agent team solving a Sudoku. Your teammate, the tool agent, wrote "
+                "a program that ran on the current grid; its output (or error) is in the observation: check it "
+                "(rows, columns, boxes, clues), fix it if needed, and submit the grid. A submission that changes "
+                "a clue is rejected and penalised.")
+    elif role == "planner":
         head = ("You are the planner in a two-agent team solving a Sudoku. Propose a complete solution grid; "
                 "your teammate, the executor, sees it and decides what is submitted.")
     elif role == "executor":
@@ -234,14 +254,17 @@ class SudokuEnv(PuzzleEnv):
     name = "sudoku"
     fail_penalty = 0.0
 
-    def __init__(self, size: int = 4, holes: int | None = None, max_turns: int = 4, single_agent: bool = False):
-        super().__init__(max_turns=max_turns, single_agent=single_agent)
+    def __init__(self, size: int = 4, holes: int | None = None, max_turns: int = 4, single_agent: bool = False,
+                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0):
+        super().__init__(max_turns=max_turns, single_agent=single_agent, workflow=workflow,
+                         tool_timeout_s=tool_timeout_s)
         if size not in BOX:
             raise TaskError(f"task.options.size={size!r}: Sudoku size must be 4 or 9")
         self.size = size
         self.holes = size * size // 2 if holes is None else check_int("holes", holes, 1, size * size - 1)
         note = "Digits are 1 to the grid size; leave a cell you cannot fill as '.'."
-        self._instructions = {r: _instr(r, note) for r in ("planner", "executor", "solver")}
+        self._instructions = {r: _instr(r, note) for r in ("planner", "executor", "solver", "tool_planner")}
+        self._instructions["tool"] = _instr("tool", note).replace("{timeout:g}", f"{self.tool_timeout_s:g}")
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         """Generated puzzles of ``split`` (default 1000 train / 100 eval), disjoint by solution grid."""
@@ -315,9 +338,15 @@ class SudokuEnv(PuzzleEnv):
     def _budget(self, s: SudokuState) -> str:
         return f"Cells edited so far {s.edits}; the puzzle has {s.holes} holes."
 
+    def _state_data(self, s: SudokuState) -> dict[str, Any]:
+        return {"size": len(s.clues), "box": BOX[len(s.clues)], "grid": [row[:] for row in s.board],
+                "clues": [row[:] for row in s.clues]}
 
-@register_task("sudoku", "AT-GRPO Sudoku: planner proposes a grid, executor submits one; solved = valid, keeps clues")
-def make_sudoku(size: int = 4, holes: int | None = None, max_turns: int = 4,
-                single_agent: bool = False) -> SudokuEnv:
-    """Sudoku environment; ``holes`` defaults to half the cells (8 for 4x4, 40 for 9x9)."""
-    return SudokuEnv(size=size, holes=holes, max_turns=max_turns, single_agent=single_agent)
+
+@register_task("sudoku", "AT-GRPO Sudoku: a tool agent's Python (sandboxed) then a planner submits a grid (4x4)")
+def make_sudoku(size: int = 4, holes: int | None = None, max_turns: int = 4, single_agent: bool = False,
+                workflow: str = "tool_planner", tool_timeout_s: float = 3.0) -> SudokuEnv:
+    """Sudoku environment; ``holes`` defaults to half the cells (8 for 4x4, 40 for 9x9); ``workflow``:
+    ``tool_planner`` (tool -> planner, the paper's) or ``direct`` (planner -> executor)."""
+    return SudokuEnv(size=size, holes=holes, max_turns=max_turns, single_agent=single_agent, workflow=workflow,
+                     tool_timeout_s=tool_timeout_s)

@@ -1,23 +1,60 @@
-"""Registers MAGRPO's collaborative writing tasks (TLDR summaries, arXiv expansion) as tasks."""
+"""Registers MAGRPO's collaborative writing tasks (TLDR summaries, arXiv expansion) as tasks.
+
+``single_agent: true`` is MAGRPO's single-model baseline: one agent, ``writer``, writes both parts in one
+completion, under one heading per part (``Concise:`` / ``Detailed:`` for tldr, ``Background:`` /
+``Methods:`` for arxiv; any case, Markdown ``**`` or ``#`` around it, the word ``summary`` after it
+allowed). :func:`split_parts` cuts the completion at the headings; with no heading the first paragraph
+(up to the first blank line) is the first part and the rest the second. The parts are scored by the same
+team reward as the two agents' outputs; a part that is missing is empty and fails the reward's first
+level (the total is then 0).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from accord.envs.base import Messages, register_task
-from accord.envs.writing import (ARXIV_AGENTS, TLDR_AGENTS, load_writing_rows, writing_prompt,
+from accord.envs.base import Messages, TaskError, register_task
+from accord.envs.writing import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, load_writing_rows, writing_prompt,
                                  writing_team_reward)
+
+WRITER = "writer"
+
+
+def split_parts(text: str, roles: tuple[str, str]) -> dict[str, str]:
+    """One completion cut into the two roles' parts (see the module docstring); never raises."""
+    text = text if isinstance(text, str) else ""
+    names = "|".join(re.escape(r) for r in roles)
+    heading = re.compile(rf"(?im)^[ \t]*(?:#+[ \t]*)?\**[ \t]*({names})(?:[ \t]+summary)?[ \t]*\**[ \t]*:[ \t]*\**")
+    marks = list(heading.finditer(text))
+    parts = dict.fromkeys(roles, "")
+    if marks:
+        for i, m in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+            role = m.group(1).lower()
+            if not parts[role]:   # the first section of a role counts
+                parts[role] = text[m.end():end].strip()
+        return parts
+    chunks = re.split(r"\n[ \t]*\n", text.strip(), maxsplit=1)
+    parts[roles[0]] = chunks[0].strip()
+    parts[roles[1]] = chunks[1].strip() if len(chunks) > 1 else ""
+    return parts
 
 
 class WritingTask:
     """Two writers, one text: see :mod:`accord.envs.writing` for data, prompts and the reward levels."""
 
-    def __init__(self, variant: str = "tldr", source: str = "auto", data_files: str | None = None):
+    def __init__(self, variant: str = "tldr", source: str = "auto", data_files: str | None = None,
+                 single_agent: bool = False):
         if variant not in ("tldr", "arxiv"):
             raise ValueError(f"task.options.variant={variant!r}; choose 'tldr' or 'arxiv'")
+        if not isinstance(single_agent, bool):
+            raise TaskError(f"task.options.single_agent={single_agent!r}: must be true or false")
         self.variant, self.source, self.data_files = variant, source, data_files
-        self.name = f"writing-{variant}"
-        self.agents = TLDR_AGENTS if variant == "tldr" else ARXIV_AGENTS
+        self.single_agent = single_agent
+        self.name = f"writing-{variant}" + ("-single" if single_agent else "")
+        self.roles = TLDR_AGENTS if variant == "tldr" else ARXIV_AGENTS
+        self.agents = (WRITER,) if single_agent else self.roles
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         rows = load_writing_rows(self.variant, split, source=self.source, limit=limit, seed=seed,
@@ -29,12 +66,30 @@ class WritingTask:
         return rows
 
     def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
-        return writing_prompt(agent, row, self.variant)
+        if not self.single_agent:
+            return writing_prompt(agent, row, self.variant)
+        if agent != WRITER:
+            raise ValueError(f"unknown agent {agent!r}; the single-model writing task has one agent, {WRITER!r}")
+        # the first role's message carries the text; the parts' instructions replace its instruction
+        base = writing_prompt(self.roles[0], row, self.variant)[0]["content"]
+        text = base[len(_INSTRUCTIONS[(self.variant, self.roles[0])]):].lstrip("\n")
+        asks = [f"{r.capitalize()}: " + re.sub(r"\s*Reply with the \w+ only\.$", "",
+                                                _INSTRUCTIONS[(self.variant, r)]) for r in self.roles]
+        head = ("Write two parts for the text below, in one reply, each under its heading:\n" + "\n".join(asks)
+                + f"\nAnswer in exactly this form:\n{self.roles[0].capitalize()}:\n<first part>\n\n"
+                f"{self.roles[1].capitalize()}:\n<second part>")
+        return [{"role": "user", "content": f"{head}\n\n{text}"}]
 
     def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **kwargs) -> list[float]:
+        if self.single_agent:
+            parts = [split_parts(t, self.roles) for t in completions[WRITER]]
+            completions = {r: [p[r] for p in parts] for r in self.roles}
+            agents, prompts = self.roles, None
         return writing_team_reward(prompts=prompts, completions=completions, agents=agents, variant=self.variant)
 
 
 @register_task("writing", "MAGRPO writing: a concise and a detailed summary of one text (tldr) or arXiv expansion")
-def make_writing(variant: str = "tldr", source: str = "auto", data_files: str | None = None) -> WritingTask:
-    return WritingTask(variant=variant, source=source, data_files=data_files)
+def make_writing(variant: str = "tldr", source: str = "auto", data_files: str | None = None,
+                 single_agent: bool = False) -> WritingTask:
+    """``single_agent``: MAGRPO's single-model baseline, one ``writer`` writes both parts in one completion."""
+    return WritingTask(variant=variant, source=source, data_files=data_files, single_agent=single_agent)
