@@ -8,7 +8,8 @@ An oracle answers one agent in the format the environment parses, from the state
 - ``sokoban``: a shortest move list that puts every box on a goal (BFS over player and box positions,
   :func:`solve_sokoban`);
 - ``code`` (coder + tester): the problem's canonical solution for the coder; for the tester, the
-  reference tests that the tester's own reader accepts, rewritten to call the entry point;
+  reference tests that the tester's own reader accepts, rewritten to call the entry point (a problem
+  whose reference tests have no literal values, e.g. randomised ones, has no tester answer);
 - ``humaneval`` (helper + main, single-turn and multi-turn): the canonical solution as ``aux`` for the
   helper and an entry point that returns ``aux``'s result for main: correct and collaborative, but a
   trivial wrapper, so it earns 3.5 of the task's 4.5 (the non-trivial split is left for RL to find).
@@ -251,7 +252,7 @@ def coder_answer(problem: dict, rng: random.Random, noisy: bool) -> str:
     return _fenced(code)
 
 
-def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int) -> str:
+def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int) -> str | None:
     """The reference tests, calling the entry point by name, that :func:`code_atgrpo.read_tests` accepts."""
     from accord.envs.code_atgrpo import read_tests
     from accord.envs.code_common import case_sources
@@ -274,7 +275,7 @@ def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int
             c = consts[-1]
             c.value = c.value + "x" if isinstance(c.value, str) else c.value + 1
             tests[i] = ast.unparse(tree)
-    return _fenced("\n".join(tests) if tests else f"assert {entry} is not None")
+    return _fenced("\n".join(tests)) if tests else None   # no reference test with literal values to copy
 
 
 def code_oracle(env, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
