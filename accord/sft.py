@@ -28,7 +28,8 @@ each of these. ``trl`` is not installed in accord's environment either.
 
 Output, under ``sft.output_dir`` (default ``RUN_DIR/sft``): one Hugging Face model directory per policy
 (``<policy>/``, written by :meth:`Policy.export`), ``demos.jsonl`` (the training demonstrations, in the
-JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``. An RL run
+JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``, written into a
+temporary sibling and renamed into place when complete (an existing non-empty one is never overwritten). An RL run
 starts from it by naming the directory as the policy's model: ``policies.<name>.model=RUN_DIR/sft/<name>``
 (with ``model_kwargs={}`` for tiny models, whose options are in the saved config). Under
 ``specialization: lora`` the policies share one base model: SFT trains that base (full weights) on
@@ -383,7 +384,10 @@ def run_sft(cfg: Config) -> dict[str, Any]:
             raise DemoError(f"sft: no demonstration for policy {name!r} (agents {list(agents)}); add some for "
                             "these agents")
     micro = cfg.training.micro_batch_size
-    out.mkdir(parents=True, exist_ok=True)
+    final, out = out, out.parent / f".{out.name}.tmp-{os.getpid()}"   # renamed into place when complete
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     write_demos(train, out / "demos.jsonl")
     save_config(cfg, out / "config.yaml")
     summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals)}
@@ -414,14 +418,14 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                     metrics["time/step"])
         after = {k: v for k, v in metrics.items() if k.endswith("/eval_nll")}
     for name, (pol, _) in policies.items():
-        tmp = out / f".tmp_{name}_{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        pol.export(tmp)
-        os.replace(tmp, out / name)
+        pol.export(out / name)
         if before.get(f"sft/{name}/eval_nll") is not None:
             logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[f"sft/{name}/eval_nll"],
                         after[f"sft/{name}/eval_nll"])
+    if final.exists():   # an empty directory (checked above)
+        final.rmdir()
+    os.replace(out, final)
+    out = final
     summary.update({"output_dir": str(out), "before": before, "after": after,
                     "overrides": rl_overrides(cfg, out)})
     logger.info("sft: wrote %s; start RL from it with: accord train CONFIG %s", out, " ".join(summary["overrides"]))
