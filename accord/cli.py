@@ -1,8 +1,9 @@
-"""Command line: ``accord train | eval | report | envs``.
+"""Command line: ``accord train | sft | eval | report | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
     accord train --resume runs/writing-tldr [run.steps=30]
+    accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord report runs/writing-tldr
     accord envs
@@ -46,6 +47,21 @@ def _train(args: argparse.Namespace) -> int:
     run_dir = train(cfg, resume=bool(args.resume))
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
     _log_held_out(run_dir, cfg.rollout.eval_temperature)
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from accord.sft import collect_demos, run_sft, write_demos
+
+    positional = list(args.args)
+    config_path = positional.pop(0) if positional and "=" not in positional[0] else None
+    cfg = load_config(config_path, positional)
+    if args.write_demos:
+        train, _ = collect_demos(cfg)
+        write_demos(train, args.write_demos)
+        logger.info("wrote %d demonstrations to %s", len(train), args.write_demos)
+        return 0
+    run_sft(cfg)
     return 0
 
 
@@ -135,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p.set_defaults(func=_train)
+    p = sub.add_parser("sft", help="warm start: fine-tune each policy on demonstrations (the task's oracle or "
+                       "sft.data) and export it for RL", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="sft keys:\n" + "\n".join(line for line in _config_help().splitlines()
+                                                         if line.startswith("  sft.")))
+    p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
+    p.add_argument("--write-demos", metavar="FILE.jsonl", help="only write the training demonstrations as JSONL "
+                   "(the input format of sft.data) and exit")
+    p.set_defaults(func=_sft)
     p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
     p.add_argument("target", help="CONFIG.yaml or RUN_DIR")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides (e.g. task.eval_size=50)")

@@ -333,6 +333,42 @@ class LoggingConfig:
         _positive("logging", "completions_every", self.completions_every, 0)
 
 
+@dataclass
+class SftConfig:
+    data: str | None = _f(None, "`accord sft` (warm start before RL): JSONL file of demonstrations, one "
+                          "{agent, prompt, completion} object per line (prompt: chat messages, or a string used as "
+                          "the user message after the agent's system message); null: the task's oracle (planpath, "
+                          "sudoku, sokoban, code, humaneval) plays the training split.")
+    eval_data: str | None = _f(None, "`accord sft`: JSONL of held-out demonstrations whose NLL is reported before "
+                               "and after; null: with the oracle, its noise-free answers on eval_size instances of "
+                               "the eval split; with sft.data, no held-out NLL.")
+    instances: int = _f(200, "`accord sft` with the oracle: training-split instances it plays (each gives one "
+                        "demonstration per agent and turn until solved).")
+    eval_size: int = _f(16, "`accord sft` with the oracle: eval-split instances of the held-out NLL (0: none).")
+    noise: float = _f(0.0, "`accord sft` with the oracle: share of training answers made deliberately imperfect "
+                      "(half suboptimal, half wrong; code answers are wrong), so that RL has room to improve.")
+    steps: int = _f(50, "`accord sft`: optimizer steps of each policy.")
+    batch_size: int = _f(16, "`accord sft`: demonstrations per optimizer step of each policy.")
+    lr: float = _f(1e-4, "`accord sft`: AdamW learning rate (constant; betas, weight decay, clipping, micro-batches "
+                   "and bf16 from `training`).")
+    output_dir: str | None = _f(None, "`accord sft`: where the fine-tuned models go, one Hugging Face directory per "
+                                "policy (`base` under specialization=lora); null: RUN_DIR/sft. RL starts from it "
+                                "with policies.<name>.model=DIR/<name>.")
+
+    def __post_init__(self) -> None:
+        _positive("sft", "steps", self.steps)
+        _positive("sft", "batch_size", self.batch_size)
+        _positive("sft", "instances", self.instances)
+        _positive("sft", "eval_size", self.eval_size, 0)
+        if self.lr <= 0:
+            raise ConfigError(f"sft.lr={self.lr} must be > 0")
+        if not 0 <= self.noise <= 1:
+            raise ConfigError(f"sft.noise={self.noise} is a share of the demonstrations; give a number in [0, 1]")
+        if self.noise and self.data is not None:
+            raise ConfigError(f"sft.noise={self.noise} applies to the oracle's demonstrations; those of sft.data are "
+                              "used as written: set sft.noise=0 or drop sft.data")
+
+
 def _default_policies() -> dict:
     return {"main": PolicyConfig()}
 
@@ -355,6 +391,8 @@ class Config:
     logging: LoggingConfig = _f(help="Sinks.", factory=LoggingConfig)
     ray: RayConfig = _f(help="run.backend=ray: cluster address and the resources of each policy's actor.",
                         factory=RayConfig)
+    sft: SftConfig = _f(help="`accord sft`: the warm start's demonstrations and fine-tuning (`accord train` does not "
+                        "read it).", factory=SftConfig)
 
     def __post_init__(self) -> None:
         _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))

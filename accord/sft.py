@@ -1,0 +1,446 @@
+"""``accord sft CONFIG``: a warm start -- supervised fine-tuning of each policy on demonstrations.
+
+Demonstrations are (agent, chat prompt, completion) triples from one of two sources:
+
+- **the task's oracle** (:mod:`accord.envs.oracles`; default). Multi-turn environments are played
+  episode by episode exactly as evaluation plays them (:func:`accord.rollout.multiturn.play_episodes`:
+  agents in turn order, ``rollout.max_turns`` and ``rollout.history_turns``), with the oracle's answer
+  as every agent's action; each agent's prompt is built by the rollout's own
+  :meth:`~accord.rollout.multiturn.Episode.messages` and encoded by the policy's own
+  :meth:`~accord.policies.Policy.encode_chat`, so SFT trains on the very token ids RL will show.
+  Single-turn tasks give ``task.prompt(agent, row)`` per instance. A share ``sft.noise`` of the
+  training answers is deliberately imperfect (suboptimal or wrong, see the oracles' docstring), so RL
+  has room to improve; the episode goes on from the state the imperfect answer leaves, so later
+  turns demonstrate recovery. Held-out demonstrations come, noise-free, from the task's eval split.
+- **a JSONL file** (``sft.data``): one ``{"agent", "prompt", "completion"}`` object per line; the prompt
+  is a list of chat messages (used as given) or a string (the user message, after the system message
+  the environment gives that agent, as in a first-turn rollout prompt). Unknown agents, empty
+  completions, missing or unknown keys and lines that are not JSON are errors naming the line.
+
+The update is accord's own (not TRL's ``SFTTrainer``): the masked negative log-likelihood of the
+completion tokens (the completion text, then the EOS token generation stops on), averaged over the
+batch's tokens, at temperature 1, through each policy's model, AdamW, gradient clipping, micro-batches
+and bf16 setting of the ``training`` section. The reasons: the prompts must be the rollout's token ids
+(our chat messages, our ``encode_chat``, our truncation checks), every specialisation's policies
+(``separate`` with different tokenizers included) are already built by accord, and the result must
+load back as an accord policy -- TRL would need its own dataset formatting and model wrapping for
+each of these. ``trl`` is not installed in accord's environment either.
+
+Output, under ``sft.output_dir`` (default ``RUN_DIR/sft``): one Hugging Face model directory per policy
+(``<policy>/``, written by :meth:`Policy.export`), ``demos.jsonl`` (the training demonstrations, in the
+JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``, written into a
+temporary sibling and renamed into place when complete (an existing non-empty one is never overwritten). An RL run
+starts from it by naming the directory as the policy's model: ``policies.<name>.model=RUN_DIR/sft/<name>``
+(with ``model_kwargs={}`` for tiny models, whose options are in the saved config). Under
+``specialization: lora`` the policies share one base model: SFT trains that base (full weights) on
+every agent's demonstrations and writes it to ``base/``; every policy of the RL run names it, and its
+adapters start from zero over the warm-started base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accord.config import Config, ConfigError, save_config
+from accord.envs.oracles import oracle_for
+from accord.envs.protocol import Messages, is_env
+from accord.generation.hf import left_pad
+from accord.policies import Policy
+from accord.rollout.multiturn import start_episodes
+
+logger = logging.getLogger(__name__)
+
+KEYS = ("agent", "prompt", "completion")
+ROLES = ("system", "user", "assistant")
+
+
+class DemoError(ConfigError):
+    """A demonstration is unusable (bad line of a JSONL file, unknown agent, too long); the message says
+    where and how to fix it."""
+
+
+@dataclass
+class Demo:
+    """One demonstration: ``agent`` answers ``messages`` with ``completion``."""
+
+    agent: str
+    messages: Messages
+    completion: str
+    where: str            # "demos.jsonl line 3" or "oracle planpath-1a2b3c turn 1"
+    noisy: bool = False
+
+    def to_json(self) -> dict:
+        return {"agent": self.agent, "prompt": self.messages, "completion": self.completion, "where": self.where,
+                "noisy": self.noisy}
+
+
+# --- demonstrations from the oracle -----------------------------------------------------------------------
+
+def oracle_demos(cfg: Config, make_task, rows: list[dict], *, noise: float, seed: int) -> list[Demo]:
+    """The oracle's demonstrations on ``rows`` (a share ``noise`` of the answers imperfect)."""
+    task = make_task()
+    oracle = oracle_for(task)
+    if oracle is None:
+        raise ConfigError(f"task {task.name!r} has no oracle (oracles: planpath, sudoku, sokoban, code, humaneval); "
+                          "give demonstrations as a JSONL file with sft.data=FILE.jsonl")
+    rng = random.Random(seed)
+    out: list[Demo] = []
+    stopped = 0
+    if not is_env(task):
+        for row in rows:
+            for agent in task.agents:
+                noisy = rng.random() < noise
+                text = oracle(task, agent, row, rng, noisy)
+                if text is None:
+                    stopped += 1
+                    continue
+                out.append(Demo(agent, task.prompt(agent, row), text, f"oracle {row.get('id')}", noisy))
+    else:
+        turns = cfg.rollout.max_turns or task.max_turns
+        history = cfg.rollout.history_turns
+        episodes = start_episodes(make_task, rows, seed)
+        live = [True] * len(episodes)
+        # the loop of play_episodes, with the oracle in place of the policies
+        for t in range(turns):
+            groups = [task.agents] if task.simultaneous else [(a,) for a in task.agents]
+            for acting in groups:
+                for b, ep in enumerate(episodes):
+                    if ep.done or not live[b]:
+                        continue
+                    actions, demos = {}, []
+                    for a in acting:
+                        noisy = rng.random() < noise
+                        text = oracle(ep.env, a, rows[b], rng, noisy)
+                        if text is None:   # no answer from here (e.g. a box pushed into a corner): stop
+                            break
+                        actions[a] = text
+                        demos.append(Demo(a, ep.messages(a, history), text,
+                                          f"oracle {rows[b].get('id')} turn {t + 1}", noisy))
+                    if len(actions) < len(acting):
+                        live[b] = False
+                        stopped += 1
+                        continue
+                    out.extend(demos)
+                    ep.apply(actions, ep.env.step(actions))
+            for ep in episodes:
+                ep.turn += 1
+    if stopped:
+        logger.info("sft: the oracle had no answer in %d states (e.g. after an imperfect answer made the puzzle "
+                    "unsolvable, or a problem without a canonical solution); those episodes stop there", stopped)
+    return out
+
+
+# --- demonstrations from a file ---------------------------------------------------------------------------
+
+def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[str, str] | None = None) -> list[Demo]:
+    """Demonstrations of a JSONL file; every problem is a :class:`DemoError` naming its line.
+
+    ``system``: agent -> the system message put before a string prompt (None: the string is the only
+    message)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DemoError(f"demonstrations file {str(p)!r} does not exist; give a JSONL file of "
+                        '{"agent": ..., "prompt": ..., "completion": ...} lines')
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p} line {n}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DemoError(f"{where}: not valid JSON ({err.msg}); each line must be one object "
+                            '{"agent": ..., "prompt": ..., "completion": ...}') from err
+        if not isinstance(item, dict):
+            raise DemoError(f"{where}: a line must be a JSON object with keys {list(KEYS)}, got {type(item).__name__}")
+        missing = [k for k in KEYS if k not in item]
+        extra = sorted(set(item) - set(KEYS) - {"where", "noisy"})
+        if missing or extra:
+            raise DemoError(f"{where}: " + (f"missing key(s) {missing}" if missing else f"unknown key(s) {extra}")
+                            + f"; a demonstration has exactly the keys {list(KEYS)}")
+        agent, prompt, completion = item["agent"], item["prompt"], item["completion"]
+        if agent not in agents:
+            raise DemoError(f"{where}: unknown agent {agent!r}; the task's agents are {list(agents)}")
+        if not isinstance(completion, str) or not completion.strip():
+            raise DemoError(f"{where}: empty completion for agent {agent!r}; give the answer text the agent should "
+                            "write (or remove the line)")
+        out.append(Demo(agent, _messages(prompt, agent, where, system), completion, where))
+    if not out:
+        raise DemoError(f"{p} holds no demonstrations; add one JSON object per line")
+    return out
+
+
+def _messages(prompt: Any, agent: str, where: str, system: dict[str, str] | None) -> Messages:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DemoError(f"{where}: empty prompt; give the observation text or a list of chat messages")
+        head = [{"role": "system", "content": system[agent]}] if system else []
+        return head + [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        raise DemoError(f"{where}: prompt must be a string or a non-empty list of chat messages "
+                        '[{"role": "system"|"user"|"assistant", "content": "..."}]')
+    for m in prompt:
+        if not (isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ROLES
+                and isinstance(m["content"], str)):
+            raise DemoError(f"{where}: chat message {m!r} must be {{\"role\": one of {list(ROLES)}, \"content\": "
+                            "\"text\"}")
+    if prompt[-1]["role"] != "user":
+        raise DemoError(f"{where}: the prompt's last message must be the user's (the completion answers it), "
+                        f"got {prompt[-1]['role']!r}")
+    return [dict(m) for m in prompt]
+
+
+def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for d in demos:
+            f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
+
+
+def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
+    """(training, held-out) demonstrations as ``cfg.sft`` says; the task's agents resolved into ``cfg``."""
+    from accord.trainer import build_task
+
+    task = build_task(cfg)
+    cfg.resolve_agents(tuple(task.agents))
+    s, seed = cfg.sft, cfg.run.seed
+    make = lambda: build_task(cfg)  # noqa: E731  (a fresh environment per episode, as the rollout makes them)
+    if s.data is None:
+        split = task.tasks if is_env(task) else task.rows
+        train = oracle_demos(cfg, make, split("train", limit=s.instances, seed=seed), noise=s.noise, seed=seed)
+        held = split("eval", limit=s.eval_size, seed=seed) if s.eval_size else []
+        evals = oracle_demos(cfg, make, held, noise=0.0, seed=seed + 1) if held else []
+    else:
+        system = {a: task.instructions(a) for a in task.agents} if is_env(task) else None
+        train = read_demos(s.data, tuple(task.agents), system)
+        evals = read_demos(s.eval_data, tuple(task.agents), system) if s.eval_data else []
+    if not train:
+        raise DemoError("sft: no training demonstrations (the oracle answered no state); check task.options")
+    return train, evals
+
+
+# --- training ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Encoded:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+def _eos_id(policy: Policy) -> int:
+    """The first token generation stops on (generation_config's EOS, else the tokenizer's)."""
+    eos = policy.model.generation_config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    eos = eos if eos is not None else policy.tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError(f"policy {policy.name!r}: its tokenizer and model define no EOS token; a demonstration "
+                          "must end with one so that the policy learns to stop")
+    return int(eos)
+
+
+def encode_demos(policy: Policy, demos: list[Demo], max_new_tokens: int) -> list[Encoded]:
+    """Token ids as the rollout makes them: ``encode_chat`` of the messages, then the completion's tokens
+    and the EOS token (generated completions end with it too)."""
+    eos = _eos_id(policy)
+    out = []
+    for d in demos:
+        ids = policy.tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos]
+        if len(ids) > max_new_tokens:
+            raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {len(ids)} tokens (with EOS), more "
+                            f"than rollout.max_new_tokens={max_new_tokens}: RL could never write it; raise "
+                            "rollout.max_new_tokens or shorten the completion")
+        out.append(Encoded(policy.encode_chat(d.messages), ids))
+    return out
+
+
+def nll_sums(policy: Policy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
+    """Summed negative log-likelihood (temperature 1) of the completion tokens of ``batch``, and their count."""
+    c = max(len(e.completion_ids) for e in batch)
+    pad = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
+    ids, attn = left_pad([e.prompt_ids + e.completion_ids for e in batch], pad)
+    targets = torch.full((len(batch), c), -100, dtype=torch.long)
+    for i, e in enumerate(batch):
+        targets[i, c - len(e.completion_ids):] = torch.tensor(e.completion_ids)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    kwargs = {"logits_to_keep": c + 1} if policy._keep_arg else {}
+    with policy.autocast():
+        logits = policy.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
+                              **kwargs).logits[:, -(c + 1):-1]
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                             ignore_index=-100, reduction="sum")
+    return loss, int((targets != -100).sum())
+
+
+@torch.no_grad()
+def mean_nll(policy: Policy, data: list[Encoded], micro: int) -> float:
+    """Per-token NLL of ``data`` under the policy (eval mode: no dropout)."""
+    policy.model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(data), micro):
+        loss, k = nll_sums(policy, data[i:i + micro])
+        total, n = total + float(loss), n + k
+    policy.model.train()
+    return total / max(1, n)
+
+
+def sft_step(policy: Policy, batch: list[Encoded], micro: int, max_grad_norm: float | None, step: int) -> dict:
+    """One optimizer step on the token-mean NLL of ``batch`` (gradients accumulated over micro-batches)."""
+    from accord.policies import TrainingError
+
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    n_tokens = sum(len(e.completion_ids) for e in batch)
+    total = 0.0
+    for i in range(0, len(batch), micro):
+        loss, _ = nll_sums(policy, batch[i:i + micro])
+        if not torch.isfinite(loss):
+            raise TrainingError(f"sft step {step}: loss of policy {policy.name!r} is {loss.item()}; lower sft.lr")
+        (loss / n_tokens).backward()
+        total += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(policy.params, max_grad_norm if max_grad_norm is not None else math.inf)
+    if not torch.isfinite(norm):
+        raise TrainingError(f"sft step {step}: gradient norm of policy {policy.name!r} is {norm.item()}; lower sft.lr")
+    policy.optimizer.step()
+    policy.scheduler.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+    return {"loss": total / n_tokens, "grad_norm": float(norm), "lr": policy.scheduler.get_last_lr()[0]}
+
+
+def _policies(cfg: Config) -> dict[str, tuple[Policy, tuple[str, ...]]]:
+    """Policy name -> (a full policy, the agents it learns from). Under lora: one ``base`` for all agents."""
+    s = cfg.sft
+    training = dataclasses.replace(cfg.training, lr=s.lr, warmup_steps=0, schedule="constant")
+    algo = dataclasses.replace(cfg.algorithm, kl_coef=0.0)   # no frozen reference copy
+    by_policy: dict[str, list[str]] = {}
+    for a in cfg.agents:
+        by_policy.setdefault("base" if cfg.specialization == "lora" else a.policy, []).append(a.name)
+    out = {}
+    for i, name in enumerate(sorted(by_policy)):
+        pcfg = cfg.policies[name] if name in cfg.policies else cfg.policies[cfg.agents[0].policy]
+        pol = Policy(name, dataclasses.replace(pcfg, lr=None), training, algo, cfg.rollout, s.steps,
+                     seed=cfg.run.seed + i)
+        out[name] = (pol, tuple(by_policy[name]))
+    return out
+
+
+def _batches(n: int, size: int, seed: int):
+    """Endless batches of ``min(size, n)`` indices into ``n`` items, read in order from a stream of seeded
+    permutations (a fresh one per epoch), so every item comes once per epoch and batches span epochs."""
+    size, epoch, stream = min(size, n), 0, []
+    while True:
+        while len(stream) < size:
+            perm = list(range(n))
+            random.Random(seed * 1_000_003 + epoch).shuffle(perm)
+            stream.extend(perm)
+            epoch += 1
+        yield stream[:size]
+        stream = stream[size:]
+
+
+def output_dir(cfg: Config) -> Path:
+    return Path(cfg.sft.output_dir) if cfg.sft.output_dir else cfg.run_dir / "sft"
+
+
+def run_sft(cfg: Config) -> dict[str, Any]:
+    """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
+    docstring for the output layout)."""
+    from accord.trainer import seed_everything
+
+    s = cfg.sft
+    out = output_dir(cfg)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
+                          "write another")
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed)
+    t0 = time.perf_counter()
+    train, evals = collect_demos(cfg)
+    n_noisy = sum(d.noisy for d in train)
+    logger.info("sft: %d training demonstrations (%d imperfect), %d held-out, in %.1fs", len(train), n_noisy,
+                len(evals), time.perf_counter() - t0)
+    if cfg.run.backend == "ray":
+        logger.info("sft: run.backend=ray applies to RL; fine-tuning runs in this process")
+    policies = _policies(cfg)
+    max_new = cfg.rollout.max_new_tokens
+    data, held = {}, {}
+    for name, (pol, agents) in policies.items():
+        data[name] = encode_demos(pol, [d for d in train if d.agent in agents], max_new)
+        held[name] = encode_demos(pol, [d for d in evals if d.agent in agents], max_new)
+        if not data[name]:
+            raise DemoError(f"sft: no demonstration for policy {name!r} (agents {list(agents)}); add some for "
+                            "these agents")
+    micro = cfg.training.micro_batch_size
+    final, out = out, out.parent / f".{out.name}.tmp-{os.getpid()}"   # renamed into place when complete
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    write_demos(train, out / "demos.jsonl")
+    save_config(cfg, out / "config.yaml")
+    summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals)}
+    with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
+        def record(step: int, metrics: dict) -> None:
+            log.write(json.dumps({"step": step, **metrics}) + "\n")
+            log.flush()
+
+        before = {f"sft/{n}/eval_nll": mean_nll(p, held[n], micro) for n, (p, _) in policies.items() if held[n]}
+        record(0, before)
+        batches = {n: _batches(len(data[n]), s.batch_size, cfg.run.seed + i) for i, n in enumerate(policies)}
+        every = max(1, s.steps // 10)
+        for step in range(1, s.steps + 1):
+            t = time.perf_counter()
+            metrics = {}
+            for name, (pol, _) in policies.items():
+                batch = [data[name][i] for i in next(batches[name])]
+                for key, v in sft_step(pol, batch, micro, cfg.training.max_grad_norm, step).items():
+                    metrics[f"sft/{name}/{key}"] = v
+            metrics["time/step"] = time.perf_counter() - t
+            if step == s.steps:
+                metrics.update({f"sft/{n}/eval_nll": mean_nll(p, held[n], micro)
+                                for n, (p, _) in policies.items() if held[n]})
+            record(step, metrics)
+            if step % every == 0 or step == s.steps:
+                logger.info("sft step %d/%d: %s (%.1fs)", step, s.steps, ", ".join(
+                    f"{k.split('/')[1]} loss {v:.4f}" for k, v in metrics.items() if k.endswith("/loss")),
+                    metrics["time/step"])
+        after = {k: v for k, v in metrics.items() if k.endswith("/eval_nll")}
+    for name, (pol, _) in policies.items():
+        pol.export(out / name)
+        if before.get(f"sft/{name}/eval_nll") is not None:
+            logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[f"sft/{name}/eval_nll"],
+                        after[f"sft/{name}/eval_nll"])
+    if final.exists():   # an empty directory (checked above)
+        final.rmdir()
+    os.replace(out, final)
+    out = final
+    summary.update({"output_dir": str(out), "before": before, "after": after,
+                    "overrides": rl_overrides(cfg, out)})
+    logger.info("sft: wrote %s; start RL from it with: accord train CONFIG %s", out, " ".join(summary["overrides"]))
+    return summary
+
+
+def rl_overrides(cfg: Config, out: Path) -> list[str]:
+    """The ``key=value`` overrides that start an RL run of ``cfg`` from the warm start in ``out``."""
+    overrides = []
+    for name, p in sorted(cfg.policies.items()):
+        source = out / ("base" if cfg.specialization == "lora" else name)
+        overrides.append(f"policies.{name}.model={source}")
+        if p.model_kwargs:
+            overrides.append(f"policies.{name}.model_kwargs={{}}")
+    return overrides
+
+
+__all__ = ["Demo", "DemoError", "collect_demos", "oracle_demos", "read_demos", "run_sft", "write_demos"]

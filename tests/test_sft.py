@@ -1,0 +1,245 @@
+"""``accord sft``: oracles, demonstrations (oracle and JSONL), the prompts RL shows, the warm start through the CLI."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accord.config import config_from_dict
+from accord.envs import make_task
+from accord.envs.oracles import oracle_for, solve_sokoban, solve_sudoku
+from accord.envs.planpath import shortest_path
+from accord.envs.sudoku import from_rows, is_solved
+from accord.logging import MetricAccumulator
+from accord.sft import DemoError, collect_demos, encode_demos, read_demos, write_demos
+
+TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2, "max_position_embeddings": 4096}}
+
+
+def planpath_cfg(tmp_path, **sft):
+    return {
+        "run": {"name": "warm", "output_dir": str(tmp_path / "runs"), "threads": 2, "steps": 2, "eval_before": False,
+                "eval_after": False},
+        "policies": {"main": TINY},
+        "task": {"name": "planpath", "options": {"size": 5, "max_turns": 2}, "eval_size": 2},
+        "algorithm": {"name": "atgrpo", "num_generations": 2},
+        "rollout": {"batch_size": 2, "max_new_tokens": 96, "max_prompt_tokens": 2048, "temperature": 1.0},
+        "training": {"lr": 1e-3, "micro_batch_size": 16, "bf16": False},
+        "logging": {"console": False, "tensorboard": False},
+        "sft": {"instances": 24, "eval_size": 8, "steps": 12, "batch_size": 16, "lr": 3e-3, **sft},
+    }
+
+
+def play(env, row, noisy, rng):
+    """Play one episode with the oracle; (solved, moves used by the real state)."""
+    env.reset(row)
+    oracle = oracle_for(env)
+    res = None
+    for _ in range(env.max_turns):
+        for agent in env.agents:
+            text = oracle(env, agent, row, rng, noisy)
+            if text is None:
+                return False, res
+            res = env.step({agent: text})
+            if res.done:
+                return res.info["success"], env._state
+    return False, env._state
+
+
+@pytest.mark.parametrize("name,options", [("planpath", {"size": 6}), ("sudoku", {}), ("sokoban", {})])
+def test_oracle_solves_every_puzzle_in_one_turn(name, options):
+    env = make_task(name, options)
+    rng = random.Random(0)
+    for row in env.tasks("train", limit=10):
+        env.reset(row)
+        oracle = oracle_for(env)
+        for agent in env.agents:
+            res = env.step({agent: oracle(env, agent, row, rng, False)})
+        assert res.done and res.info["success"], (name, row["id"])
+        if name == "planpath":   # by a shortest path: the optimal bonus was paid
+            assert env._state.moves_used == env._state.optimal
+
+
+def test_noisy_answers_are_suboptimal_or_wrong():
+    env = make_task("planpath", {"size": 6})
+    rng = random.Random(1)
+    kinds = {"longer": 0, "fails": 0}
+    for row in env.tasks("train", limit=30):
+        env.reset(row)
+        s = env._state
+        text = oracle_for(env)(env, "executor", row, rng, True)
+        moves = text.split("Moves:")[1].split()
+        best = shortest_path(s.grid, s.pos, s.goal)
+        pos = s.pos
+        for m in moves:   # walk the proposal: a detour still arrives, a wrong move does not
+            r, c = pos[0] + {"U": -1, "D": 1}.get(m, 0), pos[1] + {"L": -1, "R": 1}.get(m, 0)
+            if 0 <= r < len(s.grid) and 0 <= c < len(s.grid) and s.grid[r][c] != "#":
+                pos = (r, c)
+        if pos == s.goal:
+            assert len(moves) == len(best) + 2
+            kinds["longer"] += 1
+        else:
+            kinds["fails"] += 1
+    assert kinds["longer"] >= 5 and kinds["fails"] >= 5, kinds
+
+
+def test_solvers():
+    board = solve_sudoku(from_rows(["1...", "..1.", ".1..", "...1"]))
+    assert is_solved(board, from_rows(["1...", "..1.", ".1..", "...1"]))
+    assert solve_sudoku(from_rows(["11..", "....", "....", "...."])) is None
+    walls = frozenset({(r, c) for r in range(5) for c in range(5) if r in (0, 4) or c in (0, 4)})
+    assert solve_sokoban(walls, frozenset({(2, 3)}), frozenset({(2, 2)}), (2, 1)) == ["R"]
+    assert solve_sokoban(walls, frozenset({(2, 3)}), frozenset({(1, 1)}), (2, 2)) is None   # box in a corner
+
+
+def test_code_oracles_earn_what_the_docs_say():
+    task = make_task("humaneval", {})
+    rows = task.rows("train", limit=3)
+    rng = random.Random(0)
+    oracle = oracle_for(task)
+    helper = [oracle(task, "helper", r, rng, False) for r in rows]
+    main = [oracle(task, "main", r, rng, False) for r in rows]
+    assert [s["total"] for s in task.score(helper, main, rows)] == [3.5, 3.5, 3.5]
+    env = make_task("code", {})
+    row = env.tasks("train", limit=1)[0]
+    env.reset(row)
+    coder = env.step({"coder": oracle_for(env)(env, "coder", row, rng, False)})
+    assert coder.local_rewards["coder"] == 1.0
+
+
+def test_noise_share_and_demo_prompts(tmp_path):
+    cfg = config_from_dict(planpath_cfg(tmp_path, noise=0.5, instances=40))
+    train, evals = collect_demos(cfg)
+    share = sum(d.noisy for d in train) / len(train)
+    assert 0.35 < share < 0.65 and not any(d.noisy for d in evals)
+    assert {d.agent for d in train} == {"planner", "executor"}
+    assert any("turn 2" in d.where for d in train)   # a failed first turn is demonstrated again from its state
+    clean, _ = collect_demos(config_from_dict(planpath_cfg(tmp_path, instances=40)))
+    assert not any(d.noisy for d in clean)
+
+
+def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
+    """The AT-GRPO rollout's first-turn prompts (planner, then executor after the chosen proposal) equal
+    the encoded SFT prompts of the same instance once the rollout's proposal is the oracle's."""
+    from accord.rollout.multiturn import start_episodes
+    from accord.trainer import Trainer, build_task
+
+    cfg = config_from_dict(planpath_cfg(tmp_path))
+    trainer = Trainer(cfg)
+    policy = trainer.policies["main"]
+    rows = trainer.batch_rows(0)
+    samples = trainer._rollout(0, rows, MetricAccumulator())
+    row = rows[0]
+    demos, _ = collect_demos_for(cfg, [row])
+    planner_demo = next(d for d in demos if d.agent == "planner" and "turn 1" in d.where)
+    rl_prompt = next(s.prompt_ids for s in samples if s.agent == "planner" and s.turn == 0 and s.instance == 0)
+    assert encode_demos(policy, [planner_demo], 96)[0].prompt_ids == rl_prompt
+    # the executor's prompt holds the planner's proposal: rebuild it with the rollout's chosen proposal text
+    chosen = max((s for s in samples if s.agent == "planner" and s.turn == 0 and s.instance == 0),
+                 key=lambda s: s.reward)
+    ep = start_episodes(lambda: build_task(cfg), [row], 0)[0]
+    ep.apply({"planner": chosen.completion_text}, ep.env.step({"planner": chosen.completion_text}))
+    executor_prompts = {tuple(s.prompt_ids) for s in samples if s.agent == "executor" and s.turn == 0
+                        and s.instance == 0}
+    assert tuple(policy.encode_chat(ep.messages("executor", None))) in executor_prompts
+
+
+def collect_demos_for(cfg, rows):
+    from accord.sft import oracle_demos
+    from accord.trainer import build_task
+
+    return oracle_demos(cfg, lambda: build_task(cfg), rows, noise=0.0, seed=0), None
+
+
+def accord(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.run([sys.executable, "-m", "accord.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_warm_start_lowers_heldout_nll_and_rl_starts_from_it(tmp_path):
+    config = tmp_path / "warm.yaml"
+    config.write_text(yaml.safe_dump(planpath_cfg(tmp_path)))
+    sft = accord("sft", str(config), cwd=tmp_path)
+    assert sft.returncode == 0, sft.stderr
+    out = tmp_path / "runs" / "warm" / "sft"
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    before, after = lines[0]["sft/main/eval_nll"], lines[-1]["sft/main/eval_nll"]
+    assert after < 0.6 * before, (before, after)
+    assert [x["step"] for x in lines] == list(range(13))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "main").iterdir()}
+    assert f"policies.main.model={out / 'main'}" in sft.stderr
+    demos = read_demos(out / "demos.jsonl", ("planner", "executor"))   # its own output is valid input
+    assert len(demos) >= 24
+
+    rl = accord("train", str(config), f"policies.main.model={out / 'main'}", "policies.main.model_kwargs={}",
+                "run.name=rl", cwd=tmp_path)
+    assert rl.returncode == 0, rl.stderr
+    run = tmp_path / "runs" / "rl"
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert yaml.safe_load((run / "config.yaml").read_text())["policies"]["main"]["model"] == str(out / "main")
+    again = accord("sft", str(config), cwd=tmp_path)   # never overwrites a warm start
+    assert again.returncode == 2 and "already holds a warm start" in again.stderr
+
+
+BAD_LINES = [
+    ('{"agent": "nobody", "prompt": "hi", "completion": "Moves: U"}', "line 2: unknown agent 'nobody'"),
+    ('{"agent": "planner", "prompt": "hi", "completion": "  "}', "line 2: empty completion"),
+    ('{"agent": "planner", "prompt": "hi"}', "line 2: missing key(s) ['completion']"),
+    ('{"agent": "planner", "prompt": "hi", "completion": "x", "score": 1}', "line 2: unknown key(s) ['score']"),
+    ('{"agent": "planner", "prompt": [], "completion": "x"}', "line 2: prompt must be"),
+    ('{"agent": "planner", "prompt": [{"role": "assistant", "content": "x"}], "completion": "x"}',
+     "line 2: the prompt's last message must be the user's"),
+    ("not json", "line 2: not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_LINES, ids=[m.split(": ", 1)[1][:20] for _, m in BAD_LINES])
+def test_bad_jsonl_lines_name_the_line(tmp_path, bad, message):
+    path = tmp_path / "demos.jsonl"
+    path.write_text('{"agent": "executor", "prompt": "Grid...", "completion": "Moves: U R"}\n' + bad + "\n")
+    with pytest.raises(DemoError) as err:
+        read_demos(path, ("planner", "executor"))
+    assert f"{path} {message}" in str(err.value)
+
+
+def test_jsonl_prompts_text_and_chat(tmp_path):
+    path = tmp_path / "demos.jsonl"
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    path.write_text(json.dumps({"agent": "planner", "prompt": "obs", "completion": "Moves: U"}) + "\n\n"
+                    + json.dumps({"agent": "executor", "prompt": chat, "completion": "Moves: D"}) + "\n")
+    demos = read_demos(path, ("planner", "executor"), {"planner": "P-sys", "executor": "E-sys"})
+    assert demos[0].messages == [{"role": "system", "content": "P-sys"}, {"role": "user", "content": "obs"}]
+    assert demos[1].messages == chat and demos[1].where == f"{path} line 3"
+    write_demos(demos, tmp_path / "again.jsonl")
+    assert [d.messages for d in read_demos(tmp_path / "again.jsonl", ("planner", "executor"))] == \
+        [d.messages for d in demos]
+
+
+def test_bad_jsonl_through_the_cli_is_a_one_line_error(tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text('{"agent": "executor", "prompt": "Grid", "completion": "Moves: U"}\n'
+                     '{"agent": "tool", "prompt": "Grid", "completion": "Moves: U"}\n')
+    config = tmp_path / "warm.yaml"
+    config.write_text(yaml.safe_dump(planpath_cfg(tmp_path, data=str(demos))))
+    res = accord("sft", str(config), cwd=tmp_path)
+    assert res.returncode == 2
+    errors = [line for line in res.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and f"{demos} line 2: unknown agent 'tool'" in errors[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_sft_config_errors():
+    from accord.config import ConfigError
+
+    with pytest.raises(ConfigError, match="sft.noise=1.5"):
+        config_from_dict({"sft": {"noise": 1.5}})
+    with pytest.raises(ConfigError, match="used as written"):
+        config_from_dict({"sft": {"noise": 0.2, "data": "d.jsonl"}})
+    with pytest.raises(ConfigError, match="has no oracle"):
+        collect_demos(config_from_dict({"task": {"name": "letters"}, "policies": {"main": TINY}}))
