@@ -10,96 +10,18 @@ from accord.envs import make_task
 from accord.envs.base import TaskError
 from accord.envs.check import check_env
 from accord.envs.grid_common import NO_CODE, _tool_cache
+from accord.envs.oracles import PLANPATH_TOOL_PROGRAM, SOKOBAN_TOOL_PROGRAM, SUDOKU_TOOL_PROGRAM, fenced
 from accord.envs.planpath import PlanPathEnv, shortest_path
 from accord.envs.sokoban import SokobanEnv
 from accord.envs.sudoku import SudokuEnv
 from accord.rollout.multiturn import atgrpo_rollout
 from accord.rollout.sample import Completion
 
-BFS_PATH = '''Here is my program.
-```python
-import json
-from collections import deque
-s = json.load(open("state.json"))
-g, n = s["grid"], s["size"]
-start, goal = tuple(s["position"]), tuple(s["goal"])
-D = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
-prev, q = {start: None}, deque([start])
-while q:
-    c = q.popleft()
-    for m, (dr, dc) in D.items():
-        r, cc = c[0] + dr, c[1] + dc
-        if 0 <= r < n and 0 <= cc < n and g[r][cc] != "#" and (r, cc) not in prev:
-            prev[(r, cc)] = (c, m)
-            q.append((r, cc))
-path, c = [], goal
-while prev[c] is not None:
-    c, m = prev[c]
-    path.append(m)
-print("Moves:", " ".join(reversed(path)))
-```'''
+BFS_PATH = "Here is my program.\n" + fenced(PLANPATH_TOOL_PROGRAM)
 
-SUDOKU_SOLVER = '''```python
-import json
-s = json.load(open("state.json"))
-n, b, g = s["size"], s["box"], s["grid"]
-def ok(r, c, v):
-    if v in g[r] or any(g[i][c] == v for i in range(n)):
-        return False
-    r0, c0 = b * (r // b), b * (c // b)
-    return all(g[r0 + i][c0 + j] != v for i in range(b) for j in range(b))
-def solve():
-    for r in range(n):
-        for c in range(n):
-            if g[r][c] == 0:
-                for v in range(1, n + 1):
-                    if ok(r, c, v):
-                        g[r][c] = v
-                        if solve():
-                            return True
-                        g[r][c] = 0
-                return False
-    return True
-solve()
-print("Grid:")
-for row in g:
-    print("".join(map(str, row)))
-```'''
+SUDOKU_SOLVER = fenced(SUDOKU_TOOL_PROGRAM)
 
-SOKOBAN_BFS = '''```python
-import json
-from collections import deque
-s = json.load(open("state.json"))
-walls = {tuple(c) for c in s["walls"]}
-goals = frozenset(tuple(c) for c in s["goals"])
-start = (tuple(s["player"]), frozenset(tuple(c) for c in s["boxes"]))
-D = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
-prev, q = {start: None}, deque([start])
-while q:
-    st = q.popleft()
-    p, boxes = st
-    if boxes <= goals:
-        break
-    for m, (dr, dc) in D.items():
-        nxt = (p[0] + dr, p[1] + dc)
-        if nxt in walls:
-            continue
-        nb = boxes
-        if nxt in boxes:
-            beyond = (nxt[0] + dr, nxt[1] + dc)
-            if beyond in walls or beyond in boxes:
-                continue
-            nb = (boxes - {nxt}) | {beyond}
-        key = (nxt, nb)
-        if key not in prev:
-            prev[key] = (st, m)
-            q.append(key)
-path = []
-while prev[st] is not None:
-    st, m = prev[st]
-    path.append(m)
-print("Moves: " + " ".join(reversed(path)))
-```'''
+SOKOBAN_BFS = fenced(SOKOBAN_TOOL_PROGRAM)
 
 BAD_PROGRAMS = {
     "no_code": "I would use breadth-first search here.\nMoves: U",

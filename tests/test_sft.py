@@ -21,14 +21,16 @@ from accord.sft import DemoError, collect_demos, encode_demos, read_demos, write
 TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2, "max_position_embeddings": 4096}}
 
 
-def planpath_cfg(tmp_path, **sft):
+def planpath_cfg(tmp_path, workflow="direct", max_new_tokens=96, **sft):
+    """A tiny Plan-Path warm start; the direct workflow's roles (planner, executor) answer with move lines."""
     return {
         "run": {"name": "warm", "output_dir": str(tmp_path / "runs"), "threads": 2, "steps": 2, "eval_before": False,
                 "eval_after": False},
         "policies": {"main": TINY},
-        "task": {"name": "planpath", "options": {"size": 5, "max_turns": 2}, "eval_size": 2},
+        "task": {"name": "planpath", "options": {"size": 5, "max_turns": 2, "workflow": workflow}, "eval_size": 2},
         "algorithm": {"name": "atgrpo", "num_generations": 2},
-        "rollout": {"batch_size": 2, "max_new_tokens": 96, "max_prompt_tokens": 2048, "temperature": 1.0},
+        "rollout": {"batch_size": 2, "max_new_tokens": max_new_tokens, "max_prompt_tokens": 2048,
+                    "temperature": 1.0},
         "training": {"lr": 1e-3, "micro_batch_size": 16, "bf16": False},
         "logging": {"console": False, "tensorboard": False},
         "sft": {"instances": 24, "eval_size": 8, "steps": 12, "batch_size": 16, "lr": 3e-3, **sft},
@@ -121,6 +123,23 @@ def test_noise_share_and_demo_prompts(tmp_path):
     assert any("turn 2" in d.where for d in train)   # a failed first turn is demonstrated again from its state
     clean, _ = collect_demos(config_from_dict(planpath_cfg(tmp_path, instances=40)))
     assert not any(d.noisy for d in clean)
+
+
+def test_tool_workflow_demonstrates_a_solver_program(tmp_path):
+    from accord.trainer import build_task
+
+    cfg = config_from_dict(planpath_cfg(tmp_path, workflow="tool_planner", max_new_tokens=512, noise=0.5,
+                                        instances=8))
+    train, _ = collect_demos(cfg)
+    assert {d.agent for d in train} == {"tool", "planner"}
+    clean = next(d for d in train if d.agent == "tool" and not d.noisy)
+    noisy = [d for d in train if d.agent == "tool" and d.noisy]
+    assert noisy and all(d.completion != clean.completion for d in noisy)  # one operator flipped
+    env = build_task(cfg)
+    row = env.tasks("train", limit=1)[0]
+    env.reset(row)
+    res = env.step({"tool": clean.completion})  # the program runs in the sandbox on the real state
+    assert res.info.get("tool_status") == "ok" and "Moves:" in res.observations["planner"]
 
 
 def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):

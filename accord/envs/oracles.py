@@ -67,9 +67,105 @@ def _detour(moves: list[str], rng: random.Random, free: Callable[[int, str], boo
     return moves[:i] + [d, OPPOSITE[d]] + moves[i:]
 
 
+
+# --- the tool agent (workflow tool_planner): a program that solves the puzzle from state.json --------
+
+PLANPATH_TOOL_PROGRAM = """\
+import json
+from collections import deque
+s = json.load(open("state.json"))
+g, n = s["grid"], s["size"]
+start, goal = tuple(s["position"]), tuple(s["goal"])
+D = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+prev, q = {start: None}, deque([start])
+while q:
+    c = q.popleft()
+    for m, (dr, dc) in D.items():
+        r, cc = c[0] + dr, c[1] + dc
+        if 0 <= r < n and 0 <= cc < n and g[r][cc] != "#" and (r, cc) not in prev:
+            prev[(r, cc)] = (c, m)
+            q.append((r, cc))
+path, c = [], goal
+while prev[c] is not None:
+    c, m = prev[c]
+    path.append(m)
+print("Moves:", " ".join(reversed(path)))
+"""
+
+SUDOKU_TOOL_PROGRAM = """\
+import json
+s = json.load(open("state.json"))
+n, b, g = s["size"], s["box"], s["grid"]
+def ok(r, c, v):
+    if v in g[r] or any(g[i][c] == v for i in range(n)):
+        return False
+    r0, c0 = b * (r // b), b * (c // b)
+    return all(g[r0 + i][c0 + j] != v for i in range(b) for j in range(b))
+def solve():
+    for r in range(n):
+        for c in range(n):
+            if g[r][c] == 0:
+                for v in range(1, n + 1):
+                    if ok(r, c, v):
+                        g[r][c] = v
+                        if solve():
+                            return True
+                        g[r][c] = 0
+                return False
+    return True
+solve()
+print("Grid:")
+for row in g:
+    print("".join(map(str, row)))
+"""
+
+SOKOBAN_TOOL_PROGRAM = """\
+import json
+from collections import deque
+s = json.load(open("state.json"))
+walls = {tuple(c) for c in s["walls"]}
+goals = frozenset(tuple(c) for c in s["goals"])
+start = (tuple(s["player"]), frozenset(tuple(c) for c in s["boxes"]))
+D = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+prev, q = {start: None}, deque([start])
+while q:
+    st = q.popleft()
+    p, boxes = st
+    if boxes <= goals:
+        break
+    for m, (dr, dc) in D.items():
+        nxt = (p[0] + dr, p[1] + dc)
+        if nxt in walls:
+            continue
+        nb = boxes
+        if nxt in boxes:
+            beyond = (nxt[0] + dr, nxt[1] + dc)
+            if beyond in walls or beyond in boxes:
+                continue
+            nb = (boxes - {nxt}) | {beyond}
+        key = (nxt, nb)
+        if key not in prev:
+            prev[key] = (st, m)
+            q.append(key)
+path = []
+while prev[st] is not None:
+    st, m = prev[st]
+    path.append(m)
+print("Moves: " + " ".join(reversed(path)))
+"""
+
+
+def tool_answer(program: str, rng: random.Random, noisy: bool) -> str:
+    """The tool agent's demonstration: a solver program that reads ``state.json`` and prints the answer;
+    a noisy one has one operator flipped (:func:`mutate_program`), so it may print a wrong answer or fail."""
+    return fenced(mutate_program(program, rng) if noisy else program)
+
+
 # --- planpath ---------------------------------------------------------------------------------------
 
 def planpath_oracle(env: PlanPathEnv, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
+    if agent == "tool":
+        return tool_answer(PLANPATH_TOOL_PROGRAM, rng, noisy)
     s = env._state
     path = shortest_path(s.grid, s.pos, s.goal)
     if not path:
@@ -122,6 +218,8 @@ def solve_sudoku(clues: list[list[int]]) -> list[list[int]] | None:
 
 
 def sudoku_oracle(env: SudokuEnv, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
+    if agent == "tool":
+        return tool_answer(SUDOKU_TOOL_PROGRAM, rng, noisy)
     s = env._state
     board = solve_sudoku(s.clues)
     if board is None:
@@ -185,6 +283,8 @@ def solve_sokoban(walls: frozenset, goals: frozenset, boxes: frozenset, player: 
 
 
 def sokoban_oracle(env: SokobanEnv, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
+    if agent == "tool":
+        return tool_answer(SOKOBAN_TOOL_PROGRAM, rng, noisy)
     s = env._state
     path = solve_sokoban(frozenset(s.walls), frozenset(s.goals), frozenset(s.boxes), tuple(s.player))
     if not path:
@@ -241,7 +341,8 @@ def _entry_def(code: str, entry: str) -> ast.FunctionDef:
     return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry)
 
 
-def _fenced(code: str) -> str:
+def fenced(code: str) -> str:
+    """``code`` in one ```python block, as a model would answer."""
     return f"```python\n{code.strip()}\n```"
 
 
@@ -249,7 +350,7 @@ def coder_answer(problem: dict, rng: random.Random, noisy: bool) -> str:
     code = problem["canonical"]
     if noisy:
         code = mutate_program(code, rng)
-    return _fenced(code)
+    return fenced(code)
 
 
 def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int) -> str | None:
@@ -265,7 +366,7 @@ def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int
             if isinstance(node, ast.Name) and node.id in ("candidate", alias or entry):
                 node.id = entry
         lines.append(ast.unparse(tree))
-    _, tests = read_tests(_fenced("\n".join(lines)), entry, max_tests)
+    _, tests = read_tests(fenced("\n".join(lines)), entry, max_tests)
     if noisy and tests:   # wrong: one expected value changed
         i = rng.randrange(len(tests))
         tree = ast.parse(tests[i])
@@ -275,7 +376,7 @@ def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int
             c = consts[-1]
             c.value = c.value + "x" if isinstance(c.value, str) else c.value + 1
             tests[i] = ast.unparse(tree)
-    return _fenced("\n".join(tests)) if tests else None   # no reference test with literal values to copy
+    return fenced("\n".join(tests)) if tests else None   # no reference test with literal values to copy
 
 
 def code_oracle(env, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
@@ -297,14 +398,14 @@ def helper_main_answer(agent: str, problem: dict, rng: random.Random, noisy: boo
         func.name = "aux"
         func.body = [st for i, st in enumerate(func.body)
                      if not (i == 0 and isinstance(st, ast.Expr) and isinstance(getattr(st, "value", None), ast.Constant))]
-        return _fenced(ast.unparse(func))
+        return fenced(ast.unparse(func))
     a = func.args
     call = ", ".join(args + ([f"*{a.vararg.arg}"] if a.vararg else []) + [f"{k.arg}={k.arg}" for k in a.kwonlyargs]
                      + ([f"**{a.kwarg.arg}"] if a.kwarg else []))
     doc = func.body[:1] if func.body and isinstance(func.body[0], ast.Expr) and isinstance(
         getattr(func.body[0], "value", None), ast.Constant) else []
     func.body = doc + ast.parse(f"result = aux({call})\nreturn result").body
-    return _fenced(ast.unparse(func))
+    return fenced(ast.unparse(func))
 
 
 def humaneval_oracle(task, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
