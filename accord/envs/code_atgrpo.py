@@ -79,7 +79,6 @@ from accord.envs.code_common import (
     case_sources,
     extract_code,
     function_defs,
-    mentions,
     normalise,
     safe_parse,
     shorten,

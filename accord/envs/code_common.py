@@ -48,7 +48,6 @@ __all__ = [
     "function_defs",
     "ignored_calls",
     "is_trivial_wrapper",
-    "mentions",
     "normalise",
     "own_scope",
     "repair",
@@ -253,11 +252,6 @@ def is_trivial_wrapper(func: ast.FunctionDef | ast.AsyncFunctionDef, aux: str = 
                 and _forwarding_call(body[0].value, aux, params)
                 and isinstance(body[1].value, ast.Name) and body[1].value.id == targets[0].id)
     return False
-
-
-def mentions(node: ast.AST, name: str) -> bool:
-    """Whether the name ``name`` is read anywhere inside ``node``."""
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
 
 
 def _is_test(stmt: ast.stmt) -> bool:

@@ -272,7 +272,7 @@ def _make_target(path, is_dir):
 
 
 def _copy_tree(src, dst, uid):
-    for dirpath, dirnames, filenames in os.walk(src):
+    for dirpath, _dirnames, filenames in os.walk(src):
         rel = os.path.relpath(dirpath, src)
         target_dir = dst if rel == "." else os.path.join(dst, rel)
         os.makedirs(target_dir, 0o755, exist_ok=True)
@@ -610,6 +610,27 @@ def _plan(job, report):
         report(**event)
 
 
+def _replayer(queue, calls, outcomes):
+    """The function under test as a judge sees it: each call answers from the candidate's recorded outcome
+    of the next planned call, after checking that the inputs are the planned ones."""
+
+    def replay(*args, **kwargs):
+        if not queue:
+            raise _Diverged("the test called the function more often than when it was planned")
+        k = queue.pop(0)
+        want_args, want_kwargs = calls[k]
+        if list(args) != list(want_args) or kwargs != want_kwargs:
+            raise _Diverged("the test called the function with other inputs than when it was planned")
+        outcome = outcomes[k]
+        if outcome is None:
+            raise _Diverged("no return value (the program stopped before this call)")
+        if outcome[0] == "err":
+            raise CallFailed(outcome[1])
+        return outcome[1]
+
+    return replay
+
+
 def _judge(job, report):
     """Replay the test statements with the function under test answering from recorded return values."""
     namespace, random = _trusted_context(job)
@@ -619,22 +640,7 @@ def _judge(job, report):
     for index, item in enumerate(job["statements"]):
         source, kind, call_ids = item
         random.seed(index)
-        queue = list(call_ids)
-
-        def replay(*args, **kwargs):
-            if not queue:
-                raise _Diverged("the test called the function more often than when it was planned")
-            k = queue.pop(0)
-            want_args, want_kwargs = calls[k]
-            if list(args) != list(want_args) or kwargs != want_kwargs:
-                raise _Diverged("the test called the function with other inputs than when it was planned")
-            outcome = outcomes[k]
-            if outcome is None:
-                raise _Diverged("no return value (the program stopped before this call)")
-            if outcome[0] == "err":
-                raise CallFailed(outcome[1])
-            return outcome[1]
-
+        replay = _replayer(list(call_ids), calls, outcomes)
         namespace[binding] = replay
         error = None
         try:

@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
