@@ -9,7 +9,8 @@ import pytest
 from accord.envs import make_task
 from accord.envs.base import TaskError
 from accord.envs.check import check_env
-from accord.envs.grid_common import NO_CODE, _tool_cache
+from accord.envs import tool_programs
+from accord.envs.grid_common import NO_CODE
 from accord.envs.oracles import PLANPATH_TOOL_PROGRAM, SOKOBAN_TOOL_PROGRAM, SUDOKU_TOOL_PROGRAM, fenced
 from accord.envs.planpath import PlanPathEnv, shortest_path
 from accord.envs.sokoban import SokobanEnv
@@ -103,19 +104,20 @@ def test_tool_results_are_cached_by_program_and_state():
     a, b = env.tasks("train", 2)
     env.reset(a)
     program = BFS_PATH.replace("Here is my program.", "Cache test.") + "\n"
-    before = len(_tool_cache)
+    before = tool_programs.cached_runs()
+    clone = env.clone()
     first = env.step({"tool": program})
-    assert len(_tool_cache) == before + 1
-    clone = env.clone()   # a clone shares the env's sandbox and the process-wide cache
-    assert clone._box is env._box
+    assert tool_programs.cached_runs() == before + 1
+    clone.step({"tool": program})   # a clone shares the process-wide cache
+    assert tool_programs.cached_runs() == before + 1
     env.reset(a)
     t0 = time.monotonic()
     again = env.step({"tool": program})
     assert time.monotonic() - t0 < 0.05 and again.observations == first.observations
-    assert len(_tool_cache) == before + 1
+    assert tool_programs.cached_runs() == before + 1
     env.reset(b)   # another state: the program runs again
     env.step({"tool": program})
-    assert len(_tool_cache) == before + 2
+    assert tool_programs.cached_runs() == before + 2
 
 
 def test_sudoku_tool_solver_and_planner_submission():

@@ -26,11 +26,10 @@ import json
 import logging
 import random
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from accord.envs import tool_programs
 from accord.envs.base import TaskError
 from accord.envs.protocol import StepResult, check_step_actions
 
@@ -209,10 +208,6 @@ WORKFLOWS = ("tool_planner", "direct")
 TOOL_FAILED = frozenset({"error", "syntax_error", "timeout", "memory", "output_limit", "killed"})
 NO_CODE = "no_code"
 _SHOW_OUTPUT, _SHOW_ERROR = 600, 400
-_TOOL_CACHE_SIZE = 4096
-_tool_cache: OrderedDict[tuple[str, str, float], "ToolRun"] = OrderedDict()
-_tool_lock = threading.Lock()
-_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -224,64 +219,19 @@ class ToolRun:
     error: str = ""
 
 
-class _ToolBox:
-    """One :class:`accord.sandbox.Sandbox` per environment, created on the first tool run and shared by
-    the environment's clones (``deepcopy`` returns the same holder)."""
-
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self._box = None
-        self._lock = threading.Lock()
-
-    def __deepcopy__(self, memo: dict) -> "_ToolBox":
-        return self
-
-    def sandbox(self):
-        with self._lock:
-            if self._box is None:
-                from accord.sandbox import Sandbox, SandboxConfig
-
-                self._box = Sandbox(SandboxConfig(timeout_s=self.timeout_s, memory_mb=256, workers=1))
-            return self._box
-
-
-def _clean_error(stderr: str, exception: str | None) -> str:
-    text = re.sub(r'File "[^"]*/([^/"]+\.py)"', r'File "\1"', stderr)
-    text = re.sub(r"/[^\s\"']*accord-sbx-[^/\s\"']*/", "", text)
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not re.fullmatch(r"\s*[~^]+\s*", ln)]
-    tail = "\n".join(lines[-3:]) or (exception or "")
-    return tail[-_SHOW_ERROR:]
-
-
-def run_tool(text: str, state_json: str, box: _ToolBox) -> ToolRun:
+def run_tool(text: str, state_json: str, timeout_s: float) -> ToolRun:
     """Run the program in the tool agent's reply ``text`` (its last ```python block, see
     :func:`accord.envs.math_env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
-    working directory; never raises. Results are cached per (program, state, timeout) in a process-wide
-    LRU; sandbox failures of ours (``sandbox_error``) are not cached."""
+    working directory; never raises. Cached per (program, state, timeout): :mod:`accord.envs.tool_programs`."""
     from accord.envs.math_env import extract_code
 
     code = extract_code(text)
     if code is None:
         return ToolRun(NO_CODE)
-    key = (code, state_json, box.timeout_s)
-    with _tool_lock:
-        hit = _tool_cache.get(key)
-        if hit is not None:
-            _tool_cache.move_to_end(key)
-            return hit
-    result = box.sandbox().run(code, files={"state.json": state_json})
-    run = ToolRun(result.status, result.stdout, "" if result.ok else _clean_error(result.stderr, result.exception))
-    if result.status == "sandbox_error":
-        if "sandbox_error" not in _warned:
-            _warned.add("sandbox_error")
-            logger.warning("puzzle tool agent: the sandbox could not run a program (%s); its output counts as "
-                           "unreadable. Check accord.sandbox.probe_isolation() on this machine.", run.error or "no detail")
-        return run
-    with _tool_lock:
-        _tool_cache[key] = run
-        while len(_tool_cache) > _TOOL_CACHE_SIZE:
-            _tool_cache.popitem(last=False)
-    return run
+    result = tool_programs.run_program(code, timeout_s=timeout_s, memory_mb=256, files={"state.json": state_json},
+                                       what="puzzle tool agent")
+    error = "" if result.ok else tool_programs.clean_error(result.stderr, result.exception, _SHOW_ERROR)
+    return ToolRun(result.status, result.stdout, error)
 
 
 def describe_tool_run(run: ToolRun, timeout_s: float) -> str:
@@ -365,7 +315,6 @@ class PuzzleEnv:
         else:
             self.agents = ("planner", "executor")
         self._tool_mode = not single_agent and workflow == "tool_planner"
-        self._box = _ToolBox(self.tool_timeout_s)
         self._instructions: dict[str, str] = {}  # role key -> system prompt, set by the subclass
         self._state: Any = None
         self._slot = 0
@@ -442,7 +391,7 @@ class PuzzleEnv:
         if len(self.agents) == 2 and agent == self.agents[0]:
             tool_info: dict[str, Any] = {}
             if self._tool_mode:
-                run = run_tool(text, json.dumps(self._state_data(self._state), sort_keys=True), self._box)
+                run = run_tool(text, json.dumps(self._state_data(self._state), sort_keys=True), self.tool_timeout_s)
                 parsed = self._parse(run.stdout if run.status == "ok" else "")
                 tool_info = {"tool_status": run.status}
             else:

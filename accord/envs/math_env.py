@@ -58,16 +58,14 @@ from __future__ import annotations
 import copy
 import logging
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from accord.envs import tool_programs
 from accord.envs.base import TaskError, register_task
 from accord.envs.math_answer import CHECK_MODES, answers_equal, check_answer, extract_answer, tool_answer
 from accord.envs.math_data import DEFAULT_RG_DATASETS, SOURCES, load_math_rows
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.sandbox import Sandbox, SandboxConfig
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +76,6 @@ ERROR_PENALTY = -0.1
 FAILED_STATUSES = frozenset({"error", "syntax_error", "timeout", "memory", "output_limit", "killed"})
 NO_CODE = "no_code"
 _SHOW_STDOUT, _SHOW_ERROR, _SHOW_CODE, _SHOW_REPLY = 600, 400, 1500, 500
-_CACHE_SIZE = 4096
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -118,53 +115,12 @@ class ToolRun:
     answer: str | None = None   # the last line printed, when the program succeeded
 
 
-_cache: OrderedDict[tuple[str, float], ToolRun] = OrderedDict()
-_cache_lock = threading.Lock()
-_sandboxes: dict[float, Sandbox] = {}
-_warned: set[str] = set()
-
-
-def _sandbox(timeout_s: float) -> Sandbox:
-    with _cache_lock:
-        box = _sandboxes.get(timeout_s)
-        if box is None:
-            box = _sandboxes[timeout_s] = Sandbox(SandboxConfig(timeout_s=timeout_s, memory_mb=512, workers=1))
-        return box
-
-
-def _clean_error(stderr: str, exception: str | None) -> str:
-    text = re.sub(r'File "[^"]*/(solution\.py)"', r'File "\1"', stderr)
-    text = re.sub(r"/[^\s\"']*accord-sbx-[^/\s\"']*/", "", text)
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not re.fullmatch(r"\s*[~^]+\s*", ln)]
-    tail = "\n".join(lines[-3:])  # the innermost frame's file line, its code line and the exception
-    if not tail and exception:
-        tail = exception
-    return tail[-_SHOW_ERROR:]
-
-
 def run_program(code: str, timeout_s: float = 5.0) -> ToolRun:
-    """Run ``code`` in the sandbox (or return the cached result of the same text and timeout)."""
-    key = (code, float(timeout_s))
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
-    result = _sandbox(float(timeout_s)).run(code)
+    """Run ``code`` in the sandbox (cached per program text and timeout: :mod:`accord.envs.tool_programs`)."""
+    result = tool_programs.run_program(code, timeout_s=timeout_s, memory_mb=512, what="math")
     answer = tool_answer(result.stdout) if result.status == "ok" else None
-    error = "" if result.status == "ok" else _clean_error(result.stderr, result.exception)
-    run = ToolRun(result.status, result.stdout, error, answer)
-    if result.status == "sandbox_error":
-        if "sandbox_error" not in _warned:
-            _warned.add("sandbox_error")
-            logger.warning("math: the sandbox could not run a tool program (%s); the tool agent gets no answer "
-                           "for it. Check accord.sandbox.probe_isolation() on this machine.", error or "no detail")
-        return run
-    with _cache_lock:
-        _cache[key] = run
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return run
+    error = "" if result.status == "ok" else tool_programs.clean_error(result.stderr, result.exception, _SHOW_ERROR)
+    return ToolRun(result.status, result.stdout, error, answer)
 
 
 def _describe(run: ToolRun, timeout_s: float) -> str:
