@@ -85,7 +85,7 @@ class RunConfig:
 class PolicyConfig:
     model: str = _f(
         "smollm2-135m",
-        "Model: 'smollm2-135m' (bundled), 'tiny-qwen2' / 'tiny-llama' (random test models), "
+        "Model: 'smollm2-135m' (bundled), 'tiny-qwen2' / 'tiny-llama' / 'tiny-qwen3' (random test models), "
         "a local directory, or a Hugging Face hub id.",
     )
     model_kwargs: dict = _f(help="Options of tiny models (hidden_size, num_layers, vocab_size, ...).", factory=dict)
