@@ -69,6 +69,6 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
         if not src.is_dir():
             raise FileNotFoundError(f"checkpoint {path} has no policy {name!r}; was the config changed after it was saved?")
         policy.load(src)
-    state = torch.load(path / "state.pt", weights_only=False)
+    state = torch.load(path / "state.pt", weights_only=False, map_location="cpu")  # written on any device
     set_rng_state(state["rng"])
     return state

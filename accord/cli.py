@@ -1,4 +1,4 @@
-"""Command line: ``accord train | sft | eval | report | envs``.
+"""Command line: ``accord train | sft | plan | eval | report | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
@@ -138,6 +138,19 @@ def _kind_and_roles(task) -> tuple[str, str]:
     return kind, ", ".join(task.agents)
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from accord.plan import format_plan, make_plan, present_devices
+
+    from accord.plan import load_plan_config
+
+    positional = list(args.args)
+    config_path = positional.pop(0) if positional and "=" not in positional[0] else None
+    cfg = load_plan_config(config_path, positional)
+    plan = make_plan(cfg, prompt_tokens=args.prompt_tokens)
+    sys.stdout.write(format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus)))
+    return 0
+
+
 def _config_help() -> str:
     return "\n".join(f"  {key} (default {default!r}): {text}" for key, default, text in describe())
 
@@ -159,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-demos", metavar="FILE.jsonl", help="only write the training demonstrations as JSONL "
                    "(the input format of sft.data) and exit")
     p.set_defaults(func=_sft)
+    p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights)")
+    p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
+    p.add_argument("--prompt-tokens", type=int, help="typical prompt length (default rollout.max_prompt_tokens)")
+    p.add_argument("--gpu-memory-gb", type=float, help="plan for GPUs of this size instead of the ones present")
+    p.add_argument("--gpus", type=int, help="with --gpu-memory-gb: how many such GPUs (default 8)")
+    p.set_defaults(func=_plan)
     p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
     p.add_argument("target", help="CONFIG.yaml or RUN_DIR")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides (e.g. task.eval_size=50)")

@@ -40,6 +40,16 @@ def _positive(section: str, name: str, value: float, minimum: float = 1) -> None
         raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
 
 
+def check_device_setting(key: str, value: str | None) -> None:
+    """The syntax of a device setting (auto, cpu, cuda, cuda:N); whether it exists is checked at run time
+    (:mod:`accord.devices`), on the machine that loads the model."""
+    import re
+
+    if value is not None and (not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value)):
+        raise ConfigError(f"{key}={value!r} is not a device; use auto (CUDA if present, else CPU), cpu, cuda or "
+                          "cuda:N (N = GPU index, e.g. cuda:1)")
+
+
 @dataclass
 class RunConfig:
     name: str = _f("writing-tldr", "Run name, used for the run directory under output_dir.")
@@ -55,9 +65,14 @@ class RunConfig:
     eval_after: bool = _f(True, "Evaluate after the last step.")
     backend: str = _f("local", "Where policies live: 'local' (in this process) or 'ray' (one Ray actor per policy, "
                       "holding its learner and generator; see the `ray` section). Same seed and config, same result.")
+    device: str = _f("auto", "Device of every policy's model (policies.<name>.device overrides it): 'auto' (CUDA if "
+                     "this process sees a GPU, else the CPU; on Ray: the GPU the actor reserved, else the CPU), "
+                     "'cpu', 'cuda' (cuda:0) or 'cuda:N'. A CUDA device that does not exist is an error before any "
+                     "model is loaded.")
 
     def __post_init__(self) -> None:
         _choice("run", "backend", self.backend, ("local", "ray"))
+        check_device_setting("run.device", self.device)
         _positive("run", "steps", self.steps)
         _positive("run", "keep_checkpoints", self.keep_checkpoints)
         _positive("run", "checkpoint_every", self.checkpoint_every, 0)
@@ -70,7 +85,7 @@ class RunConfig:
 class PolicyConfig:
     model: str = _f(
         "smollm2-135m",
-        "Model: 'smollm2-135m' (bundled), 'tiny-qwen2' / 'tiny-llama' (random test models), "
+        "Model: 'smollm2-135m' (bundled), 'tiny-qwen2' / 'tiny-llama' / 'tiny-qwen3' (random test models), "
         "a local directory, or a Hugging Face hub id.",
     )
     model_kwargs: dict = _f(help="Options of tiny models (hidden_size, num_layers, vocab_size, ...).", factory=dict)
@@ -79,6 +94,11 @@ class PolicyConfig:
                                 "ray.num_cpus_per_policy).")
     num_gpus: float | None = _f(None, "run.backend=ray: GPUs this policy's actor reserves (null: "
                                 "ray.num_gpus_per_policy).")
+    device: str | None = _f(None, "Device of this policy's model (null: run.device): auto, cpu, cuda or cuda:N, so "
+                            "that two policies of one process can sit on two GPUs.")
+
+    def __post_init__(self) -> None:
+        check_device_setting("policies.<name>.device", self.device)
 
 
 @dataclass
@@ -243,8 +263,9 @@ class TrainingConfig:
     micro_batch_size: int = _f(8, "Sequences per forward/backward in the update (gradient accumulation).")
     num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
     bf16: bool | str = _f("auto", "bf16 autocast for the update's forward/backward over fp32 master weights: true, "
-                          "false, or 'auto' (on where the CPU has bf16 matrix units: AMX, AVX512-BF16, Arm BF16; "
-                          "elsewhere bf16 matmuls are emulated and 10-30x slower). Generation stays fp32.")
+                          "false, or 'auto' (on where the policy's device has bf16: CUDA with compute capability >= 8, "
+                          "or a CPU with bf16 matrix units: AMX, AVX512-BF16, Arm BF16; elsewhere bf16 matmuls are "
+                          "emulated and 10-30x slower). Generation stays fp32.")
     gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
                                       "(HF gradient checkpointing, non-reentrant; works with LoRA): less memory, "
                                       "about one more forward of compute.")

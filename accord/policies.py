@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LossTotals, logprobs_and_entropy, policy_loss,
                                       process_logits)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.devices import make_generator, restore_generator
 from accord.generation import Generation, generate
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
@@ -118,9 +119,25 @@ def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
     return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
 
 
-def resolve_bf16(setting: bool | str) -> bool:
-    """``training.bf16`` as a decision: 'auto' is on exactly where the CPU has bf16 matrix units;
-    true on a CPU without them is honoured with a warning."""
+def cuda_bf16(device: torch.device) -> bool:
+    """Whether a CUDA device computes in bf16 natively (compute capability >= 8: Ampere and later)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> bool:
+    """``training.bf16`` as a decision for the policy's ``device`` (default the CPU): 'auto' is on exactly
+    where the device has bf16 (CUDA compute capability >= 8, or CPU bf16 matrix units); true on a device
+    without it is honoured with a warning."""
+    if device is not None and device.type == "cuda":
+        has = cuda_bf16(device)
+        if setting == "auto":
+            logger.info("training.bf16=auto: %s on %s (compute capability %s)", "bf16 autocast for updates" if has
+                        else "fp32 updates", device, ".".join(map(str, torch.cuda.get_device_capability(device))))
+            return has
+        if setting and not has:
+            logger.warning("training.bf16=true on %s (compute capability %s < 8): bf16 is emulated there and slow; "
+                           "set training.bf16=auto", device, torch.cuda.get_device_capability(device))
+        return bool(setting)
     if setting == "auto":
         use = cpu_bf16_units() is True
         logger.info("training.bf16=auto: %s (torch CPU capability %s)", "bf16 autocast for updates" if use else
@@ -144,10 +161,13 @@ class Policy:
     """One trainable model used by one or more agents."""
 
     def __init__(self, name: str, cfg: PolicyConfig, training: TrainingConfig, algo: AlgorithmConfig,
-                 rollout: RolloutConfig, total_optimizer_steps: int, seed: int):
+                 rollout: RolloutConfig, total_optimizer_steps: int, seed: int, device: torch.device | None = None):
         self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        # loaded (and a tiny model initialised) on the CPU, then moved: the same weights on every device
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
-        self.generator = torch.Generator().manual_seed(seed + 7_000_003)
+        self.model.to(self.device)
+        self.generator = make_generator(self.device, seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
         if training.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
@@ -159,7 +179,7 @@ class Policy:
         self.optimizer = make_adamw(self.params, cfg.lr or training.lr, training)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
-        self.bf16 = resolve_bf16(training.bf16)
+        self.bf16 = resolve_bf16(training.bf16, self.device)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -192,7 +212,7 @@ class Policy:
     # --- generation ------------------------------------------------------------------------------
     def seed_stream(self, stream: str, seed: int) -> None:
         """(Re)start a named random stream for sampling outside training (e.g. ``eval``)."""
-        self._streams[stream] = torch.Generator().manual_seed(seed)
+        self._streams[stream] = make_generator(self.device, seed)
 
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
                  stream: str | None = None) -> list[Generation]:
@@ -217,7 +237,7 @@ class Policy:
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):
         if self.bf16:
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _forward_completion(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
@@ -244,6 +264,7 @@ class Policy:
             targets[i, c - n:] = torch.tensor(s.completion_ids)
             mask[i, c - n:] = True
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids, attn, positions, targets, mask = (t.to(self.device) for t in (ids, attn, positions, targets, mask))
         kwargs = {"logits_to_keep": c + 1} if self._keep_arg else {}
         with self.autocast():
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
@@ -297,6 +318,8 @@ class Policy:
         for i, s in enumerate(batch):
             completion[i, :len(s.completion_ids)] = torch.tensor(s.completion_ids)
         left_mask = torch.arange(c)[None, :] < lengths[:, None]           # (b, C), completions left-aligned
+        ids, attn, positions, rows, lengths, completion, left_mask = (
+            t.to(self.device) for t in (ids, attn, positions, rows, lengths, completion, left_mask))
         cache = DynamicCache(config=model.config)
         kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
         with self.autocast():
@@ -306,15 +329,16 @@ class Policy:
                 cache.batch_select_indices(rows)
                 full_attn = torch.cat([attn.index_select(0, rows), left_mask[:, :c - 1].long()], dim=1)
                 rest = model(input_ids=completion[:, :c - 1], attention_mask=full_attn,
-                             position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1)[None, :],
+                             position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1, device=self.device)[None, :],
                              past_key_values=cache, use_cache=True).logits
                 logits = torch.cat([head, rest], dim=1)
             else:
                 logits = head
         logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too)
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
-        source = (torch.arange(c)[None, :] - (c - lengths)[:, None]).clamp(min=0)
-        mask = torch.arange(c)[None, :] >= (c - lengths)[:, None]
+        steps = torch.arange(c, device=self.device)[None, :]
+        source = (steps - (c - lengths)[:, None]).clamp(min=0)
+        mask = steps >= (c - lengths)[:, None]
         logp = logp.gather(1, source).masked_fill(~mask, 0.0)
         if ent is not None:
             ent = ent.gather(1, source).masked_fill(~mask, 0.0)
@@ -362,6 +386,9 @@ class Policy:
         tokens_total = 0
         grad_norms = []
         self.model.train()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         for epoch in range(algo.ppo_epochs):
             for mb in range(n_mb):
                 idx = order[mb::n_mb]
@@ -374,14 +401,15 @@ class Policy:
                     logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
                                                                       kl_too=kl_in_loss)
                     c = mask.size(1)
-                    stored = torch.zeros_like(logp)
+                    stored = torch.zeros(logp.shape, dtype=logp.dtype)
                     for i, s in enumerate(micro):
                         stored[i, c - len(s.logprobs):] = torch.tensor(s.logprobs)
+                    stored = stored.to(self.device)
                     old = logp.detach() if fresh else stored
                     ref = None
                     if kl_in_loss:
                         ref = self._reference_logprobs(micro)
-                    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype)
+                    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=self.device)
                     loss, stats = policy_loss(
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                         agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
@@ -413,6 +441,8 @@ class Policy:
         metrics = {key: v / denom for key, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        if cuda:  # the update's peak on this policy's GPU (logged as mem/<policy>/cuda_peak_mb)
+            metrics[f"mem/{self.name}/cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return metrics
 
     # --- state -----------------------------------------------------------------------------------
@@ -420,14 +450,17 @@ class Policy:
         directory.mkdir(parents=True, exist_ok=True)
         save_model(self.model, str(directory / "model.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "generator": self.generator.get_state()}, directory / "optimizer.pt")
+                    "generator": self.generator.get_state(), "generator_device": self.device.type},
+                   directory / "optimizer.pt")
 
     def load(self, directory: Path) -> None:
-        load_model(self.model, str(directory / "model.safetensors"), strict=True)
-        state = torch.load(directory / "optimizer.pt", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Restore from :meth:`save`'s files, whichever device wrote them: tensors are read onto the CPU
+        and copied into the model and the optimizer state on this policy's device."""
+        load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
+        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
+        self.optimizer.load_state_dict(state["optimizer"])   # moves the moments to the parameters' device
         self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
+        restore_generator(self.generator, state["generator"], state.get("generator_device"), f"policy {self.name!r}")
 
     def export(self, directory: Path) -> None:
         """Save as a Hugging Face model directory (loadable with from_pretrained or as a policy model)."""

@@ -71,6 +71,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
+from accord.devices import make_generator, restore_generator
 from accord.generation import Generation, generate
 from accord.models import load_model_and_tokenizer
 from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, make_adamw, resolve_bf16
@@ -127,10 +128,12 @@ def check_target_modules(model, targets: list[str], spec: str) -> None:
 class LoraGroup:
     """One frozen base model with one LoRA adapter per policy name, and the mixed-generation stream."""
 
-    def __init__(self, names: list[str], base: PolicyConfig, lora: LoraConfig, training, rollout, seed: int):
+    def __init__(self, names: list[str], base: PolicyConfig, lora: LoraConfig, training, rollout, seed: int,
+                 device: torch.device | None = None):
         peft = _peft()
         self.names, self.lora, self.rollout, self.spec = list(names), lora, rollout, base
-        self.bf16 = resolve_bf16(training.bf16)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.bf16 = resolve_bf16(training.bf16, self.device)
         model, self.tokenizer = load_model_and_tokenizer(base.model, model_kwargs=base.model_kwargs, seed=seed)
         self.targets = list(lora.target_modules) if lora.target_modules else default_target_modules(model)
         check_target_modules(model, self.targets, base.model)
@@ -154,11 +157,12 @@ class LoraGroup:
                     else:
                         self.model.add_adapter(name, config)
         self.base = model
+        self.model.to(self.device)  # base and adapters built on the CPU (same init on every device), then moved
         assert not any(p.requires_grad for n, p in self.base.named_parameters() if "lora_" not in n)
         self._active: str | None = None
         self.activate(self.names[0])
         self.model.train()
-        self.generator = torch.Generator().manual_seed(seed + 9_000_011)
+        self.generator = make_generator(self.device, seed + 9_000_011)
         self._streams: dict[str, torch.Generator] = {}
 
     def activate(self, name: str) -> None:
@@ -188,7 +192,7 @@ class LoraGroup:
         return out
 
     def seed_stream(self, stream: str, seed: int) -> None:
-        self._streams[stream] = torch.Generator().manual_seed(seed)
+        self._streams[stream] = make_generator(self.device, seed)
 
     def generate_mixed(self, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
                        stream: str | None = None) -> dict[str, list[Generation]]:
@@ -220,9 +224,9 @@ class LoraPolicy(Policy):
     def __init__(self, name: str, group: LoraGroup, cfg: PolicyConfig, training, algo, rollout,
                  total_optimizer_steps: int, seed: int):
         self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
-        self.group, self.bf16 = group, group.bf16
+        self.group, self.bf16, self.device = group, group.bf16, group.device
         self.model, self.tokenizer = group.model, group.tokenizer
-        self.generator = torch.Generator().manual_seed(seed + 7_000_003)
+        self.generator = make_generator(self.device, seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
         self.ref_model = None  # the reference is the base with adapters disabled
         self.named_params = group.adapter_parameters(name)
@@ -277,7 +281,8 @@ class LoraPolicy(Policy):
         save_file({k: v.detach().contiguous() for k, v in self.named_params.items()},
                   str(directory / "adapter.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "generator": self.generator.get_state(), "group_generator": self.group.generator.get_state()},
+                    "generator": self.generator.get_state(), "group_generator": self.group.generator.get_state(),
+                    "generator_device": self.device.type},
                    directory / "optimizer.pt")
         (directory / "base.json").write_text(json.dumps(self._base_record(), sort_keys=True))
 
@@ -289,18 +294,19 @@ class LoraPolicy(Policy):
             if saved != json.loads(json.dumps(self._base_record(), sort_keys=True)):
                 raise ConfigError(f"{directory} holds adapter {self.name!r} of base {saved}, but this run builds "
                                   f"{self._base_record()}; use the config the checkpoint was trained with")
-        tensors = load_file(str(directory / "adapter.safetensors"))
+        tensors = load_file(str(directory / "adapter.safetensors"), device="cpu")
         if set(tensors) != set(self.named_params):
             raise ConfigError(f"{directory}: the saved adapter's tensors do not match adapter {self.name!r} "
                               "(different lora.target_modules?)")
         with torch.no_grad():
             for k, p in self.named_params.items():
                 p.copy_(tensors[k])
-        state = torch.load(directory / "optimizer.pt", weights_only=True)
+        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.generator.set_state(state["generator"])
-        self.group.generator.set_state(state["group_generator"])
+        saved = state.get("generator_device")
+        restore_generator(self.generator, state["generator"], saved, f"adapter {self.name!r}")
+        restore_generator(self.group.generator, state["group_generator"], saved, f"lora group of {self.name!r}")
 
     def export(self, directory: Path) -> None:
         """The adapter in PEFT format (``adapter_config.json`` + ``adapter_model.safetensors``) and the
@@ -316,11 +322,13 @@ class LoraPolicy(Policy):
         self.tokenizer.save_pretrained(directory)
 
 
-def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: int, seed: int) -> dict[str, LoraPolicy]:
-    """One :class:`LoraGroup` over the common base and one :class:`LoraPolicy` per name (sorted)."""
+def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: int, seed: int,
+                        device: torch.device | None = None) -> dict[str, LoraPolicy]:
+    """One :class:`LoraGroup` over the common base (on ``device``, default the CPU) and one
+    :class:`LoraPolicy` per name (sorted)."""
     names = sorted(names)
     cfg._check_lora_policies()
-    group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed)
+    group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed, device)
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                              total_optimizer_steps, seed + i)
             for i, name in enumerate(names)}

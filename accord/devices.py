@@ -1,0 +1,125 @@
+"""Where each policy's model lives: ``run.device`` and ``policies.<name>.device``.
+
+A device setting is ``auto`` (CUDA if this process sees a GPU, else the CPU), ``cpu``, ``cuda``
+(``cuda:0``) or ``cuda:N``. :func:`policy_devices` resolves every policy's setting before any model is
+loaded and refuses what this machine cannot do (a CUDA device without CUDA, an index past the GPUs
+present) with the devices that exist and the fix. Everything a policy computes follows its model:
+inputs are built on the CPU and moved once, its sampling generators live on the model's device, and
+checkpoints are loaded onto the CPU first (``map_location``) so that a run trained on a GPU resumes
+on a CPU and the other way round.
+
+Under ``run.backend: ray`` a policy's device is resolved inside its actor (:func:`actor_device`): Ray
+sets the actor's ``CUDA_VISIBLE_DEVICES`` to the GPUs it reserved, so the first of them is ``cuda:0``
+there; the driver only checks that a policy asking for CUDA reserves a GPU (:func:`check_ray_devices`).
+
+Random streams. A CPU generator's state (Mersenne Twister) and a CUDA generator's (Philox seed and
+offset) cannot be converted into each other. A stream saved on one device type and loaded on the
+other is reseeded from a hash of the saved state (:func:`restore_generator`, warned): the resumed run
+is reproducible, but it is not the continuation an uninterrupted run on the first device would have
+drawn (which would have sampled other tokens anyway: the kernels differ).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import torch
+
+from accord.config import ConfigError, check_device_setting
+
+logger = logging.getLogger(__name__)
+
+def available_devices() -> list[str]:
+    """The devices this process can place models on: ``cpu`` and ``cuda:0`` .. ``cuda:{n-1}``."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["cpu"] + [f"cuda:{i}" for i in range(n)]
+
+
+def resolve_device(setting: str, key: str, *, cuda_count: int | None = None) -> torch.device:
+    """The torch device of a setting on this machine, or a ConfigError naming what is available.
+
+    ``cuda_count``: the number of visible GPUs (default: what torch sees; tests pass their own)."""
+    check_device_setting(key, setting)
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    have = ["cpu"] + [f"cuda:{i}" for i in range(cuda_count)]
+    if setting == "auto":
+        return torch.device("cuda:0" if cuda_count else "cpu")
+    if setting == "cpu":
+        return torch.device("cpu")
+    index = int(setting.partition(":")[2] or 0)
+    if cuda_count == 0:
+        raise ConfigError(f"{key}={setting}, but this machine has no CUDA device (torch {torch.__version__}, "
+                          f"available: {have}); set {key}=cpu (or auto), or run on a machine with a GPU and a CUDA "
+                          "build of torch")
+    if index >= cuda_count:
+        raise ConfigError(f"{key}={setting}, but this process sees {cuda_count} GPU(s) (available: {have}); set "
+                          f"{key} to one of them (check CUDA_VISIBLE_DEVICES)")
+    return torch.device(f"cuda:{index}")
+
+
+def policy_setting(cfg, name: str) -> tuple[str, str]:
+    """(setting, the config key it came from) of policy ``name``: its own ``device`` or ``run.device``."""
+    own = cfg.policies[name].device
+    return (own, f"policies.{name}.device") if own is not None else (cfg.run.device, "run.device")
+
+
+def policy_devices(cfg, names: list[str], *, cuda_count: int | None = None) -> dict[str, torch.device]:
+    """Every named policy's device on this machine (local backend), checked before any model is loaded.
+
+    ``specialization: lora`` keeps all adapters on one base model, so its policies must resolve to one
+    device."""
+    out = {n: resolve_device(*policy_setting(cfg, n), cuda_count=cuda_count) for n in names}
+    if cfg.specialization == "lora" and len(set(out.values())) > 1:
+        desc = ", ".join(f"{n}: {d}" for n, d in sorted(out.items()))
+        raise ConfigError(f"specialization=lora keeps every adapter on one base model, but the policies resolve to "
+                          f"different devices ({desc}); give them one device (run.device, and no per-policy device)")
+    for n, d in out.items():
+        logger.info("policy %s on %s", n, d)
+    return out
+
+
+def check_ray_devices(cfg, requests: dict[str, tuple[float, float]]) -> None:
+    """run.backend=ray: a policy that asks for CUDA must reserve a GPU for its actor (checked on the driver,
+    which may have no GPU itself); ``requests`` are (CPUs, GPUs) per policy."""
+    for n, (_, gpus) in requests.items():
+        setting, key = policy_setting(cfg, n)
+        check_device_setting(key, setting)
+        if setting.startswith("cuda") and gpus <= 0:
+            raise ConfigError(f"{key}={setting}, but the Ray actor of policy {n!r} reserves no GPU; set "
+                              f"policies.{n}.num_gpus=1 (or ray.num_gpus_per_policy=1), or {key}=auto")
+        index = int(setting.partition(":")[2] or 0) if setting.startswith("cuda") else 0
+        if index and index >= max(1, int(gpus)):
+            raise ConfigError(f"{key}={setting}: inside its Ray actor policy {n!r} sees only the {max(1, int(gpus))} "
+                              f"GPU(s) it reserves, numbered from cuda:0; set {key}=cuda (or auto)")
+
+
+def actor_device(setting: str, key: str, gpu_ids: list) -> torch.device:
+    """A policy's device inside its Ray actor: ``auto`` and ``cuda`` are the first GPU Ray gave it
+    (``cuda:0`` under the ``CUDA_VISIBLE_DEVICES`` Ray sets), the CPU when it reserved none."""
+    if setting == "auto":
+        setting = "cuda" if gpu_ids else "cpu"
+    return resolve_device(setting, key)
+
+
+def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A random stream on ``device`` (the CPU one is exactly ``torch.Generator().manual_seed(seed)``)."""
+    if device.type == "cpu":
+        return torch.Generator().manual_seed(seed)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def restore_generator(gen: torch.Generator, state, saved_device: str | None, what: str) -> None:
+    """Set ``gen`` from a saved state; across device types (a CPU state into a CUDA stream or back), reseed
+    from a hash of the saved state instead (see the module docstring)."""
+    saved_device = saved_device or "cpu"  # checkpoints from before device support were all CPU
+    if saved_device == gen.device.type:
+        gen.set_state(state)
+        return
+    seed = zlib.crc32(state.cpu().numpy().tobytes())
+    gen.manual_seed(seed)
+    logger.warning("%s: random stream saved on %s, resumed on %s; reseeded from the saved state (reproducible, but "
+                   "not the stream an uninterrupted %s run would have drawn)", what, saved_device, gen.device.type,
+                   saved_device)
+

@@ -1,0 +1,385 @@
+"""``accord plan CONFIG``: what a run needs, from the config and the models' configs alone (no weights).
+
+Per policy it prints the parameter count and the memory of the fp32 master weights, the KL reference,
+gradients, AdamW state, the update's activations (one micro-batch) and generation (KV cache and
+logits of one generate call), the samples and generations of one step (the MAGRPO tree size of a
+multi-turn step), the devices the run needs and whether it fits the devices present (or the
+``--gpu-memory-gb`` of a target machine).
+
+Model configs come from ``config.json`` of a local directory, the tiny-model and SmolLM2 specs, the
+local Hugging Face cache, or (offline, for the papers' models) :data:`KNOWN_CONFIGS`. Parameters are
+counted on a ``meta``-device instance of the architecture (exact, no memory).
+
+The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
+
+- weights 4P; KL reference 4P (full fine-tuning with ``kl_coef > 0``; LoRA's reference is the base with
+  the adapters off); gradients 4P_t; AdamW 8P_t (two moments);
+- update activations of one micro-batch of b sequences, prompt length p, completion length c: the
+  tensors autograd keeps per token and layer, ``4h + 4q + 2kv + 4i`` floats for a Llama-style layer
+  (h hidden, q = heads x head_dim, kv = kv_heads x head_dim, i MLP width), over ``ceil(b / K) * p + b * c``
+  tokens (each distinct prompt of a micro-batch runs once), plus 3 b c V floats for the logits, the
+  sampling transform and the log-softmax (V vocabulary); under bf16 autocast the layer tensors are
+  half as large and the autocast cache adds 2P bytes; with gradient checkpointing a layer keeps only
+  its input (h floats per token) and one layer is recomputed at a time;
+- generation: a KV cache of rows x (p + c) x layers x 2kv floats plus 4 rows x V floats of logits;
+- a device holds the static parts (weights, reference, AdamW) of all its policies plus the largest
+  transient part (gradients + activations, or generation) of one of them (policies update one after
+  another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`.
+
+Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
+``--prompt-tokens`` gives the typical length. ``README.md`` (*Planning a run*) compares the estimate
+with measured peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+
+from accord.config import Config, ConfigError
+
+logger = logging.getLogger(__name__)
+
+GIB = 2 ** 30
+# RSS of a Python process that imported torch, transformers and peft (349 MiB measured with
+# /usr/bin/time -v on torch 2.13 / transformers 5.23), plus tokenizer, task data and allocator slack
+CPU_BASELINE_GIB = 0.45
+
+# config.json of the papers' models (Hugging Face Hub, fields that decide the parameter count), for
+# planning offline; a local directory or the local HF cache takes precedence
+_QWEN = {"hidden_act": "silu", "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0}
+KNOWN_CONFIGS: dict[str, dict] = {
+    "Qwen/Qwen3-1.7B": {**_QWEN, "model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,
+                        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                        "max_position_embeddings": 40960, "tie_word_embeddings": True},
+    "Qwen/Qwen3-8B": {**_QWEN, "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+                      "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                      "max_position_embeddings": 40960, "tie_word_embeddings": False},
+    "Qwen/Qwen2.5-Coder-3B": {**_QWEN, "model_type": "qwen2", "hidden_size": 2048, "intermediate_size": 11008,
+                              "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 2,
+                              "max_position_embeddings": 32768, "tie_word_embeddings": True},
+}
+KNOWN_CONFIGS["Qwen/Qwen2.5-Coder-3B-Instruct"] = KNOWN_CONFIGS["Qwen/Qwen2.5-Coder-3B"]
+_SMOLLM2 = {"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
+            "max_position_embeddings": 8192, "tie_word_embeddings": True, "hidden_act": "silu"}
+
+
+def load_plan_config(path: str | None, overrides: list[str]) -> Config:
+    """The config to plan. A config for the vLLM backend is planned on a machine without vLLM too (the
+    trainer would refuse it): it is built with the hf backend and ``plan_vllm`` set, so that the plan
+    still gives the engine its share of the GPU."""
+    import importlib.util
+
+    import yaml
+
+    from accord.config import apply_override, config_from_dict
+
+    data: dict = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    for item in overrides:
+        apply_override(data, item)
+    rollout = data.get("rollout") or {}
+    vllm = isinstance(rollout, dict) and rollout.get("generation_backend") == "vllm"
+    if vllm and importlib.util.find_spec("vllm") is None:
+        rollout["generation_backend"] = "hf"
+        logger.info("vllm is not installed here; planning rollout.generation_backend=vllm all the same")
+    cfg = config_from_dict(data)
+    cfg.plan_vllm = vllm  # type: ignore[attr-defined]
+    return cfg
+
+
+def model_config(spec: str, model_kwargs: dict | None = None):
+    """The transformers config of a model spec, without weights."""
+    import transformers
+
+    from accord.models.loading import SMOLLM2_SPEC, TINY_SPECS
+
+    if spec in TINY_SPECS:
+        from accord.models.tiny import _tiny_config
+
+        kw = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 2048, "max_position_embeddings": 1024,
+              **(model_kwargs or {})}
+
+        class _Vocab:  # the tokenizer's size and special ids, without training it
+            bos_token_id, eos_token_id, pad_token_id = 1, 2, kw["vocab_size"] - 1
+
+            def __len__(self):
+                return kw["vocab_size"]
+
+        return _tiny_config(TINY_SPECS[spec], _Vocab(), kw["hidden_size"], kw["num_layers"], kw["num_heads"],
+                            kw["max_position_embeddings"])
+    if spec == SMOLLM2_SPEC:
+        from accord.models.common import accord_cache_dir
+        from accord.models.smollm2 import SMOLLM2_DIRNAME
+
+        path = accord_cache_dir() / SMOLLM2_DIRNAME / "config.json"
+        data = json.loads(path.read_text()) if path.is_file() else _SMOLLM2
+        return transformers.AutoConfig.for_model(**data)
+    path = Path(spec).expanduser()
+    if (path / "config.json").is_file():
+        return transformers.AutoConfig.for_model(**json.loads((path / "config.json").read_text()))
+    try:
+        return transformers.AutoConfig.from_pretrained(spec, local_files_only=True)
+    except OSError:
+        if spec in KNOWN_CONFIGS:
+            return transformers.AutoConfig.for_model(**KNOWN_CONFIGS[spec])
+    raise ConfigError(f"accord plan: no config.json for model {spec!r} (not a local directory, not in the local Hugging "
+                      f"Face cache, not one of {sorted(KNOWN_CONFIGS)}); pass a local directory")
+
+
+def _meta_model(config):
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def lora_parameters(model, cfg: Config) -> int:
+    """Parameters of one adapter: r x (in + out) per adapted linear layer."""
+    from accord.policies_lora import default_target_modules
+
+    targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
+    total = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            total += cfg.lora.r * (module.in_features + module.out_features)
+    return total
+
+
+@dataclasses.dataclass
+class PolicyPlan:
+    name: str
+    model: str
+    arch: str
+    params: int
+    trainable: int
+    device: str
+    samples: int
+    gen_rows: int
+    weights: float = 0.0       # bytes
+    reference: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    generation: float = 0.0
+    shared_base: str | None = None  # LoRA: the policy whose base weights this one shares
+
+    @property
+    def static(self) -> float:
+        return self.weights + self.reference + self.optimizer
+
+    @property
+    def transient(self) -> float:
+        return max(self.grads + self.activations, self.generation)
+
+    @property
+    def peak(self) -> float:
+        return self.static + self.transient
+
+
+def _step_shape(cfg: Config, agents_of: dict[str, list[str]], multi_turn: bool, turns: int, simultaneous: bool):
+    """(samples per step per policy, rows of the largest generate call per policy, generations per step)."""
+    from accord.rollout.multiturn import tree_generations
+
+    b, k, algo = cfg.rollout.batch_size, cfg.algorithm.num_generations, cfg.algorithm
+    n_agents = sum(len(a) for a in agents_of.values())
+    samples, rows = {}, {}
+    if not multi_turn:
+        total = b * k * n_agents
+        for p, ags in agents_of.items():
+            samples[p] = rows[p] = b * k * len(ags)
+    elif algo.name == "atgrpo":
+        total = b * k * n_agents * turns
+        for p, ags in agents_of.items():
+            samples[p] = b * k * len(ags) * turns
+            rows[p] = b * k * (len(ags) if simultaneous else 1)
+    else:
+        total = tree_generations(b, n_agents, k, turns, algo.joint_mode)
+        branching = k if algo.joint_mode == "aligned" else k ** n_agents
+        for p, ags in agents_of.items():
+            samples[p] = total * len(ags) // n_agents
+            rows[p] = b * branching ** (turns - 1) * k * (len(ags) if simultaneous else 1)
+    rows = {p: min(r, cfg.rollout.generation_batch_size) for p, r in rows.items()}
+    return samples, rows, total
+
+
+def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: bool) -> None:
+    tr, r = cfg.training, cfg.rollout
+    h = config.hidden_size
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    q, kv = heads * head_dim, getattr(config, "num_key_value_heads", heads) * head_dim
+    inter = getattr(config, "intermediate_size", 4 * h)
+    vocab = config.vocab_size
+    c = r.max_new_tokens
+    k = cfg.algorithm.num_generations
+    bf16 = _bf16_guess(tr.bf16, plan.device)
+    plan.weights = 0.0 if plan.shared_base else 4.0 * plan.params
+    plan.reference = 4.0 * plan.params if cfg.algorithm.kl_coef > 0 and not lora else 0.0
+    plan.grads = 4.0 * plan.trainable
+    plan.optimizer = 8.0 * plan.trainable
+    b = tr.micro_batch_size if tr.micro_batch_tokens is None else max(1, tr.micro_batch_tokens // (prompt + c))
+    b = min(b, plan.samples)
+    shared = not tr.gradient_checkpointing
+    tokens = (math.ceil(b / k) * prompt if shared else b * prompt) + b * c
+    per_token_layer = 4 * h + 4 * q + 2 * kv + 4 * inter
+    layer_bytes = 2.0 if bf16 else 4.0
+    if tr.gradient_checkpointing:
+        acts = tokens * layers * h * 4.0 + tokens * per_token_layer * layer_bytes
+    else:
+        acts = tokens * layers * per_token_layer * layer_bytes
+    acts += 3 * b * c * vocab * 4.0
+    if bf16:
+        acts += 2.0 * plan.params  # autocast's bf16 copies of the weights
+    plan.activations = acts
+    rows = plan.gen_rows
+    plan.generation = rows * (prompt + c) * layers * 2 * kv * 4.0 + 4.0 * rows * vocab * 4.0
+
+
+def _bf16_guess(setting, device: str) -> bool:
+    if setting in (True, False):
+        return bool(setting)
+    if device.startswith("cuda"):
+        if torch.cuda.is_available():
+            from accord.policies import cuda_bf16
+
+            return cuda_bf16(torch.device(device))
+        return True  # the papers' GPUs (A100, H100) have bf16
+    from accord.policies import cpu_bf16_units
+
+    return cpu_bf16_units() is True
+
+
+def _planned_device(setting: str, backend: str, gpus: float) -> str:
+    if backend == "ray":
+        return "cuda" if (setting.startswith("cuda") or (setting == "auto" and gpus > 0)) else "cpu"
+    if setting == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if setting == "cuda" else setting
+
+
+def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None) -> dict[str, float]:
+    """Device -> memory in bytes: the CPU's RAM (MemTotal) and each visible GPU, or ``gpus`` assumed GPUs
+    of ``gpu_memory_gb`` each (planning for another machine)."""
+    out: dict[str, float] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                out["cpu"] = int(line.split()[1]) * 1024.0
+    except OSError:
+        out["cpu"] = float("nan")
+    if gpu_memory_gb is not None:
+        for i in range(gpus if gpus is not None else 8):
+            out[f"cuda:{i}"] = gpu_memory_gb * GIB
+    elif torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            out[f"cuda:{i}"] = float(torch.cuda.get_device_properties(i).total_memory)
+    return out
+
+
+def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
+    """The plan of a config as plain data (what :func:`format_plan` prints)."""
+    from accord.distributed.ray_backend import policy_resources
+    from accord.envs.protocol import is_env
+    from accord.trainer import build_task
+
+    task = build_task(cfg)
+    multi = is_env(task)
+    cfg.resolve_agents(tuple(task.agents))
+    turns = (cfg.rollout.max_turns or task.max_turns) if multi else 1
+    agents_of: dict[str, list[str]] = {}
+    for a in cfg.agents:
+        agents_of.setdefault(a.policy, []).append(a.name)
+    names = sorted(agents_of)
+    samples, rows, total = _step_shape(cfg, agents_of, multi, turns, bool(getattr(task, "simultaneous", False)))
+    prompt = prompt_tokens or cfg.rollout.max_prompt_tokens
+    lora = cfg.specialization == "lora"
+    resources = policy_resources(cfg, names)
+    plans = []
+    for i, n in enumerate(names):
+        p = cfg.policies[n]
+        config = model_config(p.model, p.model_kwargs)
+        meta = _meta_model(config)
+        params = sum(t.numel() for t in meta.parameters())
+        trainable = lora_parameters(meta, cfg) if lora else params
+        setting = p.device or cfg.run.device
+        device = _planned_device(setting, cfg.run.backend, resources[n][1])
+        plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, samples[n], rows[n],
+                          shared_base=names[0] if lora and i else None)
+        _policy_memory(plan, config, cfg, prompt, lora)
+        plans.append(plan)
+    return {"plans": plans, "generations": total, "turns": turns, "multi_turn": multi, "prompt": prompt,
+            "resources": resources}
+
+
+def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict) -> list[tuple[str, float, float | None]]:
+    """(device, bytes needed, bytes present or None) per device the run uses."""
+    need: dict[str, list[PolicyPlan]] = {}
+    if cfg.run.backend == "ray":  # one actor per policy; a GPU actor gets a GPU of its own (or a share)
+        gpu = 0
+        for pl in plans:
+            if pl.device == "cuda":
+                need.setdefault(f"cuda:{gpu}", []).append(pl)
+                gpu += 1 if resources[pl.name][1] >= 1 else 0
+            else:
+                need.setdefault("cpu", []).append(pl)
+    else:
+        for pl in plans:
+            need.setdefault(pl.device, []).append(pl)
+    out = []
+    vllm = getattr(cfg, "plan_vllm", cfg.rollout.generation_backend == "vllm")
+    for dev, pls in need.items():
+        static = sum(p.static for p in pls)
+        transient = max((p.grads + p.activations) if vllm else p.transient for p in pls)
+        total = static + transient + (CPU_BASELINE_GIB * GIB if dev == "cpu" else 0.0)
+        have = devices.get(dev)
+        if vllm and dev.startswith("cuda") and have is not None:  # the engine's share is not the learner's
+            have *= 1 - cfg.rollout.vllm_gpu_memory_utilization
+        out.append((dev, total, have))
+    return out
+
+
+def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
+    gib = lambda x: f"{x / GIB:8.2f} GiB"  # noqa: E731
+    tr, r = cfg.training, cfg.rollout
+    lines = [f"accord plan: {cfg.run.name} ({cfg.algorithm.name}, specialization {cfg.specialization}, backend "
+             f"{cfg.run.backend}); prompt {plan['prompt']} + {r.max_new_tokens} new tokens, micro-batch "
+             f"{tr.micro_batch_size if tr.micro_batch_tokens is None else f'{tr.micro_batch_tokens} tokens'}, "
+             f"bf16 {tr.bf16}, gradient checkpointing {tr.gradient_checkpointing}"]
+    kind = "MAGRPO tree" if plan["multi_turn"] and cfg.algorithm.name == "magrpo" else "generations"
+    lines.append(f"step: {plan['generations']} {kind} per step ({plan['turns']} turn(s), K "
+                 f"{cfg.algorithm.num_generations}, batch {r.batch_size})")
+    for p in plan["plans"]:
+        lora = f", LoRA r={cfg.lora.r}: {p.trainable / 1e6:.2f} M trainable" if cfg.specialization == "lora" else ""
+        lines.append(f"policy {p.name}: {p.model} ({p.arch}), {p.params / 1e9:.3f} B parameters{lora}; device "
+                     f"{p.device}; {p.samples} samples per step, generate calls of {p.gen_rows} rows")
+        base = f" (shared with {p.shared_base})" if p.shared_base else ""
+        for label, v in (("weights fp32" + base, p.weights), ("KL reference", p.reference), ("gradients", p.grads),
+                         ("AdamW state", p.optimizer), ("update activations", p.activations),
+                         ("generation (KV cache)", p.generation), ("peak", p.peak)):
+            lines.append(f"  {label:34s}{gib(v)}")
+    lines.append("devices:")
+    fits = True
+    for dev, total, have in fit(cfg, plan["plans"], devices, plan["resources"]):
+        if have is None:
+            fits = False
+            lines.append(f"  {dev}: needs {total / GIB:.2f} GiB; not present here (pass --gpu-memory-gb to plan for "
+                         "another machine)")
+        else:
+            ok = total <= have
+            fits &= ok
+            lines.append(f"  {dev}: needs {total / GIB:.2f} GiB of {have / GIB:.2f} GiB -> {'fits' if ok else 'DOES NOT FIT'}")
+    present = ", ".join(f"{d} ({v / GIB:.1f} GiB)" for d, v in devices.items())
+    lines.append(f"present: {present}")
+    lines.append(f"verdict: {'the run fits' if fits else 'the run does not fit the devices present'}")
+    return "\n".join(lines) + "\n"
