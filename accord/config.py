@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -591,7 +592,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Write the resolved config atomically (temp file, fsync, rename): a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:

@@ -314,6 +314,7 @@ class JsonlSink(_SinkBase):
         record.update(_clean_metrics(metrics))
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
+        os.fsync(self._fh.fileno())  # on disk before the trainer renames the step's checkpoint into place
         self._last_step = step if self._last_step is None else max(step, self._last_step)
 
     def log_completions(self, step: int, rows: list[dict]) -> None:
@@ -526,6 +527,12 @@ class MultiSink(_SinkBase):
     def log_completions(self, step: int, rows: list[dict]) -> None:
         for sink in self.sinks:
             sink.log_completions(step, rows)
+
+    def flush(self) -> None:
+        """Flush the sinks that buffer (TensorBoard), e.g. before a checkpoint is committed."""
+        for sink in self.sinks:
+            if callable(getattr(sink, "flush", None)):
+                sink.flush()
 
     def close(self) -> None:
         with contextlib.ExitStack() as stack:
