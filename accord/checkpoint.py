@@ -234,6 +234,12 @@ def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
     return None
 
 
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest ``step_*`` directory, verified or not (see :func:`verified_checkpoint`)."""
+    found = sorted(checkpoint_dir(run_dir).glob("step_*"))
+    return found[-1] if found else None
+
+
 def load_checkpoint(path: Path, policies: dict) -> dict:
     """Restore policies and RNG states; return the saved trainer state (step, data position, ...)."""
     for name, policy in policies.items():
