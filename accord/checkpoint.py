@@ -94,11 +94,17 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
         _discard(final)
     os.replace(tmp, final)
     _fsync(root)
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        _hook("prune")
-        _discard(old)
+    prune_checkpoints(run_dir, keep, final)
     logger.info("saved checkpoint %s", final)
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int, newest: Path) -> None:
+    """Delete all but the ``keep`` newest checkpoints up to ``newest`` (the one just saved or loaded); newer
+    ones (skipped as corrupt on resume) stay until the run writes their step again."""
+    older = [p for p in sorted(checkpoint_dir(run_dir).glob("step_*")) if p.name <= newest.name]
+    for old in older[:-keep]:
+        _discard(old)
 
 
 def _discard(path: Path) -> None:
@@ -106,6 +112,7 @@ def _discard(path: Path) -> None:
     trash = path.with_name(f".trash_{path.name}_{os.getpid()}")
     os.replace(path, trash)
     _fsync(path.parent)
+    _hook("discard")
     shutil.rmtree(trash)
 
 
@@ -126,8 +133,10 @@ def _sha256(path: Path) -> str:
 
 
 def _hook(point: str) -> None:
-    """Crash-test hook: ``ACCORD_TEST_CRASH_DELAY=<point>:<seconds>`` sleeps at ``point`` (manifest, commit,
-    prune) so that a test's SIGKILL can land inside a checkpoint write or a prune. Unset: does nothing."""
+    """Crash-test hook: ``ACCORD_TEST_CRASH_DELAY=<point>:<seconds>[,...]`` sleeps at ``point`` (``manifest``:
+    files written, manifest not yet; ``commit``: manifest and the step's metrics written, not yet renamed;
+    ``discard``: a pruned checkpoint renamed to ``.trash_*``, not yet deleted) so that a test's SIGKILL lands
+    inside that window (tests/test_crash_safety.py). Unset: does nothing."""
     spec = os.environ.get("ACCORD_TEST_CRASH_DELAY")
     if spec:
         import time
@@ -225,6 +234,7 @@ def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
                 problem = str(err)
             else:
                 logger.info("loaded checkpoint %s (manifest verified)", ckpt)
+                state["path"] = ckpt
                 return state
         logger.warning("skipping checkpoint %s: %s", ckpt, problem)
     if found:

@@ -33,8 +33,8 @@ import torch
 
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import check_advantage_config, group_advantages
-from accord.checkpoint import (claim_run_dir, commit_checkpoint, discard_uncheckpointed, resume_checkpoint,
-                               write_checkpoint)
+from accord.checkpoint import (claim_run_dir, commit_checkpoint, discard_uncheckpointed, prune_checkpoints,
+                               resume_checkpoint, write_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.distributed import gather, submit
 from accord.envs.base import TASKS, make_task
@@ -191,6 +191,7 @@ class Trainer:
                 discard_uncheckpointed(self.run_dir)
             else:
                 self.start_step = state["step"]
+                prune_checkpoints(self.run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
                 logger.info("resumed %s at step %d", self.run_dir, self.start_step)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run

@@ -277,6 +277,10 @@ class JsonlSink(_SinkBase):
         self._fh = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def _truncate(self, resume_from_step: int) -> None:
+        # temp files of atomic writes a crash interrupted (metrics truncation, completion tables)
+        for leftover in [*self.run_dir.glob(f".{METRICS_FILENAME}.*.tmp"), *self.completions_dir.glob(".step_*.tmp")]:
+            _logger.info("removing %s (left by an interrupted write)", leftover)
+            leftover.unlink()
         if self.metrics_path.is_file():
             text = self.metrics_path.read_text(encoding="utf-8")
             records = _parse_metrics_lines(self.metrics_path, text)
