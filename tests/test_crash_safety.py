@@ -197,3 +197,29 @@ def test_sigkill_at_30_moments_loses_and_repeats_nothing(tmp_path):
 if __name__ == "__main__":
     result = drive(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
     sys.stdout.write(json.dumps(result) + "\n")
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "accord.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_second_train_into_a_run_is_refused_and_overwrite_starts_over(tmp_path):
+    from accord.logging import read_metrics
+
+    cfg = tmp_path / "crash.yaml"
+    cfg.write_text(CONFIG)
+    run = tmp_path / "run"
+    first = _cli("train", cfg, f"run.run_dir={run}", "run.steps=3", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    weights = (run / "checkpoints" / "step_000003" / "policies" / "main" / "model.safetensors").read_bytes()
+    again = _cli("train", cfg, f"run.run_dir={run}", "run.steps=2", cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2, 3]          # untouched
+    assert (run / "checkpoints" / "step_000003" / "policies" / "main" / "model.safetensors").read_bytes() == weights
+    over = _cli("train", cfg, f"run.run_dir={run}", "run.steps=2", "--overwrite", cwd=tmp_path)
+    assert over.returncode == 0, over.stderr[-3000:]
+    assert "--overwrite: deleting the earlier run" in over.stderr
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
