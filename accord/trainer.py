@@ -191,6 +191,9 @@ class Trainer:
                 discard_uncheckpointed(self.run_dir)
             else:
                 self.start_step = state["step"]
+                if self.start_step > cfg.run.steps:
+                    raise ConfigError(f"run.steps={cfg.run.steps} is below step {self.start_step} of the checkpoint "
+                                      f"{state['path']}; resume with run.steps={self.start_step} or more")
                 prune_checkpoints(self.run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
                 logger.info("resumed %s at step %d", self.run_dir, self.start_step)
         self.run_dir.mkdir(parents=True, exist_ok=True)

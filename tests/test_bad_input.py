@@ -163,3 +163,9 @@ def test_eval_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "skipping checkpoint" in res.stderr and "step_000002" in res.stderr
     assert "| step_000001 |" in res.stdout
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint(trained, tmp_path):
+    run = _copy(trained, tmp_path)
+    line = one_line_error(accord("train", "--resume", run, "run.steps=1", cwd=tmp_path))
+    assert "run.steps=1 is below step 2" in line and "run.steps=2 or more" in line, line
