@@ -108,7 +108,8 @@ def prune_checkpoints(run_dir: Path, keep: int, newest: Path) -> None:
 
 
 def _discard(path: Path) -> None:
-    """Delete a checkpoint directory: renamed to ``.trash_*`` first, so a crash never leaves a half-deleted ``step_*``."""
+    """Delete a checkpoint directory: renamed to ``.trash_*`` first, so that a crash never leaves a
+    half-deleted ``step_*``."""
     trash = path.with_name(f".trash_{path.name}_{os.getpid()}")
     os.replace(path, trash)
     _fsync(path.parent)

@@ -171,7 +171,7 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
             for name, pol in trainer.policies.items():
                 try:
                     pol.load(ckpt / "policies" / name)
-                except (OSError, RuntimeError, EOFError, KeyError) as err:  # an unverified checkpoint of an older accord
+                except (OSError, RuntimeError, EOFError, KeyError) as err:  # unverified: of an older accord
                     raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                           f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
                                           "checkpoint or retrain") from err
