@@ -234,7 +234,7 @@ def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
             except CheckpointError as err:
                 problem = str(err)
             else:
-                logger.info("loaded checkpoint %s (manifest verified)", ckpt)
+                logger.info("loaded checkpoint %s%s", ckpt, " (manifest verified)" if (ckpt / MANIFEST).exists() else "")
                 state["path"] = ckpt
                 return state
         logger.warning("skipping checkpoint %s: %s", ckpt, problem)
