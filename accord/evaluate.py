@@ -149,9 +149,12 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     ks = sorted(set(ks or [1]))
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
-    if ks[0] < 1 or (samples and ks[-1] > samples):
-        raise ConfigError(f"--k {' '.join(map(str, ks))}: pass@k needs 1 <= k <= --samples ({samples}); pass e.g. "
-                          f"--k 1 {max(samples, 1)}")
+    if ks[0] < 1:
+        raise ConfigError(f"--k {' '.join(map(str, ks))}: pass@k needs k >= 1 (and <= --samples); pass e.g. --k 1 "
+                          f"{max(samples, 1)}")
+    if samples and ks[-1] > samples:
+        raise ConfigError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per instance; pass --samples {ks[-1]} or "
+                          "more (--k values are at most --samples)")
     temperature = temperature if temperature is not None else (cfg.rollout.eval_temperature or cfg.rollout.temperature)
     if not math.isfinite(temperature) or temperature <= 0:
         raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")

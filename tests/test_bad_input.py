@@ -89,8 +89,9 @@ CASES = [
     ("resume-and-overwrite", ["train", "--resume", "held/tiny", "--overwrite"],
      ["--resume", "--overwrite", "only one"]),
     ("resume-no-run", ["train", "--resume", "nothing"], ["nothing has no config.yaml"]),
-    ("eval-k-zero", ["eval", TINY, "--k", "0"], ["--k 0", "1 <= k <= --samples", "--k 1 4"]),
-    ("eval-k-above-samples", ["eval", TINY, "--samples", "2", "--k", "1", "4"], ["--k 1 4", "--samples (2)"]),
+    ("eval-k-zero", ["eval", TINY, "--k", "0"], ["--k 0", "k >= 1", "--k 1 4"]),
+    ("eval-k-above-samples", ["eval", TINY, "--samples", "2", "--k", "1", "4"],
+     ["pass@4 needs at least 4 samples", "--samples 4"]),
     ("eval-temperature-nan", ["eval", TINY, "--temperature", "nan"], ["--temperature=nan", "finite number > 0"]),
     # key=value after an option is an override (here a misspelt one, so that the error proves where it went)
     ("eval-override-after-option", ["eval", TINY, "--samples", "2", "task.eval_sise=3"],
