@@ -282,7 +282,8 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Make ``run_dir`` ready for a new run (or a resume) without overwriting another run by accident.
 
     A new run into a directory that already holds one is a :class:`ConfigError` naming the fixes;
-    ``overwrite`` deletes the old run's files first (logged). A resume removes what a crash left behind."""
+    ``overwrite`` deletes the old run's files first (logged). A resume removes what a crash left behind.
+    Nothing is created here: a config refused later leaves no directory behind."""
     run_dir = Path(run_dir)
     for parent in (run_dir, *run_dir.parents):
         if parent.exists() or parent.is_symlink():
@@ -306,11 +307,6 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"cannot create the run directory {run_dir} ({err.strerror}); set run.output_dir (or "
-                          "run.run_dir) to a writable directory") from err
 
 
 def discard_uncheckpointed(run_dir: Path) -> None:
