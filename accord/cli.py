@@ -4,6 +4,7 @@
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
     accord train --resume runs/writing-tldr [run.steps=30]
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
+    accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord report runs/writing-tldr
     accord envs
@@ -14,23 +15,55 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import re
 import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
-from accord.envs.base import TaskError
-from accord.envs.check import EnvCheckError
 from accord.logging.console import configure_logging
-from accord.rollout.multiturn import TreeTooLargeError
-from accord.models import ModelNotFoundError
-from accord.policies import PromptTooLongError
 
 logger = logging.getLogger("accord")
 
+# Errors that are bad input or a broken environment, not bugs: one line and exit code 2 (--debug: the
+# traceback). Looked up lazily so that a config error is reported before torch is imported.
+_USER_ERRORS = {
+    "accord.config": ("ConfigError",),
+    "accord.checkpoint": ("CheckpointError",),
+    "accord.envs.base": ("TaskError",),
+    "accord.envs.check": ("EnvCheckError",),
+    "accord.rollout.multiturn": ("TreeTooLargeError",),
+    "accord.models.common": ("ModelNotFoundError",),
+    "accord.policies": ("PromptTooLongError",),
+}
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
+
+
+def _user_errors() -> tuple[type, ...]:
+    """The user-facing error classes of the modules imported so far (an unimported module raised nothing)."""
+    found = [getattr(sys.modules[m], name) for m, names in _USER_ERRORS.items() if m in sys.modules for name in names]
+    return (OSError, *found)
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        return f"{err.filename}: {err.strerror}; check the path and its permissions"
+    return " ".join(str(err).split("\n")) or type(err).__name__
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``train``/``eval``: take ``key=value`` overrides out of argv wherever they stand (after ``--k 1 4`` too)."""
+    cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if cmd is None or argv[cmd] not in ("train", "eval"):
+        return argv, []
+    rest = argv[cmd + 1:]
+    head = [a for a in rest if not _OVERRIDE.match(a)]
+    overrides = [a for a in rest if _OVERRIDE.match(a)]
+    return argv[:cmd + 1] + head, overrides
+
 
 def _train(args: argparse.Namespace) -> int:
-    from accord.trainer import train
-
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues a run and --overwrite deletes it; pass only one of them")
     positional = list(args.args)
     config_path = None
     if positional and "=" not in positional[0]:
@@ -44,7 +77,9 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
     else:
         cfg = load_config(config_path, positional)
-    run_dir = train(cfg, resume=bool(args.resume))
+    from accord.trainer import train  # after the config: a config error comes before torch is imported
+
+    run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
     _log_held_out(run_dir, cfg.rollout.eval_temperature)
     return 0
@@ -158,11 +193,16 @@ def _config_help() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accord", description="Multi-agent RL for cooperating LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train agents", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="config keys:\n" + _config_help())
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint that "
+                   "verifies (a run killed before its first checkpoint starts over)")
+    p.add_argument("--overwrite", action="store_true", help="delete an earlier run in the run directory and start "
+                   "over (without it, training into a directory that holds a run is an error)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_train)
     p = sub.add_parser("sft", help="warm start: fine-tune each policy on demonstrations (the task's oracle or "
                        "sft.data) and export it for RL", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -187,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                    "if > 0, else rollout.temperature)")
     p.add_argument("--no-base", action="store_true", help="for a run directory, skip the base weights")
     p.add_argument("--out", help="output directory (default RUN_DIR/eval)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
@@ -196,13 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
                    help="import these modules first (their @register_task tasks are listed and checked)")
     p.set_defaults(func=_envs)
-    args = parser.parse_args(argv)
+    head, overrides = _split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(head)
+    if overrides:
+        (args.args if hasattr(args, "args") else args.overrides).extend(overrides)
     configure_logging(logging.DEBUG if args.verbose else logging.INFO)  # shares the progress bar's console
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ModelNotFoundError, TaskError, PromptTooLongError, EnvCheckError,
-            TreeTooLargeError) as err:
-        logger.error("%s", err)
+    except _user_errors() as err:  # evaluated when an error arrives: the modules imported by then
+        if args.debug:
+            raise
+        logger.error("%s", _one_line(err))
         return 2
 
 

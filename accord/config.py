@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -50,6 +52,9 @@ def check_device_setting(key: str, value: str | None) -> None:
                           "cuda:N (N = GPU index, e.g. cuda:1)")
 
 
+MAX_SEED = 2**31 - 1
+
+
 @dataclass
 class RunConfig:
     name: str = _f("writing-tldr", "Run name, used for the run directory under output_dir.")
@@ -73,6 +78,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         _choice("run", "backend", self.backend, ("local", "ray"))
         check_device_setting("run.device", self.device)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"run.seed={self.seed} is out of range; give an integer in [0, {MAX_SEED}] (NumPy seeds "
+                              "are 32-bit and each policy adds its index)")
+        if not self.name.strip():
+            raise ConfigError("run.name is empty; give the run a name (its directory is run.output_dir/run.name)")
         _positive("run", "steps", self.steps)
         _positive("run", "keep_checkpoints", self.keep_checkpoints)
         _positive("run", "checkpoint_every", self.checkpoint_every, 0)
@@ -277,7 +287,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ConfigError(f"training.lr={self.lr} must be > 0")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+        if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                           for b in self.betas):
             raise ConfigError(f"training.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
         self.betas = tuple(float(b) for b in self.betas)
         _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
@@ -288,6 +299,10 @@ class TrainingConfig:
         _positive("training", "num_mini_batches", self.num_mini_batches)
         if self.micro_batch_tokens is not None:
             _positive("training", "micro_batch_tokens", self.micro_batch_tokens)
+        if self.weight_decay < 0:
+            raise ConfigError(f"training.weight_decay={self.weight_decay} must be >= 0")
+        if self.eps <= 0:
+            raise ConfigError(f"training.eps={self.eps} must be > 0 (AdamW's epsilon; 1e-8 is the usual value)")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ConfigError(f"training.max_grad_norm={self.max_grad_norm} must be > 0 (or null: no clipping)")
 
@@ -444,7 +459,16 @@ class Config:
                 )
         if self.specialization == "lora":
             self._check_lora_policies()
+        self._check_policies()
         self._check_ray()
+
+    def _check_policies(self) -> None:
+        """Per-policy learning rates are > 0; model_kwargs fit the tiny model they configure."""
+        for name, p in self.policies.items():
+            if p.lr is not None and p.lr <= 0:
+                raise ConfigError(f"policies.{name}.lr={p.lr} must be > 0 (or null to use training.lr)")
+            if p.model_kwargs:
+                _check_model_kwargs(f"policies.{name}", p.model, p.model_kwargs)
 
     def _check_ray(self) -> None:
         """run.backend=ray: per-policy resources are >= 0; LoRA adapters share one process."""
@@ -575,23 +599,31 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
     elif tp is int:
+        number = None
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str):
             try:
-                return int(value)
+                number = int(value)
             except ValueError:
                 pass
+        if number is not None:
+            return number
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{path}={value!r} is not a finite number; give a finite value")
+            return number
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -603,7 +635,8 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
             return value
     else:
         return value
-    raise ConfigError(f"{path}={value!r} is not a valid {getattr(tp, '__name__', tp)}")
+    name = getattr(tp, '__name__', tp)
+    raise ConfigError(f"{path}={value!r} is not a valid {name}; give a value of type {name}")
 
 
 def _build(cls: type, data: Any, path: str) -> Any:
@@ -612,7 +645,9 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if isinstance(data, cls):
         return data
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'} must be a mapping of keys to values, got {data!r}")
+        example = f"{path}.{dataclasses.fields(cls)[0].name}=..." if path else "run.steps=5"
+        raise ConfigError(f"{path or 'config'} must be a mapping of keys to values, got {data!r}; set its keys "
+                          f"(e.g. {example}) or write it as a YAML mapping")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -639,12 +674,52 @@ def _build(cls: type, data: Any, path: str) -> Any:
                and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}")
-    return cls(**kwargs)
+    obj = cls(**kwargs)  # __post_init__ first: its messages know each key's own minimum
+    for key, value in kwargs.items():
+        is_int = hints[key] is int or int in typing.get_args(hints[key])
+        if is_int and isinstance(value, int) and value < 0:
+            raise ConfigError(f"{path}.{key}={value} is negative; every integer key is a size, count or seed: "
+                              "give a value >= 0")
+    return obj
 
 
 def config_from_dict(data: dict) -> Config:
     """Build and validate a :class:`Config` from nested plain data."""
+    _check_finite(data, "")
     return _build(Config, data, "")
+
+
+def _check_finite(node: Any, path: str) -> None:
+    """NaN or infinity anywhere (task options and model_kwargs included) is an error naming its key."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{path or 'config'}={node!r} is not a finite number; give a finite value")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _check_finite(value, f"{path}.{i}")
+
+
+def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
+    """``model_kwargs`` only for the tiny models, with the names and types of :func:`build_tiny_model`."""
+    from accord.models.loading import TINY_SPECS
+    from accord.models.tiny import build_tiny_model, tiny_shape_problem
+
+    if model not in TINY_SPECS:
+        raise ConfigError(f"{path}.model_kwargs only apply to the tiny models {list(TINY_SPECS)}, not to "
+                          f"{path}.model={model!r}; drop model_kwargs or pick a tiny model")
+    hints = typing.get_type_hints(build_tiny_model)
+    valid = [k for k in hints if k not in ("arch", "seed", "return")]
+    for key, value in kwargs.items():
+        if key not in valid:
+            raise _unknown_key(f"{path}.model_kwargs", str(key), valid)
+        kwargs[key] = _coerce(f"{path}.model_kwargs.{key}", value, hints[key])
+        if hints[key] is int and kwargs[key] < 1:
+            raise ConfigError(f"{path}.model_kwargs.{key}={value!r} must be >= 1 (a size)")
+    problem = tiny_shape_problem(**{k: kwargs[k] for k in ("hidden_size", "num_heads", "vocab_size") if k in kwargs})
+    if problem:
+        raise ConfigError(f"{path}.model_kwargs: {problem}")
 
 
 def apply_override(data: dict, dotted: str) -> None:
@@ -652,7 +727,11 @@ def apply_override(data: dict, dotted: str) -> None:
     if "=" not in dotted:
         raise ConfigError(f"override {dotted!r} must look like key.sub=value, e.g. rollout.batch_size=8")
     key, raw = dotted.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
+                          "fix the brackets, e.g. key=[1, 2] or key='text'") from err
     parts = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
@@ -660,14 +739,20 @@ def apply_override(data: dict, dotted: str) -> None:
         if isinstance(node, list):
             node = node[_list_index(node, part, prefix)]
             continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
+                              f"set {'.'.join(parts[:i])}=VALUE, or check the key")
         if part not in node or node[part] is None:
             node[part] = {}
         node = node[part]
     last = parts[-1]
     if isinstance(node, list):
         node[_list_index(node, last, key)] = value
-    else:
+    elif isinstance(node, dict):
         node[last] = value
+    else:
+        raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:-1])} is {node!r}, not a section with keys; "
+                          f"set {'.'.join(parts[:-1])}=VALUE, or check the key")
 
 
 def _list_index(node: list, part: str, path: str) -> int:
@@ -680,20 +765,55 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
     data: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
-        loaded = yaml.safe_load(p.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p} must hold a YAML mapping at the top level")
-        data = loaded or {}
+        data = _read_yaml(Path(path))
     for item in overrides:
         apply_override(data, item)
     return config_from_dict(data)
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: its problem and, where known, line and column (1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return where + problem
+
+
+def _read_yaml(p: Path) -> dict:
+    """A config file's top-level mapping, or a one-line ConfigError naming the file, the problem and the fix."""
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file (to continue a run: "
+                          f"accord train --resume {p})")
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                          f"{err.start}); save it as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"config file {p} cannot be read ({err.strerror}); check its permissions") from err
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
+    if loaded is None:
+        raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "
+                          "defaults")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p} must hold a YAML mapping at the top level")
+    return loaded
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Write the resolved config atomically (temp file, fsync, rename): a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:

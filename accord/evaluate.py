@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from accord.checkpoint import latest_checkpoint
+from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.rollout.magrpo import call_reward, score_joint_actions
 from accord.rollout.multiturn import play_episodes
@@ -132,7 +133,7 @@ def _load(target: Path, overrides: list[str]) -> tuple[Config, Path | None, Path
         if not (target / "config.yaml").is_file():
             raise ConfigError(f"{target} has no config.yaml; pass a run directory of `accord train` or a config file")
         cfg = load_config(target / "config.yaml", overrides)
-        return cfg, target, latest_checkpoint(target)
+        return cfg, target, verified_checkpoint(target)
     if not target.is_file():
         raise FileNotFoundError(f"{target} is neither a config file nor a run directory")
     return load_config(target, overrides), None, None
@@ -148,12 +149,21 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     ks = sorted(set(ks or [1]))
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
+    if ks[0] < 1:
+        raise ConfigError(f"--k {' '.join(map(str, ks))}: pass@k needs k >= 1 (and <= --samples); pass e.g. --k 1 "
+                          f"{max(samples, 1)}")
+    if samples and ks[-1] > samples:
+        raise ConfigError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per instance; pass --samples {ks[-1]} or "
+                          "more (--k values are at most --samples)")
     temperature = temperature if temperature is not None else (cfg.rollout.eval_temperature or cfg.rollout.temperature)
-    if temperature <= 0:
-        raise ConfigError(f"--temperature={temperature} must be > 0 for sampled evaluation")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg.run = replace(cfg.run, run_dir=str(out_dir / "_work"))
+    work = out_dir / "_work"  # scratch run directory of the trainer that evaluates: the last eval's goes
+    if work.is_dir():
+        shutil.rmtree(work)
+    cfg.run = replace(cfg.run, run_dir=str(work))
     trainer = Trainer(cfg)
     try:
         variants: dict[str, dict[str, float]] = {}
@@ -162,7 +172,12 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
             variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
         if ckpt is not None:
             for name, pol in trainer.policies.items():
-                pol.load(ckpt / "policies" / name)
+                try:
+                    pol.load(ckpt / "policies" / name)
+                except (OSError, RuntimeError, EOFError, KeyError) as err:  # unverified: of an older accord
+                    raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({type(err).__name__}: "
+                                          f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
+                                          "checkpoint or retrain") from err
             logger.info("evaluating checkpoint %s", ckpt)
             variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
         elif run_dir is not None:

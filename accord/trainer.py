@@ -34,9 +34,9 @@ import torch
 
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config, group_advantages
-from accord.algorithms.losses import POLICY_LOSSES
-from accord.algorithms.losses import KL_REWARD_ESTIMATORS
-from accord.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from accord.algorithms.losses import KL_REWARD_ESTIMATORS, POLICY_LOSSES
+from accord.checkpoint import (claim_run_dir, commit_checkpoint, discard_uncheckpointed, prune_checkpoints,
+                               resume_checkpoint, write_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed import gather, submit
@@ -139,8 +139,9 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
 class Trainer:
     """Builds everything a config names and runs MAGRPO steps."""
 
-    def __init__(self, cfg: Config, *, resume: bool = False):
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
         self.cfg = cfg
+        claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed)
@@ -207,12 +208,17 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.start_step = 0
         if resume:
-            ckpt = latest_checkpoint(self.run_dir)
-            if ckpt is None:
-                raise FileNotFoundError(f"{self.run_dir} has no checkpoint to resume from; start it without --resume")
-            state = load_checkpoint(ckpt, self.policies)
-            self.start_step = state["step"]
-            logger.info("resumed %s at step %d", self.run_dir, self.start_step)
+            state = resume_checkpoint(self.run_dir, self.policies)
+            if state is None:  # killed before its first checkpoint: the same seed replays it exactly
+                logger.warning("%s has no checkpoint yet: starting the run over from step 0", self.run_dir)
+                discard_uncheckpointed(self.run_dir)
+            else:
+                self.start_step = state["step"]
+                if self.start_step > cfg.run.steps:
+                    raise ConfigError(f"run.steps={cfg.run.steps} is below step {self.start_step} of the checkpoint "
+                                      f"{state['path']}; resume with run.steps={self.start_step} or more")
+                prune_checkpoints(self.run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
+                logger.info("resumed %s at step %d", self.run_dir, self.start_step)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
         self.sinks = None
@@ -467,19 +473,26 @@ class Trainer:
                     self.sinks.log_completions(n, table)
                 if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end:
                     t = time.perf_counter()
-                    save_checkpoint(self.run_dir, n, self.policies, {"data_position": n * cfg.rollout.batch_size},
-                                    cfg.run.keep_checkpoints)
+                    tmp = write_checkpoint(self.run_dir, n, self.policies,
+                                           {"data_position": n * cfg.rollout.batch_size})
                     metrics["time/checkpoint"] = time.perf_counter() - t
-                self.sinks.log(n, metrics)
+                    # the step's metrics (fsynced) before the rename: a checkpoint never exists without them, and
+                    # a resume cuts metrics.jsonl back to the checkpoint it loads, so every step is logged once
+                    self.sinks.log(n, metrics)
+                    self.sinks.flush()
+                    commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+                else:
+                    self.sinks.log(n, metrics)
                 last = metrics
         finally:
             self.sinks.close()
         return last
 
 
-def train(cfg: Config, *, resume: bool = False) -> Path:
-    """Build a trainer from a config, run it, and return the run directory."""
-    trainer = Trainer(cfg, resume=resume)
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """Build a trainer from a config, run it, and return the run directory (``overwrite``: delete an
+    earlier run in the same directory first; without it that is an error)."""
+    trainer = Trainer(cfg, resume=resume, overwrite=overwrite)
     try:
         trainer.train()
     finally:

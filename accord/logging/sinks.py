@@ -279,6 +279,10 @@ class JsonlSink(_SinkBase):
         self._fh = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def _truncate(self, resume_from_step: int) -> None:
+        # temp files of atomic writes a crash interrupted (metrics truncation, completion tables)
+        for leftover in [*self.run_dir.glob(f".{METRICS_FILENAME}.*.tmp"), *self.completions_dir.glob(".step_*.tmp")]:
+            _logger.info("removing %s (left by an interrupted write)", leftover)
+            leftover.unlink()
         if self.metrics_path.is_file():
             text = self.metrics_path.read_text(encoding="utf-8")
             records = _parse_metrics_lines(self.metrics_path, text)
@@ -316,6 +320,7 @@ class JsonlSink(_SinkBase):
         record.update(_clean_metrics(metrics))
         self._fh.write(json.dumps(record) + "\n")
         self._fh.flush()
+        os.fsync(self._fh.fileno())  # on disk before the trainer renames the step's checkpoint into place
         self._last_step = step if self._last_step is None else max(step, self._last_step)
 
     def log_completions(self, step: int, rows: list[dict]) -> None:
@@ -576,6 +581,12 @@ class MultiSink(_SinkBase):
         for sink in self.sinks:
             if callable(getattr(sink, "set_activity", None)):
                 sink.set_activity(text)
+
+    def flush(self) -> None:
+        """Flush the sinks that buffer (TensorBoard), e.g. before a checkpoint is committed."""
+        for sink in self.sinks:
+            if callable(getattr(sink, "flush", None)):
+                sink.flush()
 
     def close(self) -> None:
         with contextlib.ExitStack() as stack:

@@ -16,6 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from ._corpus import corpus_lines
 
+_MIN_VOCAB = 256 + 4
 IM_START, IM_END, PAD, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|pad|>", "<|endoftext|>"
 # Qwen2/SmolLM2-style pre-tokenisation (single digits, contractions, words, punctuation runs). Matching it
 # matters: AutoTokenizer always rebuilds tokenizers saved next to a qwen2 config with this exact pipeline.
@@ -70,7 +71,7 @@ def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transfor
     Pre-tokenisation matches Qwen2's, so ``AutoTokenizer`` round trips next to a qwen2 config are exact.
     ``len(tokenizer) == vocab_size`` unless the corpus runs out of merges for a very large size.
     """
-    min_size = 256 + 4
+    min_size = _MIN_VOCAB
     if vocab_size < min_size:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {min_size} "
                          "(256 bytes + special tokens); pass a larger vocab_size.")
@@ -91,13 +92,27 @@ def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transfor
     )
 
 
+def tiny_shape_problem(hidden_size: int = 64, num_heads: int = 4, vocab_size: int = 2048) -> str | None:
+    """What is wrong with a tiny model's shape (None: nothing); the config checks it before building."""
+    for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
+        if value < 1:
+            return f"{name}={value} must be >= 1"
+    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
+        return (f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads} with an even "
+                "head dimension (needed by rotary embeddings); e.g. hidden_size=64, num_heads=4.")
+    if vocab_size < _MIN_VOCAB:
+        return (f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {_MIN_VOCAB} "
+                "(256 bytes + special tokens); pass a larger vocab_size.")
+    return None
+
+
 def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_heads: int,
                  max_position_embeddings: int) -> transformers.PreTrainedConfig:
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; valid choices are {', '.join(TINY_ARCHS)}")
-    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
-        raise ValueError(f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads} with an even "
-                         "head dimension (needed by rotary embeddings); e.g. hidden_size=64, num_heads=4.")
+    problem = tiny_shape_problem(hidden_size, num_heads)
+    if problem:
+        raise ValueError(problem)
     config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
                   "qwen3": transformers.Qwen3Config}[arch]
     extra = {"head_dim": hidden_size // num_heads} if arch == "qwen3" else {}  # Qwen3's default is 128
