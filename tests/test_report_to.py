@@ -216,3 +216,41 @@ def test_mlflow_file_store_holds_the_metrics_params_and_completions(tiny_cfg, tm
     assert [r[col.index("advantage")] for r in table["data"]] == pytest.approx([r["advantage"] for r in rows])
     tags = json.loads(run.data.tags["mlflow.loggedArtifacts"])  # what MLflow's UI lists as tables
     assert {"path": "completions/step_000002.json", "type": "table"} in tags
+
+
+@pytest.mark.skipif(not (HAS_WANDB and HAS_MLFLOW), reason="needs wandb, mlflow and pandas (pip install "
+                    "'accord[wandb,mlflow]')")
+def test_resume_continues_the_tracker_runs(tiny_cfg, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from accord.trainer import Trainer
+
+    for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"), ("WANDB_DATA_DIR", "data")):
+        monkeypatch.setenv(var, str(tmp_path / "wandb-home" / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    data = tiny_cfg(logging={"report_to": ["wandb", "mlflow"], "mlflow_tracking_uri": uri})
+    data["logging"].pop("tensorboard")
+    Trainer(config_from_dict(data)).train(stop_after=1)
+    ids = json.loads((tmp_path / "run" / "trackers.json").read_text())
+    Trainer(config_from_dict(data), resume=True).train()
+    assert json.loads((tmp_path / "run" / "trackers.json").read_text()) == ids
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("accord").experiment_id])
+    assert run.info.run_id == ids["mlflow"]["run_id"] and run.info.status == "FINISHED"
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "team/reward")] == [1, 2]
+
+    run_files = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert [p.name for p in run_files] == [f"run-{ids['wandb']['id']}.wandb"] * 2  # one W&B run, two processes
+    steps = []
+    for path in run_files:
+        records = _finished_wandb_records(path)
+        (run_rec,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        assert run_rec.run_id == ids["wandb"]["id"]
+        steps += [json.loads(i.value_json) for r in records if r.WhichOneof("record_type") == "history"
+                  for i in r.history.item if list(i.nested_key) == ["_step"] or i.key == "_step"]
+    assert steps == [1, 2]
