@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from accord.config import ConfigError, LoggingConfig, config_from_dict, load_config, save_config
+from accord.config import (
+    ConfigError,
+    LoggingConfig,
+    config_from_dict,
+    load_config,
+    save_config,
+)
 from accord.logging import read_metrics
 from accord.trainer import train
 
@@ -61,8 +67,8 @@ def test_missing_tracker_package_is_a_one_line_error_before_models_load(tmp_path
     code = ("import sys; sys.modules['wandb'] = None; from accord.cli import main; "
             f"sys.exit(main(['train', {str(REPO / 'examples' / 'tiny.yaml')!r}, 'logging.report_to=[wandb]', "
             f"'run.run_dir={run_dir}']))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert proc.returncode == 2, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "pip install 'accord[wandb]'" in errors[0], proc.stderr
