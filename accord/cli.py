@@ -7,6 +7,7 @@
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord report runs/writing-tldr
+    accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
 """
 
@@ -128,6 +129,14 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from accord.export import export_run
+
+    out = export_run(args.run_dir, step=args.step, out=args.out)
+    sys.stdout.write(f"{out}\n")
+    return 0
+
+
 def _envs(args: argparse.Namespace) -> int:
     from accord.envs import TASKS, make_task
     from accord.envs.base import entry_point_names, import_modules, task_factory
@@ -232,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
     p.set_defaults(func=_report)
+    p = sub.add_parser("export", help="write a checkpoint as one Hugging Face model directory per policy "
+                       "(a PEFT adapter per policy, plus the base, under specialization=lora)")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
+    p.add_argument("--out", help="output directory, must not exist (default RUN_DIR/export/step_NNNNNN)")
+    p.set_defaults(func=_export)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
     p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
 import os
 import types
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+_logger = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """A configuration value is missing, unknown or inconsistent. The message says how to fix it."""
@@ -359,14 +361,57 @@ class RayConfig:
                                   "'HOST:PORT' (e.g. 10.0.0.5:6379) or 'ray://HOST:PORT' (Ray Client, e.g. port 10001)")
 
 
+REPORT_TO = ("tensorboard", "wandb", "mlflow")
+
+
+def _default_report_to() -> list:
+    return ["tensorboard"]
+
+
 @dataclass
 class LoggingConfig:
     console: bool = _f(True, "Progress bar with step, ETA and reward.")
-    tensorboard: bool = _f(True, "TensorBoard events under RUN_DIR/tb.")
+    tensorboard: bool | None = _f(None, "Deprecated alias of report_to: false removes 'tensorboard' from "
+                                  "report_to, true adds it (a warning says so); null leaves report_to alone.")
     completions_every: int = _f(1, "Write the completions table every N steps (0: never).")
+    report_to: list | str = _f(help="Where metrics go besides RUN_DIR/metrics.jsonl and the console: any of "
+                               "'tensorboard' (RUN_DIR/tb), 'wandb' (Weights & Biases; pip install 'accord[wandb]') "
+                               "and 'mlflow' (pip install 'accord[mlflow]'); [] for none.",
+                               factory=_default_report_to)
+    wandb_project: str = _f("accord", "report_to wandb: the W&B project (the run is named run.name; WANDB_MODE="
+                            "offline keeps it on disk under RUN_DIR/wandb).")
+    wandb_entity: str | None = _f(None, "report_to wandb: the W&B entity (user or team); null: your default.")
+    mlflow_tracking_uri: str | None = _f(None, "report_to mlflow: the tracking URI (e.g. http://host:5000, "
+                                         "sqlite:///mlflow.db, file:///abs/mlruns); null: MLFLOW_TRACKING_URI or "
+                                         "MLflow's default.")
+    mlflow_experiment: str = _f("accord", "report_to mlflow: the experiment the run (named run.name) goes to.")
 
     def __post_init__(self) -> None:
         _positive("logging", "completions_every", self.completions_every, 0)
+        self._check_report_to()
+
+    def _check_report_to(self) -> None:
+        """report_to: known sink names, once each; the deprecated ``tensorboard`` flag folded into it."""
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        self.report_to = list(self.report_to)
+        for name in self.report_to:
+            if name not in REPORT_TO:
+                close = difflib.get_close_matches(str(name), REPORT_TO, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"logging.report_to: {name!r} is not a sink; {hint}choose from {list(REPORT_TO)} "
+                                  "(or [] for none)")
+        dup = sorted({n for n in self.report_to if self.report_to.count(n) > 1})
+        if dup:
+            raise ConfigError(f"logging.report_to lists {dup} more than once; list each sink once")
+        if self.tensorboard is not None:
+            if self.tensorboard and "tensorboard" not in self.report_to:
+                self.report_to.append("tensorboard")
+            elif not self.tensorboard and "tensorboard" in self.report_to:
+                self.report_to.remove("tensorboard")
+            _logger.warning("logging.tensorboard=%s is deprecated: applied as logging.report_to=%s; set "
+                            "logging.report_to instead", str(self.tensorboard).lower(), self.report_to)
+            self.tensorboard = None
 
 
 @dataclass

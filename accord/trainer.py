@@ -37,13 +37,15 @@ from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_c
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS, POLICY_LOSSES
 from accord.checkpoint import (claim_run_dir, commit_checkpoint, discard_uncheckpointed, prune_checkpoints,
                                resume_checkpoint, write_checkpoint)
+from accord.callbacks import check_callbacks
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed import gather, submit
 from accord.envs.base import import_modules, make_task, task_factory
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
-from accord.logging import MetricAccumulator, make_sinks
+from accord.logging import MetricAccumulator
+from accord.logging.tracking import check_report_to, run_sinks
 from accord.policies import Policy
 from accord.policies_lora import build_lora_policies, generate_by_policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
@@ -139,8 +141,10 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
 class Trainer:
     """Builds everything a config names and runs MAGRPO steps."""
 
-    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False):
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None):
         self.cfg = cfg
+        self.callbacks = check_callbacks(callbacks)  # see accord.callbacks
+        check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
         claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -439,6 +443,11 @@ class Trainer:
         acc.add("time/eval", time.perf_counter() - t)
         return acc.mean()
 
+    def _callback(self, hook: str, *args) -> None:
+        """Call ``hook`` of every callback, in order."""
+        for cb in self.callbacks:
+            getattr(cb, hook)(*args)
+
     def close(self) -> None:
         """Release the policies' Ray actors (and a local Ray cluster the trainer started); no-op locally."""
         if getattr(self, "backend", None) is not None:
@@ -452,14 +461,13 @@ class Trainer:
         Returns the last step's metrics merged with the final evaluation.
         """
         cfg = self.cfg
-        self.sinks = make_sinks(self.run_dir, total_steps=cfg.run.steps, start_step=self.start_step,
-                                tensorboard=cfg.logging.tensorboard, console=cfg.logging.console,
-                                resume_from_step=self.start_step if self.start_step else None)
+        self.sinks = run_sinks(cfg, self.run_dir, start_step=self.start_step)
         last: dict[str, float] = {}
         end = cfg.run.steps if stop_after is None else min(stop_after, cfg.run.steps)
         try:
             if self.start_step == 0 and cfg.run.eval_before and self.eval_rows:
                 before = self.evaluate()
+                self._callback("on_evaluate", 0, dict(before))
                 self.sinks.log(0, before)
                 logger.info("eval before training: team reward %.4f", before["eval/team/reward"])
             for step in range(self.start_step, end):
@@ -467,7 +475,9 @@ class Trainer:
                 n = step + 1
                 final = n == cfg.run.steps
                 if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
-                    metrics.update(self.evaluate())
+                    evaluation = self.evaluate()
+                    self._callback("on_evaluate", n, dict(evaluation))
+                    metrics.update(evaluation)
                 ce = cfg.logging.completions_every
                 if ce and n % ce == 0:
                     self.sinks.log_completions(n, table)
@@ -480,19 +490,23 @@ class Trainer:
                     # a resume cuts metrics.jsonl back to the checkpoint it loads, so every step is logged once
                     self.sinks.log(n, metrics)
                     self.sinks.flush()
-                    commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+                    path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+                    self._callback("on_checkpoint", n, path)
                 else:
                     self.sinks.log(n, metrics)
+                self._callback("on_step_end", n, dict(metrics))
                 last = metrics
+            self._callback("on_train_end", dict(last))
         finally:
             self.sinks.close()
         return last
 
 
-def train(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Path:
-    """Build a trainer from a config, run it, and return the run directory (``overwrite``: delete an
-    earlier run in the same directory first; without it that is an error)."""
-    trainer = Trainer(cfg, resume=resume, overwrite=overwrite)
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None) -> Path:
+    """Build a trainer from a config, run it (calling ``callbacks``, see :mod:`accord.callbacks`), and return
+    the run directory (``overwrite``: delete an earlier run in the same directory first; without it that is
+    an error)."""
+    trainer = Trainer(cfg, resume=resume, overwrite=overwrite, callbacks=callbacks)
     try:
         trainer.train()
     finally:
