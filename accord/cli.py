@@ -138,6 +138,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _envs(args: argparse.Namespace) -> int:
+    from accord.envs.base import TaskError  # imported lazily, like every command's heavy modules
+
     from accord.envs import TASKS, make_task
     from accord.envs.base import entry_point_names, import_modules, task_factory
     from accord.envs.protocol import is_env

@@ -206,6 +206,7 @@ def test_prompt_group_ids():
 def _relay_tree_groups(tiny_cfg, norm_scope, advantage="mean", steps=1):
     data = tiny_cfg(run={"steps": steps}, task={"name": "relay", "eval_size": 0},
                     algorithm={"name": "magrpo", "norm_scope": norm_scope, "advantage": advantage})
+    data["run"]["run_dir"] += f"-{norm_scope}-{advantage}"  # one run directory per run
     trainer = Trainer(config_from_dict(data))
     seen = {}
     original = trainer.policies["main"].update

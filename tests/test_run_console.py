@@ -132,10 +132,10 @@ def test_envs_lists_kind_and_roles(tmp_path):
 
 
 @pytest.mark.parametrize("override, hint", [
-    ("steps=5", "did you mean 'run.steps'?"),
-    ("batch_size=8", "did you mean 'rollout.batch_size'?"),
-    ("lr=0.1", "did you mean 'training.lr' or 'policies.<name>.lr'?"),
-    ("stpes=5", "did you mean 'run.steps'?"),
+    ("steps=5", "did you mean 'run.steps' or 'sft.steps'?"),
+    ("batch_size=8", "did you mean 'rollout.batch_size' or 'sft.batch_size'?"),
+    ("lr=0.1", "did you mean 'training.lr' or 'sft.lr' or 'policies.<name>.lr'?"),
+    ("stpes=5", "did you mean 'run.steps' or 'sft.steps'?"),
     ("specialisation=shared", "did you mean 'specialization'?"),
     ("run.step=5", "did you mean 'run.steps'?"),
 ])
@@ -147,7 +147,7 @@ def test_unknown_top_level_keys_get_suggestions(override, hint):
 
 def test_unknown_top_level_key_from_the_cli(tmp_path):
     out = accord("train", "steps=5", cwd=tmp_path)
-    assert out.returncode == 2 and "did you mean 'run.steps'?" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "did you mean 'run.steps'" in out.stderr and "Traceback" not in out.stderr
 
 
 def _completion_rows(run_dir: Path, step: int) -> list[dict]:
