@@ -264,7 +264,9 @@ def _style(ax, title: str, ylabel: str, legend_title: str | None = None) -> None
 
 def _save(fig: Figure, axes: list, path: Path, smoothed: bool, title: str | None = None) -> Path:
     axes[-1].set_xlabel("step")
-    if smoothed:
+    if smoothed and not title and len(axes) == 1:
+        axes[0].set_title(f"{axes[0].get_title()}\n(thin: raw, thick: moving average)")
+    elif smoothed:
         title = f"{title}\n(thin: raw, thick: moving average)" if title else "thin: raw, thick: moving average"
     if title:
         fig.suptitle(title)
