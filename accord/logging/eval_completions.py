@@ -11,7 +11,8 @@ last step) writes what the agents answered on the held-out instances, one JSON l
   episode's index), ``agent``, ``turn``, ``prompt`` (the observation), ``completion`` (the action),
   ``reward`` (the episode's team return), ``local_return`` (the agent's own) and ``success``.
 
-The rows of one joint action (or episode) share ``joint``.
+The rows of one joint action (or episode) share ``joint``. A resume after step k deletes the files of
+later steps, as it does with the training completions.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from accord.logging.sinks import _atomic_write_text, _check_step, _json_default
-
-EVAL_COMPLETIONS_DIRNAME = "eval_completions"
+from accord.logging.sinks import EVAL_COMPLETIONS_DIRNAME, _atomic_write_text, _check_step, _json_default
 
 __all__ = ["EVAL_COMPLETIONS_DIRNAME", "eval_completions_path", "write_eval_completions", "joint_completion_rows",
            "episode_completion_rows"]
