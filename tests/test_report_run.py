@@ -152,3 +152,25 @@ def test_eval_every_default_gives_more_than_two_points(tiny_cfg):
     assert not any(k.startswith("reward/") for r in read_metrics(trainer.run_dir) for k in r)
     rows = [json.loads(x) for x in (trainer.run_dir / "eval_completions" / "step_000006.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 2 and "components" not in rows[0]
+
+
+def test_multi_turn_eval_completions_and_report(tiny_cfg):
+    data = tiny_cfg(run={"steps": 1, "eval_before": True, "eval_after": True},
+                    task={"name": "relay", "eval_size": 2, "options": {"max_turns": 2}},
+                    algorithm={"name": "atgrpo", "num_generations": 2}, rollout={"batch_size": 2, "max_new_tokens": 6,
+                                                                               "temperature": 1.0,
+                                                                               "eval_temperature": 1.0})
+    trainer = Trainer(config_from_dict(data))
+    trainer.train()
+    rows = [json.loads(x) for x in (trainer.run_dir / "eval_completions" / "step_000001.jsonl").read_text().splitlines()]
+    metrics = read_metrics(trainer.run_dir)[-1]
+    # every agent's every turn of each episode, in playing order, with the episode's results
+    assert [(r["joint"], r["turn"], r["agent"]) for r in rows] == [(e, t, a) for e in (0, 1) for t in (0, 1)
+                                                                  for a in ("e", "o")]
+    assert sum({r["joint"]: r["reward"] for r in rows}.values()) / 2 == pytest.approx(metrics["eval/team/reward"])
+    assert sum({r["joint"]: r["success"] for r in rows}.values()) / 2 == pytest.approx(metrics["eval/success"])
+    report = accord("report", str(trainer.run_dir), cwd=trainer.run_dir)
+    assert report.returncode == 0, report.stderr
+    md = (trainer.run_dir / "report" / "report.md").read_text()
+    assert "### Last held-out evaluation: step 1 (`eval_completions/step_000001.jsonl`, 2 scored joint actions)" in md
+    assert "held-out success rate, step 0 -> step 1" in md and (trainer.run_dir / "report" / "success.png").is_file()

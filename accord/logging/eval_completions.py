@@ -62,8 +62,12 @@ def episode_completion_rows(rows: Sequence[dict], episodes: Sequence[Any]) -> li
     """Rows of a multi-turn evaluation: every agent's (observation, action) of each episode."""
     out = []
     for e, (row, ep) in enumerate(zip(rows, episodes)):
-        for agent, history in ep.history.items():
-            for turn, (observation, action) in enumerate(history):
+        turns = max((len(h) for h in ep.history.values()), default=0)
+        for turn in range(turns):   # in playing order: turn by turn, the agents in turn order
+            for agent, history in ep.history.items():
+                if turn >= len(history):
+                    continue
+                observation, action = history[turn]
                 out.append({"instance": row.get("id", e), "joint": e, "agent": agent, "turn": turn,
                             "prompt": observation, "completion": action, "reward": ep.team_return,
                             "local_return": ep.local_return.get(agent, 0.0), "success": bool(ep.success)})
