@@ -1,9 +1,22 @@
 """Static training report: PNG plots + a markdown summary of a run directory.
 
 ``write_report(run_dir)`` reads ``run_dir/metrics.jsonl`` (written by
-:class:`accord.logging.JsonlSink`) and, if present, ``run_dir/config.yaml``,
-and writes ``run_dir/report/`` with ``report.md`` and the plots for which the
-run has data: ``reward.png``, ``loss.png``, ``lengths.png``, ``time.png``.
+:class:`accord.logging.JsonlSink`), ``run_dir/config.yaml`` if present, the last
+completions table (``completions/step_N.jsonl``) and the last evaluation's
+completions (``eval_completions/step_N.jsonl``), and writes ``run_dir/report/``
+with ``report.md`` and the plots for which the run has data:
+
+* ``reward.png``: team reward (training and held-out), agents' rewards;
+* ``success.png``: success rate (training and held-out), where the task has one;
+* ``components.png``: the reward's named parts (``reward/<name>``, ``eval/reward/<name>``);
+* ``loss.png``: policy-gradient loss, KL, sampling entropy and gradient norm per policy;
+* ``lengths.png``: completion length per agent and the share cut at the token cap
+  (``1 - agent/<name>/stop_frac``);
+* ``time.png``: seconds per phase.
+
+Curves with identical values (e.g. an agent's reward that is the team reward) are drawn once,
+labelled with every name. ``report.md`` starts with the held-out result before -> after, and
+shows the best and worst joint action of the last logged step and of the last evaluation.
 
 Plots use matplotlib's object API with an explicit Agg canvas, so no display
 is needed and the global pyplot backend is left untouched.
@@ -12,6 +25,7 @@ is needed and the global pyplot backend is left untouched.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging as _logging
 import math
 import re
@@ -24,8 +38,11 @@ import numpy as np
 import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from accord.logging.sinks import METRICS_FILENAME, read_metrics
+from accord.logging.console import held_out_summary
+from accord.logging.eval_completions import EVAL_COMPLETIONS_DIRNAME
+from accord.logging.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -33,15 +50,25 @@ _logger = _logging.getLogger(__name__)
 
 CONFIG_FILENAME = "config.yaml"
 REPORT_FILENAME = "report.md"
-PLOT_FILES = ("reward.png", "loss.png", "lengths.png", "time.png")
+PLOT_FILES = ("reward.png", "success.png", "components.png", "loss.png", "lengths.png", "time.png")
 
 _AGENT_REWARD_RE = re.compile(r"^agent/([^/]+)/reward$")
 _AGENT_LEN_RE = re.compile(r"^agent/([^/]+)/completion_len$")
-_LOSS_RE = re.compile(r"^loss/(.+)/(pg|kl)$")
+_AGENT_STOP_RE = re.compile(r"^agent/([^/]+)/stop_frac$")
+_EVAL_AGENT_RETURN_RE = re.compile(r"^eval/agent/([^/]+)/return$")
+_EVAL_AGENT_LEN_RE = re.compile(r"^eval/agent/([^/]+)/completion_len$")
+_COMPONENT_RE = re.compile(r"^(eval/)?reward/(.+)$")
+_LOSS_RE = re.compile(r"^loss/(.+)/(pg|kl|entropy|grad_norm)$")
 _TIME_RE = re.compile(r"^time/(.+)$")
-_LOSS_TITLES = {"pg": "policy-gradient loss (loss/<policy>/pg)", "kl": "KL (loss/<policy>/kl)"}
-# Metrics where smaller is better (for the "best" column); everything else: larger is better.
-_LOWER_IS_BETTER = ("loss", "kl", "error", "err", "perplexity", "ppl", "len", "time")
+_LOSS_TITLES = {"pg": "policy-gradient loss (loss/<policy>/pg)", "kl": "KL to the reference (loss/<policy>/kl)",
+                "entropy": "sampling entropy per token (loss/<policy>/entropy)",
+                "grad_norm": "gradient norm before clipping (loss/<policy>/grad_norm)"}
+# "Best": the maximum of these (the last path segment) ...
+_HIGHER_IS_BETTER = {"reward", "reward_best", "return", "success", "team_reward", "local_reward"}
+# ... the minimum of these; every other metric (lengths, times, ...) has no "best".
+_LOWER_IS_BETTER = {"pg", "kl", "loss", "nll"}
+_MEAN_OF_LAST = 5
+_MAX_SHOWN_CHARS = 1500
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,24 @@ def _collect_series(rows: Sequence[dict]) -> dict[str, _Series]:
     }
 
 
+def _same(a: _Series, b: _Series) -> bool:
+    return a.steps.shape == b.steps.shape and bool(np.array_equal(a.steps, b.steps)) and bool(
+        np.allclose(a.values, b.values, rtol=0.0, atol=1e-12, equal_nan=True))
+
+
+def _merge_identical(items: Sequence[tuple[str, _Series]]) -> list[tuple[list[str], _Series]]:
+    """Group series with the same steps and values: each group is drawn once, labelled with all names."""
+    groups: list[tuple[list[str], _Series]] = []
+    for name, series in items:
+        for names, first in groups:
+            if _same(first, series):
+                names.append(name)
+                break
+        else:
+            groups.append(([name], series))
+    return groups
+
+
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average ignoring non-finite values (NaN where a window has none)."""
     values = np.asarray(values, dtype=np.float64)
@@ -116,23 +161,53 @@ def _nested(config: Any, *keys: str) -> Any:
     return node
 
 
-def _load_config_summary(path: Path) -> tuple[list[tuple[str, str]], str | None]:
-    """(label, value) pairs for run / algorithm / task names, plus an optional note."""
+def _load_config(path: Path) -> tuple[dict | None, str | None]:
+    """The run's config as a mapping (None when absent or unreadable), plus a note saying why not."""
     if not path.is_file():
-        return [], f"no {CONFIG_FILENAME} in the run directory"
+        return None, f"no {CONFIG_FILENAME} in the run directory"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         _logger.warning("could not parse %s (%s); the report omits the config summary", path, err)
-        return [], f"{CONFIG_FILENAME} could not be parsed"
+        return None, f"{CONFIG_FILENAME} could not be parsed"
     if not isinstance(config, dict):
-        return [], f"{CONFIG_FILENAME} is not a mapping"
+        return None, f"{CONFIG_FILENAME} is not a mapping"
+    return config, None
+
+
+def _config_summary(config: dict | None, note: str | None) -> tuple[list[tuple[str, str]], str | None]:
+    """(label, value) pairs for run / algorithm / task names, plus an optional note."""
+    if config is None:
+        return [], note
     summary = []
     for label, keys in (("Run", ("run", "name")), ("Algorithm", ("algorithm", "name")), ("Task", ("task", "name"))):
         value = _nested(config, *keys)
         if value is not None and not isinstance(value, (dict, list)):
             summary.append((label, str(value)))
     return summary, None if summary else f"{CONFIG_FILENAME} has no run/algorithm/task names"
+
+
+def _latest_jsonl(directory: Path) -> tuple[int, list[dict]] | None:
+    """(step, rows) of the newest ``step_N.jsonl`` in ``directory``; None when there is none."""
+    files = sorted(directory.glob("step_*.jsonl")) if directory.is_dir() else []
+    for path in reversed(files):
+        match = re.fullmatch(r"step_(\d+)\.jsonl", path.name)
+        if not match:
+            continue
+        rows = []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                _logger.warning("%s:%d is not JSON (%s); the report shows no completions from this file",
+                                path, lineno, err.msg)
+                break
+            rows.append(row)
+        else:
+            return int(match.group(1)), rows
+    return None
 
 
 # --------------------------------------------------------------------------- plots
@@ -145,24 +220,56 @@ def _new_figure(nrows: int = 1, height: float = 4.5) -> tuple[Figure, list]:
     return fig, axes
 
 
-def _plot_smoothed(ax, series: _Series, label: str, color: str | None = None) -> None:
+def _label(names: Sequence[str]) -> str:
+    return " = ".join(names)
+
+
+_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+           "tab:cyan", "tab:gray")
+
+
+def _palette(names: Iterable[str]) -> dict[str, str]:
+    """One colour per name (an agent, a policy, a reward part), the same in every panel of a figure."""
+    return {name: _COLORS[i % len(_COLORS)] for i, name in enumerate(sorted(set(names)))}
+
+
+def _plot_smoothed(ax, series: _Series, label: str, color: str | None = None, linestyle: str = "-") -> str:
+    """Raw values thin, their moving average thick; returns the colour used."""
     window = _window(series.values.size)
     if window == 1:
-        ax.plot(series.steps, series.values, color=color, linewidth=1.6, label=label)
-        return
-    (raw,) = ax.plot(series.steps, series.values, color=color, linewidth=0.9, alpha=0.35)
+        marker = "o" if series.values.size <= 12 else None
+        (line,) = ax.plot(series.steps, series.values, color=color, linewidth=1.6, label=label, marker=marker,
+                          markersize=3.5, linestyle=linestyle)
+        return line.get_color()
+    (raw,) = ax.plot(series.steps, series.values, color=color, linewidth=0.9, alpha=0.35, linestyle=linestyle)
     ax.plot(series.steps, moving_average(series.values, window), color=raw.get_color(), linewidth=2.0,
-            label=f"{label} (MA {window})")
+            label=f"{label} (MA {window})", linestyle=linestyle)
+    return raw.get_color()
 
 
-def _finish(fig: Figure, ax, title: str, ylabel: str, smoothed: bool, path: Path) -> Path:
-    if smoothed:
-        title += "\n(thin: raw, thick: moving average)"
+def _plot_eval(ax, series: _Series, label: str, color: str | None = None) -> str:
+    (line,) = ax.plot(series.steps, series.values, color=color, marker="o", linestyle="--", linewidth=1.3,
+                      markersize=5, label=label)
+    return line.get_color()
+
+
+def _style(ax, title: str, ylabel: str, legend_title: str | None = None) -> None:
     ax.set_title(title)
-    ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize="small", title=legend_title)
+
+
+def _save(fig: Figure, axes: list, path: Path, smoothed: bool, title: str | None = None) -> Path:
+    axes[-1].set_xlabel("step")
+    if smoothed and not title and len(axes) == 1:
+        axes[0].set_title(f"{axes[0].get_title()}\n(thin: raw, thick: moving average)")
+    elif smoothed:
+        title = f"{title}\n(thin: raw, thick: moving average)" if title else "thin: raw, thick: moving average"
+    if title:
+        fig.suptitle(title)
     fig.savefig(path)
     return path
 
@@ -172,58 +279,113 @@ def _is_smoothed(series: Iterable[_Series]) -> bool:
 
 
 def _plot_rewards(series: dict[str, _Series], out: Path) -> Path | None:
-    team = series.get("team/reward")
-    agents = sorted(k for k in series if _AGENT_REWARD_RE.match(k))
-    evals = sorted(k for k in series if k.startswith("eval/") and "reward" in k)
-    if team is None and not agents and not evals:
+    train = ([("team/reward", series["team/reward"])] if "team/reward" in series else []) + [
+        (k, series[k]) for k in sorted(series) if _AGENT_REWARD_RE.match(k)]
+    held_out = ([("eval/team/reward", series["eval/team/reward"])] if "eval/team/reward" in series else []) + [
+        (k, series[k]) for k in sorted(series) if _EVAL_AGENT_RETURN_RE.match(k)]
+    if not train and not held_out:
         return None
     fig, (ax,) = _new_figure()
-    if team is not None:
-        _plot_smoothed(ax, team, "team/reward", color="black")
-    for key in agents:
-        _plot_smoothed(ax, series[key], key)
-    for key in evals:
-        ax.plot(series[key].steps, series[key].values, marker="o", linestyle="--", linewidth=1.0, label=key)
-    smoothed = _is_smoothed([series[k] for k in (["team/reward"] if team is not None else []) + agents])
-    return _finish(fig, ax, "Reward", "reward", smoothed, out / "reward.png")
+    colors = _palette(m.group(1) for k, _ in train + held_out
+                      for m in [_AGENT_REWARD_RE.match(k) or _EVAL_AGENT_RETURN_RE.match(k)] if m)
+
+    def color(name: str) -> str:
+        match = _AGENT_REWARD_RE.match(name) or _EVAL_AGENT_RETURN_RE.match(name)
+        return colors[match.group(1)] if match else "black"
+
+    for names, s in _merge_identical(train):
+        _plot_smoothed(ax, s, _label(names), color=color(names[0]))
+    for names, s in _merge_identical(held_out):
+        _plot_eval(ax, s, "held-out: " + _label(names), color="tab:gray" if names[0] == "eval/team/reward"
+                   else color(names[0]))
+    _style(ax, "Reward (training: sampled joint actions; held-out: dashed, one per evaluation)", "reward")
+    return _save(fig, [ax], out / "reward.png", _is_smoothed(s for _, s in train))
+
+
+def _plot_success(series: dict[str, _Series], out: Path) -> Path | None:
+    keys = [k for k in ("team/success", "eval/success") if k in series]
+    if not keys:
+        return None
+    fig, (ax,) = _new_figure(height=3.6)
+    if "team/success" in series:
+        _plot_smoothed(ax, series["team/success"], "team/success (training)", color="black")
+    if "eval/success" in series:
+        _plot_eval(ax, series["eval/success"], "eval/success (held-out)")
+    ax.set_ylim(-0.03, 1.03)
+    _style(ax, "Success rate", "share of episodes / joint actions")
+    return _save(fig, [ax], out / "success.png", "team/success" in series and _is_smoothed([series["team/success"]]))
+
+
+def _plot_components(series: dict[str, _Series], out: Path) -> Path | None:
+    train = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and not k.startswith("eval/")]
+    held_out = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and k.startswith("eval/")]
+    if not train and not held_out:
+        return None
+    rows = [part for part in (train, held_out) if part]
+    fig, axes = _new_figure(len(rows), height=3.8)
+    colors = _palette(_COMPONENT_RE.match(k).group(2) for k, _ in train + held_out)
+    for ax, part in zip(axes, rows):
+        is_eval = part is held_out
+        for names, s in _merge_identical(part):
+            parts = [_COMPONENT_RE.match(n).group(2) for n in names]
+            if is_eval:
+                _plot_eval(ax, s, _label(parts), color=colors[parts[0]])
+            else:
+                _plot_smoothed(ax, s, _label(parts), color=colors[parts[0]])
+        _style(ax, ("held-out (eval/reward/<part>)" if is_eval else "training (reward/<part>)"),
+               "mean per joint action", legend_title="part")
+    return _save(fig, axes, out / "components.png", _is_smoothed(s for _, s in train),
+                 "Reward components (the parts the task's reward is made of; equal curves drawn once)")
 
 
 def _plot_losses(series: dict[str, _Series], out: Path) -> Path | None:
-    by_kind: dict[str, list[tuple[str, str]]] = {}
+    by_kind: dict[str, list[tuple[str, _Series]]] = {}
     for key in sorted(series):
         match = _LOSS_RE.match(key)
         if match:
-            by_kind.setdefault(match.group(2), []).append((match.group(1), key))
-    kinds = [k for k in ("pg", "kl") if k in by_kind]
+            by_kind.setdefault(match.group(2), []).append((match.group(1), series[key]))
+    kinds = [k for k in _LOSS_TITLES if k in by_kind]
     if not kinds:
         return None
-    fig, axes = _new_figure(len(kinds), height=3.6)
-    smoothed = False
+    fig, axes = _new_figure(len(kinds), height=3.2)
+    colors = _palette(name for items in by_kind.values() for name, _ in items)
     for ax, kind in zip(axes, kinds):
-        for policy, key in by_kind[kind]:
-            _plot_smoothed(ax, series[key], policy)
-        smoothed = smoothed or _is_smoothed(series[key] for _, key in by_kind[kind])
-        ax.set_title(_LOSS_TITLES[kind])
-        ax.set_ylabel(kind)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize="small", title="policy")
-    axes[-1].set_xlabel("step")
-    if smoothed:
-        fig.suptitle("Losses (thin: raw, thick: moving average)")
-    path = out / "loss.png"
-    fig.savefig(path)
-    return path
+        for names, s in _merge_identical(by_kind[kind]):
+            _plot_smoothed(ax, s, _label(names), color=colors[names[0]])
+        _style(ax, _LOSS_TITLES[kind], kind, legend_title="policy")
+    smoothed = _is_smoothed(s for items in by_kind.values() for _, s in items)
+    return _save(fig, axes, out / "loss.png", smoothed, "Optimisation")
 
 
-def _plot_lengths(series: dict[str, _Series], out: Path) -> Path | None:
-    keys = sorted(k for k in series if _AGENT_LEN_RE.match(k))
-    if not keys:
+def _plot_lengths(series: dict[str, _Series], out: Path, max_new_tokens: int | None) -> Path | None:
+    lengths = [(_AGENT_LEN_RE.match(k).group(1), series[k]) for k in sorted(series) if _AGENT_LEN_RE.match(k)]
+    held_out = [(_EVAL_AGENT_LEN_RE.match(k).group(1), series[k]) for k in sorted(series)
+                if _EVAL_AGENT_LEN_RE.match(k)]
+    cut = [(_AGENT_STOP_RE.match(k).group(1), _Series(series[k].steps, 1.0 - series[k].values))
+           for k in sorted(series) if _AGENT_STOP_RE.match(k)]
+    if not lengths and not held_out and not cut:
         return None
-    fig, (ax,) = _new_figure()
-    for key in keys:
-        _plot_smoothed(ax, series[key], _AGENT_LEN_RE.match(key).group(1))
-    return _finish(fig, ax, "Completion length per agent", "tokens", _is_smoothed(series[k] for k in keys),
-                   out / "lengths.png")
+    rows = [part for part in (lengths or held_out, cut) if part]
+    fig, axes = _new_figure(len(rows), height=3.8)
+    colors = _palette(name for name, _ in lengths + held_out + cut)
+    ax = axes[0]
+    if lengths or held_out:
+        for names, s in _merge_identical(lengths):
+            _plot_smoothed(ax, s, _label(names), color=colors[names[0]])
+        for names, s in _merge_identical(held_out):
+            _plot_eval(ax, s, "held-out: " + _label(names), color=colors[names[0]])
+        if max_new_tokens:
+            ax.axhline(max_new_tokens, color="grey", linestyle=":", linewidth=1.2,
+                       label=f"cap (rollout.max_new_tokens = {max_new_tokens})")
+        _style(ax, "Completion length per agent", "tokens", legend_title="agent")
+    if cut:
+        ax = axes[-1]
+        for names, s in _merge_identical(cut):
+            _plot_smoothed(ax, s, _label(names), color=colors[names[0]])
+        ax.set_ylim(-0.03, 1.03)
+        _style(ax, "Truncated: share of completions cut at the token cap (1 - agent/<name>/stop_frac)",
+               "share", legend_title="agent")
+    return _save(fig, axes, out / "lengths.png", _is_smoothed(s for _, s in lengths + cut))
 
 
 def _plot_time(series: dict[str, _Series], out: Path) -> Path | None:
@@ -236,9 +398,12 @@ def _plot_time(series: dict[str, _Series], out: Path) -> Path | None:
         if key == "time/step" and len(keys) > 1:
             ax.plot(s.steps, s.values, color="black", linestyle="--", linewidth=1.5, label="step (total)")
         else:
-            ax.plot(s.steps, s.values, linewidth=1.4, label=_TIME_RE.match(key).group(1))
+            ax.plot(s.steps, s.values, linewidth=1.4, label=_TIME_RE.match(key).group(1),
+                    marker="o" if s.values.size <= 12 else None, markersize=3.5)
     ax.set_ylim(bottom=0)
-    return _finish(fig, ax, "Time per phase", "seconds", False, out / "time.png")
+    _style(ax, "Time per phase (eval: per evaluation; step: a training step without eval and checkpoint)",
+           "seconds")
+    return _save(fig, [ax], out / "time.png", False)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -254,43 +419,174 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _lower_is_better(key: str) -> bool:
-    tokens = set(re.split(r"[_\-.]", key.rsplit("/", 1)[-1].lower()))
-    return bool(tokens & set(_LOWER_IS_BETTER))
+def _best_direction(key: str) -> str | None:
+    """``max``, ``min`` or None (no "best": lengths, times, rates that are neither good nor bad)."""
+    last = key.rsplit("/", 1)[-1].lower()
+    if _COMPONENT_RE.match(key) or last in _HIGHER_IS_BETTER or last.startswith("pass@"):
+        return "max"
+    if last in _LOWER_IS_BETTER or last.endswith("_loss") or last.endswith("_nll"):
+        return "min"
+    return None
 
 
-def _summary_row(key: str, s: _Series) -> str:
+def _summary_row(key: str, s: _Series, label: str | None = None) -> str:
     finite_mask = np.isfinite(s.values)
     if not finite_mask.any():
         cells = ["n/a"] * 4
     else:
         vals = s.values[finite_mask]
-        lower = _lower_is_better(key)
-        best_idx = int(np.argmin(vals) if lower else np.argmax(vals))
-        best_step = int(s.steps[finite_mask][best_idx])
-        cells = [
-            _fmt(vals[0]),
-            _fmt(vals[-1]),
-            f"{_fmt(vals[best_idx])} (step {best_step}{', min' if lower else ''})",
-            _fmt(float(vals[-5:].mean())),
-        ]
-    return f"| `{_md_escape(key)}` | " + " | ".join(cells) + f" | {s.values.size} |"
+        direction = _best_direction(key)
+        if direction is None:
+            best = "—"
+        else:
+            best_idx = int(np.argmin(vals) if direction == "min" else np.argmax(vals))
+            best = f"{_fmt(vals[best_idx])} (step {int(s.steps[finite_mask][best_idx])}{', min' if direction == 'min' else ''})"
+        tail = _fmt(float(vals[-_MEAN_OF_LAST:].mean())) if vals.size >= _MEAN_OF_LAST else "—"
+        cells = [_fmt(vals[0]), _fmt(vals[-1]), best, tail]
+    name = label or f"`{_md_escape(key)}`"
+    return f"| {name} | " + " | ".join(cells) + f" | {s.values.size} |"
+
+
+def _table(keys: Sequence[str], series: dict[str, _Series], groups: bool = True) -> list[str]:
+    lines = [f"| Metric | First | Last | Best | Mean of last {_MEAN_OF_LAST} | Points |", "|---|---|---|---|---|---|"]
+    items = [(k, series[k]) for k in keys if k in series]
+    for names, s in (_merge_identical(items) if groups else [([k], s) for k, s in items]):
+        label = " = ".join(f"`{_md_escape(n)}`" for n in names)
+        lines.append(_summary_row(names[0], s, label))
+    return lines
 
 
 def _fmt_duration(seconds: float) -> str:
     return str(_dt.timedelta(seconds=round(seconds)))
 
 
+def _fence(text: str) -> str:
+    """A code fence longer than any backtick run in ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _shown(text: Any) -> str:
+    text = "" if text is None else str(text)
+    if len(text) > _MAX_SHOWN_CHARS:
+        return text[:_MAX_SHOWN_CHARS] + f"\n… ({len(text) - _MAX_SHOWN_CHARS} more characters)"
+    return text
+
+
+def _units(rows: list[dict]) -> list[list[dict]]:
+    """The scored units of a completions table: a joint action's rows (same ``joint``), else single rows."""
+    units: dict[Any, list[dict]] = {}
+    singles = []
+    for row in rows:
+        if row.get("joint") is None:
+            singles.append([row])
+        else:
+            units.setdefault(row["joint"], []).append(row)
+    return list(units.values()) + singles
+
+
+def _reward_of(unit: list[dict]) -> float | None:
+    values = [r.get("reward") for r in unit if isinstance(r.get("reward"), (int, float))]
+    return float(values[0]) if values else None
+
+
+def _components_text(row: dict) -> str:
+    parts = row.get("components")
+    if not isinstance(parts, dict) or not parts:
+        return ""
+    return " (" + ", ".join(f"{k} {_fmt(float(v))}" for k, v in parts.items()
+                            if isinstance(v, (int, float))) + ")"
+
+
+def _render_unit(title: str, unit: list[dict]) -> list[str]:
+    first = unit[0]
+    reward = _reward_of(unit)
+    lines = [f"**{title}**: reward {_fmt(reward)}{_components_text(first)}, instance `{first.get('instance')}`", ""]
+    prompt = _shown(first.get("prompt"))
+    fence = _fence(prompt)
+    lines += ["<details><summary>prompt of " + str(first.get("agent")) + "</summary>", "", f"{fence}text", prompt,
+              fence, "", "</details>", ""]
+    for row in unit:
+        details = [f"turn {row['turn']}"] if row.get("turn") not in (None, 0) else []
+        if row.get("finish_reason"):
+            details.append(f"finish: {row['finish_reason']}")
+        if "return" in row and row.get("return") != row.get("reward"):
+            details.append(f"return {_fmt(row['return'])}")
+        if isinstance(row.get("advantage"), (int, float)):
+            details.append(f"advantage {_fmt(row['advantage'])}")
+        text = _shown(row.get("completion"))
+        fence = _fence(text)
+        lines += [f"*{row.get('agent')}*" + (f" ({', '.join(details)})" if details else "") + ":", "",
+                  f"{fence}text", text, fence, ""]
+    return lines
+
+
+def _samples_section(run_dir: Path) -> list[str]:
+    lines = ["## Sample completions", ""]
+    found = False
+    for dirname, what in ((COMPLETIONS_DIRNAME, "training step"), (EVAL_COMPLETIONS_DIRNAME, "held-out evaluation")):
+        latest = _latest_jsonl(run_dir / dirname)
+        if latest is None:
+            continue
+        step, rows = latest
+        scored = [u for u in _units(rows) if _reward_of(u) is not None]
+        if not scored:
+            continue
+        found = True
+        scored.sort(key=lambda u: _reward_of(u))
+        lines += [f"### Last {what}: step {step} (`{dirname}/step_{step:06d}.jsonl`, {len(scored)} scored "
+                  f"{'joint actions' if any(len(u) > 1 for u in scored) else 'completions'})", ""]
+        if _reward_of(scored[-1]) == _reward_of(scored[0]):
+            lines += _render_unit(f"All {len(scored)} scored the same; one of them", scored[-1])
+        else:
+            lines += _render_unit("Best", scored[-1])
+            lines += _render_unit("Worst", scored[0])
+    if not found:
+        lines += ["_No completion tables in the run directory (logging.completions_every is 0 and no evaluation "
+                  "wrote eval_completions/)._", ""]
+    return lines
+
+
+def _time_lines(series: dict[str, _Series]) -> list[str]:
+    parts = [(key, float(series[key].finite.sum()), series[key].finite.size)
+             for key in ("time/step", "time/eval", "time/checkpoint") if key in series]
+    if parts:
+        total = sum(seconds for _, seconds, _ in parts)
+        source = " + ".join(f"`{key}`" for key, _, _ in parts)
+        lines = [f"- **Total time:** {_fmt_duration(total)} ({total:.1f} s, sum of {source})"]
+        named = {"time/step": "training steps", "time/eval": "evaluations", "time/checkpoint": "checkpoints"}
+        if len(parts) > 1:
+            lines.append("  - " + "; ".join(f"{named[key]}: {seconds:.1f} s ({n})" for key, seconds, n in parts))
+        return lines
+    time_keys = [k for k in series if _TIME_RE.match(k)]
+    if time_keys:
+        total = float(sum(series[k].finite.sum() for k in time_keys))
+        return [f"- **Total time:** {_fmt_duration(total)} ({total:.1f} s, sum of all `time/*` phases)"]
+    return ["- **Total time:** n/a (no `time/*` metrics)"]
+
+
 def _render_markdown(
     run_dir: Path,
     rows: list[dict],
     series: dict[str, _Series],
-    config_summary: list[tuple[str, str]],
+    config: dict | None,
     config_note: str | None,
     images: list[Path],
 ) -> str:
+    config_summary, config_note = _config_summary(config, config_note)
     run_name = next((v for label, v in config_summary if label == "Run"), None) or run_dir.resolve().name
     lines = [f"# Training report: {run_name}", ""]
+
+    temperature = _nested(config, "rollout", "eval_temperature")
+    temperature = float(temperature) if isinstance(temperature, (int, float)) else 0.0
+    lines += ["## What the run learned", ""]
+    lines += [f"- {line.strip()}" for line in held_out_summary(rows, temperature=temperature)]
+    if "team/reward" in series and series["team/reward"].finite.size >= 2:
+        team = series["team/reward"]
+        n = min(_MEAN_OF_LAST, team.finite.size // 2)
+        lines.append(f"- training team reward (sampled), mean of the first {n} -> last {n} steps: "
+                     f"{_fmt(float(team.finite[:n].mean()))} -> {_fmt(float(team.finite[-n:].mean()))}")
+    lines.append("")
 
     lines += ["## Configuration", ""]
     lines += [f"- **{label}:** {value}" for label, value in config_summary]
@@ -302,16 +598,7 @@ def _render_markdown(
     steps = [row["step"] for row in rows]
     lines += ["## Overview", ""]
     lines.append(f"- **Steps logged:** {len(rows)} (step {steps[0]} to {steps[-1]})")
-    if "time/step" in series:
-        total, source = float(series["time/step"].finite.sum()), "sum of `time/step`"
-    else:
-        time_keys = [k for k in series if _TIME_RE.match(k)]
-        total = float(sum(series[k].finite.sum() for k in time_keys)) if time_keys else None
-        source = "sum of all `time/*` phases"
-    if total is not None:
-        lines.append(f"- **Total time:** {_fmt_duration(total)} ({total:.1f} s, {source})")
-    else:
-        lines.append("- **Total time:** n/a (no `time/*` metrics)")
+    lines += _time_lines(series)
     tput = series.get("perf/gen_tokens_per_s")
     if tput is not None and tput.finite.size:
         lines.append(f"- **Throughput:** {_fmt(float(tput.finite.mean()))} generated tokens/s (mean of `perf/gen_tokens_per_s`)")
@@ -319,26 +606,50 @@ def _render_markdown(
         lines.append("- **Throughput:** n/a (no `perf/gen_tokens_per_s`)")
     lines.append("")
 
-    main = (["team/reward"] if "team/reward" in series else []) + sorted(
-        k for k in series if _AGENT_REWARD_RE.match(k)
-    ) + sorted(k for k in series if k.startswith("eval/"))
+    main = (["team/reward"] + sorted(k for k in series if _AGENT_REWARD_RE.match(k)) + ["team/success",
+            "eval/team/reward", "eval/success"] + sorted(k for k in series if _EVAL_AGENT_RETURN_RE.match(k))
+            + sorted(k for k in series if k.startswith("eval/") and _best_direction(k) == "max"
+                     and not _COMPONENT_RE.match(k) and k not in ("eval/team/reward", "eval/success")
+                     and not _EVAL_AGENT_RETURN_RE.match(k)))
+    main = [k for k in main if k in series]
     lines += ["## Main metrics", ""]
     if main:
-        lines.append("| Metric | First | Last | Best | Mean of last 5 | Points |")
-        lines.append("|---|---|---|---|---|---|")
-        lines += [_summary_row(key, series[key]) for key in main]
+        lines += _table(main, series)
         lines.append("")
-        lines.append("_Best is the maximum (minimum for loss/length/time-like metrics); non-finite values are ignored._")
+        lines.append(f"_Metrics with identical values share a row. Best is the maximum for rewards, returns and "
+                     f"success; non-finite values are ignored; the mean of the last {_MEAN_OF_LAST} needs "
+                     f"{_MEAN_OF_LAST} points._")
     else:
         lines.append("_No `team/reward`, `agent/<name>/reward` or `eval/*` metrics were logged._")
+    lines.append("")
+
+    components = sorted(k for k in series if _COMPONENT_RE.match(k) and not k.startswith("eval/")) + sorted(
+        k for k in series if _COMPONENT_RE.match(k) and k.startswith("eval/"))
+    if components:
+        lines += ["## Reward components", ""]
+        lines += _table(components, series, groups=False)
+        lines += ["", "_The task's reward in parts (`reward/<part>`: training, mean per joint action; "
+                  "`eval/reward/<part>`: held-out)._", ""]
+
+    health = [k for k in sorted(series) if _LOSS_RE.match(k) or _AGENT_LEN_RE.match(k) or _AGENT_STOP_RE.match(k)
+              or _EVAL_AGENT_LEN_RE.match(k) or k == "adv/zero_std_frac"]
+    if health:
+        lines += ["## Training health", ""]
+        lines += _table(health, series, groups=False)
+        lines += ["", "_Best is the minimum for losses and KL; lengths, entropy, gradient norms and shares have no "
+                  "best. `stop_frac` is the share of completions that ended with EOS (the rest hit "
+                  "`rollout.max_new_tokens`)._", ""]
+        if not any(_LOSS_RE.match(k) and k.endswith("/kl") for k in series):
+            lines += ["_No KL was measured: `algorithm.kl_coef` is 0, so no reference model is built (set it > 0 to "
+                      "penalise and plot the KL to the initial policy)._", ""]
+
     nonfinite = {k: int((~np.isfinite(s.values)).sum()) for k, s in series.items()}
     nonfinite = {k: n for k, n in nonfinite.items() if n}
     if nonfinite:
-        lines.append("")
         lines.append("**Warning — non-finite (NaN/inf) values:** " + ", ".join(
             f"`{_md_escape(k)}` ({n})" for k, n in sorted(nonfinite.items())
         ))
-    lines.append("")
+        lines.append("")
 
     lines += ["## Plots", ""]
     if images:
@@ -346,6 +657,7 @@ def _render_markdown(
             lines += [f"![{image.stem}]({image.name})", ""]
     else:
         lines += ["_No plottable metrics._", ""]
+    lines += _samples_section(run_dir)
     return "\n".join(lines)
 
 
@@ -373,12 +685,15 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         )
     rows = _dedupe_by_step(rows)
     series = _collect_series(rows)
-    config_summary, config_note = _load_config_summary(run_dir / CONFIG_FILENAME)
+    config, config_note = _load_config(run_dir / CONFIG_FILENAME)
+    cap = _nested(config, "rollout", "max_new_tokens")
 
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     images: list[Path] = []
-    for plot in (_plot_rewards, _plot_losses, _plot_lengths, _plot_time):
+    plots = (_plot_rewards, _plot_success, _plot_components, _plot_losses,
+             lambda s, o: _plot_lengths(s, o, cap if isinstance(cap, int) else None), _plot_time)
+    for plot in plots:
         path = plot(series, out)
         if path is not None:
             images.append(path)
@@ -389,7 +704,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
 
     report_path = out / REPORT_FILENAME
     report_path.write_text(
-        _render_markdown(run_dir, rows, series, config_summary, config_note, images), encoding="utf-8"
+        _render_markdown(run_dir, rows, series, config, config_note, images), encoding="utf-8"
     )
     _logger.info("wrote report %s (%d plot(s))", report_path, len(images))
     return report_path

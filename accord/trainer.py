@@ -46,6 +46,7 @@ from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
 from accord.logging import MetricAccumulator
 from accord.logging.tracking import check_report_to, run_sinks
+from accord.logging.eval_completions import episode_completion_rows, joint_completion_rows, write_eval_completions
 from accord.policies import Policy
 from accord.policies_lora import build_lora_policies, generate_by_policy
 from accord.rollout.magrpo import build_samples, sample_returns, score_joint_actions
@@ -314,9 +315,11 @@ class Trainer:
             joint = score_joint_actions(self.task, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
             samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
-                                    aligned=algo.joint_mode == "aligned")
+                                    aligned=algo.joint_mode == "aligned", components=joint.components)
         for r in joint.rewards:
             acc.add("team/reward", r)
+        for key, value in joint.component_means().items():
+            acc.add(f"reward/{key}", value)
         by_inst = defaultdict(list)
         for b, r in zip(joint.instance, joint.rewards):
             by_inst[b].append(r)
@@ -378,7 +381,8 @@ class Trainer:
         table = [{"prompt": s.prompt_text, "agent": s.agent, "completion": s.completion_text, "reward": s.reward,
                   "return": s.ret, "advantage": s.advantage, "group": s.group, "turn": s.turn,
                   "instance": rows[s.instance].get("id", s.instance), "finish_reason": s.finish_reason,
-                  "joint": s.extra.get("joint"), "sample": s.extra.get("sample")}
+                  "joint": s.extra.get("joint"), "sample": s.extra.get("sample"),
+                  **({"components": s.extra["components"]} if "components" in s.extra else {})}
                  for s in samples]
         return acc.mean(), table
 
@@ -403,10 +407,11 @@ class Trainer:
         acc.add(f"time/{name}", time.perf_counter() - t)
 
     # --- evaluation --------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, step: int | None = None) -> dict[str, float]:
         """Held-out instances, no branching: one joint action (single-turn) or one episode (multi-turn)
         each, greedy unless rollout.eval_temperature > 0. ``eval/team/reward`` is the team reward
-        (single-turn) or the episode's team return (multi-turn)."""
+        (single-turn) or the episode's team return (multi-turn). With ``step``, the completions are
+        written to ``RUN_DIR/eval_completions/step_N.jsonl`` (see :mod:`accord.logging.eval_completions`)."""
         if not self.eval_rows:
             return {}
         temp = self.cfg.rollout.eval_temperature
@@ -430,6 +435,7 @@ class Trainer:
                     acc.add("eval/turns", max(len(h) for h in ep.history.values()))
                     for a in self.agents:   # an agent's own (local) return; the summary shows it where it differs
                         acc.add(f"eval/agent/{a}/return", ep.local_return.get(a, 0.0))
+                table = episode_completion_rows(self.eval_rows, episodes)
             else:
                 _, prompt_texts, gens, texts = self._generate(self.eval_rows, 1, greedy=temp == 0, stream="eval",
                                                               temperature=temp or 1.0)
@@ -437,9 +443,14 @@ class Trainer:
             joint = score_joint_actions(self.task, self.agents, self.eval_rows, texts, prompt_texts, 1, "aligned")
             for r in joint.rewards:
                 acc.add("eval/team/reward", r)
+            for key, value in joint.component_means().items():
+                acc.add(f"eval/reward/{key}", value)
+            table = joint_completion_rows(self.eval_rows, self.agents, prompt_texts, gens, texts, joint)
             for a in self.agents:
                 for b in range(len(self.eval_rows)):
                     acc.add(f"eval/agent/{a}/completion_len", len(gens[a][b][0].ids))
+        if step is not None:
+            write_eval_completions(self.run_dir, step, table)
         acc.add("time/eval", time.perf_counter() - t)
         return acc.mean()
 
@@ -466,7 +477,7 @@ class Trainer:
         end = cfg.run.steps if stop_after is None else min(stop_after, cfg.run.steps)
         try:
             if self.start_step == 0 and cfg.run.eval_before and self.eval_rows:
-                before = self.evaluate()
+                before = self.evaluate(step=0)
                 self._callback("on_evaluate", 0, dict(before))
                 self.sinks.log(0, before)
                 logger.info("eval before training: team reward %.4f", before["eval/team/reward"])
@@ -475,11 +486,11 @@ class Trainer:
                 n = step + 1
                 final = n == cfg.run.steps
                 if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
-                    evaluation = self.evaluate()
+                    evaluation = self.evaluate(step=n)
                     self._callback("on_evaluate", n, dict(evaluation))
                     metrics.update(evaluation)
                 ce = cfg.logging.completions_every
-                if ce and n % ce == 0:
+                if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
                     self.sinks.log_completions(n, table)
                 if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end:
                     t = time.perf_counter()

@@ -380,6 +380,13 @@ class HelperMainTask:
 
     def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[float]:
         """Team reward per joint action (TRL-style batch call; ``columns`` carry the problem fields)."""
+        return [lv["total"] for lv in self.reward_components(prompts=prompts, completions=completions, agents=agents,
+                                                             **columns)]
+
+    def reward_components(self, *, prompts=None, completions: dict, agents: tuple[str, ...],
+                          **columns) -> list[dict[str, float]]:
+        """The reward's stages per joint action (:func:`pair_levels`; ``total`` is the team reward), logged by
+        the trainer as ``reward/<stage>``."""
         missing = [a for a in AGENTS if a not in completions]
         if missing:
             raise KeyError(f"completions lack agent(s) {missing}; the humaneval task's agents are {AGENTS} "
@@ -390,7 +397,7 @@ class HelperMainTask:
                              "joint action")
         n = len(helper)
         problems = [{k: v[j] for k, v in columns.items()} for j in range(n)]
-        return [lv["total"] for lv in self.score(helper, main, problems)]
+        return self.score(helper, main, problems)
 
     def success(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[bool]:
         """Whether each joint action's combined program passes every test (for ``accord eval``'s pass@k)."""
@@ -448,6 +455,12 @@ class SingleCoderTask(HelperMainTask):
         """Team reward of each completion's two parts (see the module docstring)."""
         helper, main, problems = self._split(completions, columns)
         return [lv["total"] for lv in self.score(helper, main, problems)]
+
+    def reward_components(self, *, prompts=None, completions: dict, agents: tuple[str, ...],
+                          **columns) -> list[dict[str, float]]:
+        """The reward's stages of each completion's two parts (``total`` is the team reward)."""
+        helper, main, problems = self._split(completions, columns)
+        return self.score(helper, main, problems)
 
     def success(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **columns) -> list[bool]:
         helper, main, problems = self._split(completions, columns)

@@ -43,10 +43,27 @@ With 12 transition categories the transition score tops out at
 ``0.5 + 1.0 + 0.5 + (0.4 * 0.95 + 0.6) = 2.98``; ``REWARD_MAX`` (3.0) is the
 nominal ceiling quoted by the paper.
 
-These scores are lexical proxies (lengths, vocabulary counts, word overlap,
-presence of transition words), not judges of quality or faithfulness: a pair
-of fluent but wrong summaries can score 2.98, and a small Jaccard cap (0.03)
-means almost any shared content word earns the full overlap credit.
+What the reward measures: lexical proxies (lengths, vocabulary counts, word
+overlap, presence of transition words) that compare the two agents' texts with
+each other. It never reads the source text, so it does not judge whether a
+summary is true to it: a pair of fluent but wrong summaries can score 2.98, and
+a small Jaccard cap (0.03) means almost any shared content word earns the full
+overlap credit. A rising team reward says the pair fits these proxies better,
+not that the summaries got better.
+
+Faithfulness term (optional, off by default: the default is the paper's reward)
+----------------------------------------------------------------------------
+``faithfulness=w`` (``task.options.faithfulness``, w > 0) adds
+``w * (F(text1) + F(text2)) / 2`` to the total when L1 passes, where
+:func:`source_faithfulness` ``F`` scores one text against the source text:
+the mean of (a) the share of its distinct content words (non-stop-words) that
+occur in the source and (b) the share of its distinct word bigrams that occur
+in the source (a ROUGE-2-like precision). A near-verbatim extract scores close
+to 1, a fluent sentence about something else close to 0. It is lexical too: a
+wrong claim assembled from the source's own words and phrases still scores
+well. The nominal maximum becomes ``3.0 + w``. ``source_overlap`` (the mean
+``F`` of the pair) is reported as a reward component in every run, also when
+the term is off, so a run shows whether the summaries stay close to the text.
 
 Data
 ----
@@ -94,6 +111,8 @@ __all__ = [
     "content_jaccard",
     "writing_reward_levels",
     "writing_team_reward",
+    "source_faithfulness",
+    "writing_reward_parts",
     "record_to_row",
     "load_writing_rows",
     "writing_prompt",
@@ -292,6 +311,50 @@ def writing_reward_levels(text1: str, text2: str, variant: str = "tldr") -> dict
 
     levels["total"] = levels["l1"] + levels["l2"] + levels["l3"] + levels["l4"]
     return levels
+
+
+def _bigrams(words: list[str]) -> set[tuple[str, str]]:
+    return set(zip(words, words[1:]))
+
+
+def source_faithfulness(summary: str, source: str) -> float:
+    """Lexical faithfulness of ``summary`` to ``source`` in [0, 1] (see the module docstring).
+
+    Mean of the share of the summary's distinct content words found in the source and the share
+    of its distinct word bigrams found in the source; a part with nothing to count scores 0."""
+    for name, value in (("summary", summary), ("source", source)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    words, source_words = _words(summary), _words(source)
+    content = {w for w in words if w not in STOP_WORDS}
+    unigram = len(content & set(source_words)) / len(content) if content else 0.0
+    pairs = _bigrams(words)
+    bigram = len(pairs & _bigrams(source_words)) / len(pairs) if pairs else 0.0
+    return (unigram + bigram) / 2
+
+
+def writing_reward_parts(text1: str, text2: str, source: str | None, variant: str = "tldr",
+                         faithfulness: float = 0.0) -> dict[str, float]:
+    """The reward of one joint action in parts: the paper's levels ``l1``..``l4``, ``faithfulness``
+    (the optional term, 0 when ``faithfulness`` is 0 or L1 fails), ``source_overlap`` (the pair's mean
+    :func:`source_faithfulness`, a diagnostic that is not added unless the term is on) and ``total``
+    (= l1 + l2 + l3 + l4 + faithfulness; with ``faithfulness=0`` exactly the paper's reward).
+    ``source=None`` (no source text at hand) is allowed only with ``faithfulness=0``; there is no
+    ``source_overlap`` then."""
+    if not isinstance(faithfulness, (int, float)) or isinstance(faithfulness, bool) or not math.isfinite(faithfulness) \
+            or faithfulness < 0:
+        raise ValueError(f"faithfulness={faithfulness!r} must be a finite number >= 0 (0: the paper's reward)")
+    parts = writing_reward_levels(text1, text2, variant)
+    if source is None:
+        if faithfulness:
+            raise ValueError("the faithfulness term needs the source text; pass the row's 'text' column")
+        parts["faithfulness"] = 0.0
+        return parts
+    overlap = (source_faithfulness(text1, source) + source_faithfulness(text2, source)) / 2
+    parts["faithfulness"] = faithfulness * overlap if parts["l1"] > 0 else 0.0
+    parts["source_overlap"] = overlap
+    parts["total"] += parts["faithfulness"]
+    return parts
 
 
 def _as_text(completion: Any) -> str:

@@ -7,6 +7,11 @@ allowed). :func:`split_parts` cuts the completion at the headings; with no headi
 (up to the first blank line) is the first part and the rest the second. The parts are scored by the same
 team reward as the two agents' outputs; a part that is missing is empty and fails the reward's first
 level (the total is then 0).
+
+``faithfulness`` (a weight, default 0: the paper's reward) adds a lexical term that scores each text
+against the source text (:func:`accord.envs.writing.writing_reward_parts`). The task defines
+``reward_components``, so runs log the levels ``l1``..``l4``, ``faithfulness`` and ``source_overlap``
+as ``reward/<name>``.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import re
 from typing import Any
 
 from accord.envs.base import Messages, TaskError, register_task
-from accord.envs.writing import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, load_writing_rows, writing_prompt,
-                                 writing_team_reward)
+import math
+
+from accord.envs.writing import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
+                                 writing_prompt, writing_reward_parts)
 
 WRITER = "writer"
 
@@ -45,11 +52,16 @@ class WritingTask:
     """Two writers, one text: see :mod:`accord.envs.writing` for data, prompts and the reward levels."""
 
     def __init__(self, variant: str = "tldr", source: str = "auto", data_files: str | None = None,
-                 single_agent: bool = False):
+                 single_agent: bool = False, faithfulness: float = 0.0):
         if variant not in ("tldr", "arxiv"):
             raise ValueError(f"task.options.variant={variant!r}; choose 'tldr' or 'arxiv'")
         if not isinstance(single_agent, bool):
             raise TaskError(f"task.options.single_agent={single_agent!r}: must be true or false")
+        if isinstance(faithfulness, bool) or not isinstance(faithfulness, (int, float)) \
+                or not math.isfinite(faithfulness) or faithfulness < 0:
+            raise TaskError(f"task.options.faithfulness={faithfulness!r}: give the weight of the faithfulness term, "
+                            "a number >= 0 (0, the default, is the paper's reward; e.g. 1.0)")
+        self.faithfulness = float(faithfulness)
         self.variant, self.source, self.data_files = variant, source, data_files
         self.single_agent = single_agent
         self.name = f"writing-{variant}" + ("-single" if single_agent else "")
@@ -81,15 +93,36 @@ class WritingTask:
         return [{"role": "user", "content": f"{head}\n\n{text}"}]
 
     def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **kwargs) -> list[float]:
+        return [parts["total"] for parts in self.reward_components(prompts=prompts, completions=completions,
+                                                                   agents=agents, **kwargs)]
+
+    def reward_components(self, *, prompts=None, completions: dict, agents: tuple[str, ...],
+                          **kwargs) -> list[dict[str, float]]:
+        """Per joint action: the levels l1..l4, faithfulness, source_overlap and total (the team reward)."""
         if self.single_agent:
             parts = [split_parts(t, self.roles) for t in completions[WRITER]]
             completions = {r: [p[r] for p in parts] for r in self.roles}
-            agents, prompts = self.roles, None
-        return writing_team_reward(prompts=prompts, completions=completions, agents=agents, variant=self.variant)
+            agents = self.roles
+        if len(agents) != 2 or any(a not in completions for a in agents):
+            raise KeyError(f"the writing task scores two agents' completions {self.roles}; got agents={tuple(agents)} "
+                           f"and completions for {sorted(completions)}")
+        first, second = completions[agents[0]], completions[agents[1]]
+        sources = kwargs.get("text")
+        if sources is None and not self.faithfulness:
+            sources = [None] * len(first)   # the paper's reward never reads the source text
+        if not isinstance(sources, (list, tuple)) or len(sources) != len(first) or len(second) != len(first):
+            raise ValueError(f"the writing reward needs one completion per agent and, with task.options.faithfulness, "
+                             f"the source text (column 'text') per joint action; got {len(first)} and {len(second)} "
+                             f"completions and {len(sources) if isinstance(sources, (list, tuple)) else 'no'} texts")
+        return [writing_reward_parts(_as_text(c1), _as_text(c2), None if src is None else str(src), self.variant,
+                                     self.faithfulness)
+                for c1, c2, src in zip(first, second, sources)]
 
 
 @register_task("writing", "MAGRPO writing: a concise and a detailed summary of one text (tldr) or arXiv expansion")
 def make_writing(variant: str = "tldr", source: str = "auto", data_files: str | None = None,
-                 single_agent: bool = False) -> WritingTask:
-    """``single_agent``: MAGRPO's single-model baseline, one ``writer`` writes both parts in one completion."""
-    return WritingTask(variant=variant, source=source, data_files=data_files, single_agent=single_agent)
+                 single_agent: bool = False, faithfulness: float = 0.0) -> WritingTask:
+    """``single_agent``: MAGRPO's single-model baseline, one ``writer`` writes both parts in one completion.
+    ``faithfulness``: weight of the lexical faithfulness term against the source text (0: the paper's reward)."""
+    return WritingTask(variant=variant, source=source, data_files=data_files, single_agent=single_agent,
+                       faithfulness=faithfulness)

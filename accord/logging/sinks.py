@@ -66,6 +66,7 @@ _logger = _logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 COMPLETIONS_DIRNAME = "completions"
+EVAL_COMPLETIONS_DIRNAME = "eval_completions"  # written by accord.logging.eval_completions
 TENSORBOARD_DIRNAME = "tb"
 
 _COMPLETIONS_RE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -255,7 +256,7 @@ class JsonlSink(_SinkBase):
 
     ``resume_from_step``: when resuming from a checkpoint taken after step
     ``k``, pass ``k``; lines with ``step > k`` are removed from metrics.jsonl
-    (atomically, via a temp file + ``os.replace``) and completion tables of
+    (atomically, via a temp file + ``os.replace``) and completion tables (training and evaluation) of
     later steps are deleted, so the resumed run does not duplicate steps.
     Without it, an existing metrics.jsonl is appended to.
     NaN / inf values are written as ``NaN`` / ``Infinity`` (Python's JSON
@@ -298,8 +299,10 @@ class JsonlSink(_SinkBase):
         else:
             _logger.info("resuming after step %d but %s does not exist; starting a new one",
                          resume_from_step, self.metrics_path)
-        if self.completions_dir.is_dir():
-            for path in self.completions_dir.iterdir():
+        for directory in (self.completions_dir, self.run_dir / EVAL_COMPLETIONS_DIRNAME):
+            if not directory.is_dir():
+                continue
+            for path in directory.iterdir():
                 match = _COMPLETIONS_RE.match(path.name)
                 if match and int(match.group(1)) > resume_from_step:
                     path.unlink()
