@@ -61,7 +61,7 @@ class SandboxConfig:
     max_output_bytes: int = 64 * 1024  #: cap of stdout and of stderr, each; beyond it: output_limit
     max_return_bytes: int = 256 * 1024  #: encoded return values decoded per run (all calls); later calls fail
     file_size_mb: int = 16  #: largest file the code may write (RLIMIT_FSIZE), MiB
-    max_procs: int = 64  #: processes/threads of the run (RLIMIT_NPROC of its uid, and its pids cgroup)
+    max_procs: int = 64  #: processes/threads of the run (RLIMIT_NPROC of its own uid)
     max_open_files: int = 256  #: RLIMIT_NOFILE
     tmpfs_mb: int = 64  #: size of each private tmpfs (/tmp, /dev/shm)
     disk_mb: int = 64  #: size of the working directory (a tmpfs): the run's disk quota, MiB

@@ -11,8 +11,9 @@ is named once, at the first sandbox's start, in a warning and in :attr:`Isolatio
   shared libraries -- every ``site-packages``/``dist-packages`` covered -- and nothing else of the host;
 - a per-run uid (root only) with no capabilities, ``no_new_privs`` and a seccomp filter (no AF_VSOCK
   sockets, no io_uring, no syscalls of a foreign ABI);
-- per-run cgroups (root with writable cgroup v1 ``memory`` and ``pids`` controllers): one memory cap for
-  all processes of the run and the files they write to its tmpfs mounts, one process cap.
+- a per-run memory cgroup (root with a writable cgroup v1 ``memory`` controller): one memory cap for all
+  processes of the run and the files they write to its tmpfs mounts (processes are capped by the run's
+  uid and pid namespace).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import glob
 import itertools
 import logging
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -51,7 +53,6 @@ class Isolation:
     ipc_namespace: bool = False  #: unshare --ipc (SysV IPC objects die with the run)
     uts_namespace: bool = False  #: unshare --uts
     memory_cgroup: bool = False  #: one memory cap for the whole run (cgroup v1 memory controller)
-    pids_cgroup: bool = False  #: one process cap for the whole run (cgroup v1 pids controller)
     seccomp: bool = False  #: AF_VSOCK sockets, io_uring and foreign-ABI syscalls refused
 
     def summary(self) -> str:
@@ -59,7 +60,7 @@ class Isolation:
             ("root", self.root), ("uid-drop", self.uid_drop), ("userns", self.user_namespace),
             ("pidns", self.pid_namespace), ("mountns", self.mount_namespace), ("netns", self.network_namespace),
             ("ipcns", self.ipc_namespace), ("utsns", self.uts_namespace), ("memcg", self.memory_cgroup),
-            ("pidscg", self.pids_cgroup), ("seccomp", self.seccomp)) if on]
+            ("seccomp", self.seccomp)) if on]
         return "+".join(parts) or "none"
 
 
@@ -212,7 +213,7 @@ def default_uid_base() -> int:
 
 
 # --------------------------------------------------------------------------------------------------
-# Per-run cgroups (cgroup v1 memory and pids controllers, root only)
+# Per-run cgroups (cgroup v1 memory controller, root only)
 # --------------------------------------------------------------------------------------------------
 _CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -258,13 +259,72 @@ def _rmdir(path: str) -> bool:
         return False
 
 
-class Cgroups:
-    """Per-run cgroups under ``<own cgroup>/accord-sbx-<pid>/`` for each usable controller.
+class _Spawner:
+    """A thread that lives in one slot's cgroups and starts that slot's runs.
 
-    A run takes a slot (one cgroup per controller) from a pool and gives it back afterwards, so that
+    Joining a cgroup v1 hierarchy waits for an RCU grace period (about 8 ms of wall time here). A
+    process is born in the cgroup of the thread that forks it, and cgroup v1 can hold single threads:
+    so each slot's thread joins once (``tasks``), and every run it starts is in the slot from its first
+    instruction, with no migration per run. Memory is charged by process, so the trainer's own memory
+    stays where it was."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._ready = threading.Event()
+        self.error: OSError | None = None
+        self.tid: int | None = None
+        threading.Thread(target=self._loop, args=(paths,), name="accord-sandbox-spawner", daemon=True).start()
+        self._ready.wait()
+
+    def _loop(self, paths: tuple[str, ...]) -> None:
+        self.tid = threading.get_native_id()
+        try:
+            for path in paths:
+                _write(path, "tasks", threading.get_native_id())
+        except OSError as exc:
+            self.error = exc
+        self._ready.set()
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box.append(fn())
+            except BaseException as exc:  # handed to the calling thread, which raises it
+                box.append(exc)
+            done.set()
+
+    def call(self, fn):
+        box: list = []
+        done = threading.Event()
+        self._jobs.put((fn, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+
+class Slot:
+    """One run's cgroups: their directories and the spawner thread that starts runs inside them (None where
+    a thread cannot join them: the runner joins them itself before it forks)."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self.paths = paths
+        self.memory_bytes: int | None = None
+        spawner = _Spawner(paths)
+        self.spawner = spawner if spawner.error is None else None
+        if spawner.error is not None:
+            logger.debug("sandbox: a thread cannot join %s (%s); runs join it themselves", paths, spawner.error)
+
+    def spawn(self, fn):
+        """``fn()`` (a ``subprocess.Popen``) called so that its process starts in the slot's cgroups."""
+        return self.spawner.call(fn) if self.spawner is not None else fn()
+
+
+class Cgroups:
+    """Per-run cgroups under ``<own cgroup>/accord-sbx-<pid>/`` (the memory controller).
+
+    A run takes a slot (a cgroup per controller) from a pool and gives it back afterwards, so that
     concurrent runs never share one; slots are reused rather than removed, since removing a cgroup waits
-    for its last dying task (about 10 ms of wall time per run here). The OOM count of a slot is cumulative:
-    a run reads it before and after.
+    for its last dying task. The OOM count of a slot is cumulative: a run reads it before and after.
     """
 
     def __init__(self) -> None:
@@ -272,11 +332,15 @@ class Cgroups:
         self.notes: list[str] = []
         self._counter = itertools.count()
         self._lock = threading.Lock()
-        self._free: list[tuple[str, ...]] = []
+        self._free: list[Slot] = []
+        self._slots: list[Slot] = []
+        self._parents: dict[str, str] = {}
         if os.geteuid() != 0:
             self.notes.append("not root: no per-run cgroups (memory is capped per process by RLIMIT_AS)")
             return
-        for controller in ("memory", "pids"):
+        # The memory controller only: processes are capped by the run's own uid (RLIMIT_NPROC) and pid
+        # namespace already, and each hierarchy's cgroup costs a thread migration per slot.
+        for controller in ("memory",):
             own = _own_cgroup(controller)
             if own is None:
                 self.notes.append(f"no cgroup v1 {controller} controller mounted under {_CGROUP_ROOT}")
@@ -287,20 +351,20 @@ class Cgroups:
                 os.makedirs(base, exist_ok=True)
                 probe = os.path.join(base, "probe")
                 os.mkdir(probe)
-                limit = "memory.limit_in_bytes" if controller == "memory" else "pids.max"
-                with open(os.path.join(probe, limit), "w") as fh:
-                    fh.write("104857600" if controller == "memory" else "64")
+                with open(os.path.join(probe, "memory.limit_in_bytes"), "w") as fh:
+                    fh.write("104857600")
                 os.rmdir(probe)
             except OSError as exc:
                 self.notes.append(f"cannot create {controller} cgroups under {own}: {exc.strerror}")
                 _rmdir(base)
                 continue
             self.bases[controller] = base
+            self._parents[base] = own
         if self.bases:
             atexit.register(self._cleanup)
 
-    def acquire(self, memory_bytes: int, max_procs: int) -> tuple[str, ...]:
-        """A free slot's cgroup directories with the run's limits set; the runner joins them before it forks."""
+    def acquire(self, memory_bytes: int) -> Slot:
+        """A free slot with the run's memory limit set."""
         with self._lock:
             slot = self._free.pop() if self._free else None
             name = None if slot is not None else f"r{next(self._counter)}"
@@ -315,29 +379,30 @@ class Cgroups:
                 for path in made:
                     _rmdir(path)
                 raise
-            slot = tuple(made)
-        for path in slot:
-            if os.path.exists(os.path.join(path, "memory.limit_in_bytes")):
+            slot = Slot(tuple(made))
+            with self._lock:
+                self._slots.append(slot)
+        if slot.memory_bytes != memory_bytes:
+            for path in slot.paths:
                 # cgroup v1 keeps memory <= memory+swap: lower the memory limit first, raise memsw first
                 names = ["memory.limit_in_bytes"]
                 if os.path.exists(os.path.join(path, "memory.memsw.limit_in_bytes")):
                     names.append("memory.memsw.limit_in_bytes")
                     if memory_bytes > _read_int(path, "memory.limit_in_bytes"):
                         names.reverse()
-                for name in names:
-                    _write(path, name, memory_bytes)
-            elif os.path.exists(os.path.join(path, "pids.max")):
-                _write(path, "pids.max", max_procs)
+                for limit in names:
+                    _write(path, limit, memory_bytes)
+            slot.memory_bytes = memory_bytes
         return slot
 
-    def release(self, slot: tuple[str, ...]) -> None:
+    def release(self, slot: Slot) -> None:
         with self._lock:
             self._free.append(slot)
 
     @staticmethod
-    def oom_kills(slot: tuple[str, ...]) -> int:
+    def oom_kills(slot: Slot) -> int:
         """The kernel OOM killer's count in the slot's memory cgroup (cumulative over the slot's runs)."""
-        for path in slot:
+        for path in slot.paths:
             try:
                 with open(os.path.join(path, "memory.oom_control"), encoding="ascii") as fh:
                     for line in fh:
@@ -348,6 +413,13 @@ class Cgroups:
         return 0
 
     def _cleanup(self) -> None:
+        for slot in self._slots:  # a spawner thread still lives in its slot: move it out first
+            if slot.spawner is not None and slot.spawner.tid is not None:
+                for base in self.bases.values():
+                    try:
+                        _write(self._parents[base], "tasks", slot.spawner.tid)
+                    except OSError:
+                        pass
         for base in self.bases.values():
             for run in glob.glob(os.path.join(base, "r*")):
                 _rmdir(run)

@@ -5,7 +5,7 @@ The parent reads stdout, stderr and the report pipe incrementally (``poll``, 64 
 the children of ``unshare`` (the pid namespace's init: its death makes the kernel kill every process in
 the namespace), ``os.killpg`` of the session's process group, and -- without a pid namespace -- every
 process of the run's uid, swept from ``/proc`` until none is left. The same cleanup runs after every
-normal exit, so daemons the code leaves behind die with the run. The run's cgroups are removed last.
+normal exit, so daemons the code leaves behind die with the run. The run's cgroup slot is reused.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from accord.sandbox.isolation import UIDS, Cgroups, Isolation, Plan, candidate_plans, default_uid_base, \
+from accord.sandbox.isolation import UIDS, Cgroups, Isolation, Plan, Slot, candidate_plans, default_uid_base, \
     find_unshare, root_spec
 
 logger = logging.getLogger(__name__)
@@ -222,19 +222,19 @@ class Runner:
         uid_base = self.config.uid_base if self.config.uid_base is not None else default_uid_base()
         uid = UIDS.acquire(uid_base) if self.plan.uid_drop else None
         workdir = tempfile.mkdtemp(prefix="accord-sbx-")
-        groups: tuple[str, ...] = ()
+        slot: Slot | None = None
         try:
             if self.cgroups is not None and self.cgroups.bases:
-                groups = self.cgroups.acquire(self.config.memory_mb * 1024 * 1024, self.config.max_procs + 8)
-            return self._execute_in(workdir, uid, groups, mode, code, stdin, files or {}, extra or {}, probing)
+                slot = self.cgroups.acquire(self.config.memory_mb * 1024 * 1024)
+            return self._execute_in(workdir, uid, slot, mode, code, stdin, files or {}, extra or {}, probing)
         finally:
             _rmtree(workdir)
-            if groups:
-                self.cgroups.release(groups)
+            if slot is not None:
+                self.cgroups.release(slot)
             if uid is not None:
                 UIDS.release(uid_base, uid)
 
-    def _prepare(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
+    def _prepare(self, workdir: str, uid: int | None, slot: Slot | None, mode: str, code: str,
                  files: dict[str, str], extra: dict, nonce: str, report_fd: int, ctl_fd: int) -> str:
         """Write the files and the job; returns the directory the child starts in."""
         home = os.path.join(workdir, "files")
@@ -262,7 +262,9 @@ class Runner:
             filename = "/sandbox/" + SOLUTION
         job = {
             "nonce": nonce, "report_fd": report_fd, "ctl_fd": ctl_fd, "mode": mode, "code": code, "filename": filename,
-            "uid": uid, "limits": self._limits(), "root": root, "cgroups": list(groups),
+            "uid": uid, "limits": self._limits(), "root": root,
+            # a slot's spawner starts the run inside its cgroups; without one the runner joins them
+            "cgroups": list(slot.paths) if slot is not None and slot.spawner is None else [],
             "hostname": "--uts" in self.plan.flags, "seccomp": self.plan.seccomp,
             "tmpfs_mb": self.config.tmpfs_mb, "disk_mb": self.config.disk_mb, "max_files": self.config.max_files,
         }
@@ -277,7 +279,7 @@ class Runner:
                     os.chown(os.path.join(dirpath, name), uid, uid)
         return home
 
-    def _execute_in(self, workdir: str, uid: int | None, groups: tuple[str, ...], mode: str, code: str,
+    def _execute_in(self, workdir: str, uid: int | None, slot: Slot | None, mode: str, code: str,
                     stdin: str | None, files: dict[str, str], extra: dict,
                     probing: bool) -> tuple[Raw, list[dict], list[dict], bool]:
         cfg = self.config
@@ -295,7 +297,7 @@ class Runner:
                     os.close(writers.pop())
 
             stack.callback(close_writers)
-            home = self._prepare(workdir, uid, groups, mode, code, files, extra, nonce, report_w, ctl_w)
+            home = self._prepare(workdir, uid, slot, mode, code, files, extra, nonce, report_w, ctl_w)
             stdin_file = None
             if stdin is not None:
                 stdin_file = stack.enter_context(tempfile.TemporaryFile())
@@ -310,18 +312,19 @@ class Runner:
             }
             start = time.monotonic()
             try:
-                proc = subprocess.Popen(
-                    self._argv(net, os.path.join(workdir, JOB)), cwd=home, env=env,
-                    stdin=stdin_file if stdin_file else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, pass_fds=(report_w, ctl_w), start_new_session=True,
-                )
+                argv = self._argv(net, os.path.join(workdir, JOB))
+                popen = lambda: subprocess.Popen(  # noqa: E731
+                    argv, cwd=home, env=env, stdin=stdin_file if stdin_file else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(report_w, ctl_w),
+                    start_new_session=True)
+                proc = slot.spawn(popen) if slot is not None else popen()
             except OSError as exc:
                 logger.error("sandbox: cannot start the sandbox process: %s", exc)
                 raw = Raw(None, None, b"", f"cannot start the sandbox: {exc}".encode(), b"", b"",
                           False, time.monotonic() - start, False)
                 return raw, [{"e": "setup", "error": f"cannot start the sandbox: {exc}"}], [], net
             close_writers()
-            raw = self._supervise(proc, report_r, ctl_r, start, uid, groups)
+            raw = self._supervise(proc, report_r, ctl_r, start, uid, slot)
             control, worker = events(raw.control, nonce), events(raw.report, nonce)
             setup = next((e.get("error") for e in control if e.get("e") == "setup"), None)
             if probing:
@@ -348,7 +351,7 @@ class Runner:
             _sweep_uid(uid)
 
     def _supervise(self, proc: subprocess.Popen, report_r: int, ctl_r: int, start: float, uid: int | None,
-                   groups: tuple[str, ...]) -> Raw:
+                   slot: Slot | None) -> Raw:
         """Read the four pipes until they close, the deadline passes or output overflows; then clean up."""
         cfg = self.config
         assert proc.stdout is not None and proc.stderr is not None
@@ -361,7 +364,7 @@ class Runner:
             poller.register(fd, select.POLLIN)
         open_fds = set(buffers)
         deadline = start + cfg.timeout_s
-        oom_before = Cgroups.oom_kills(groups) if groups else 0
+        oom_before = Cgroups.oom_kills(slot) if slot is not None else 0
         killed: str | None = None
         truncated = False
         cleaned = False
@@ -418,7 +421,7 @@ class Runner:
             proc.stdout.close()
             proc.stderr.close()
         return Raw(killed, returncode, bytes(buffers[out_fd]), bytes(buffers[err_fd]), bytes(buffers[report_r]),
-                   bytes(buffers[ctl_r]), truncated, time.monotonic() - start, bool(groups) and Cgroups.oom_kills(groups) > oom_before)
+                   bytes(buffers[ctl_r]), truncated, time.monotonic() - start, slot is not None and Cgroups.oom_kills(slot) > oom_before)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -488,7 +491,7 @@ def probe(refresh: bool = False) -> tuple[Plan, Isolation, Cgroups]:
             pid_namespace=chosen.pid_namespace, mount_namespace=chosen.mounts, network_namespace=chosen.net,
             unshare=chosen.unshare if (chosen.flags or chosen.net) else None, notes=tuple(notes),
             ipc_namespace="--ipc" in chosen.flags, uts_namespace="--uts" in chosen.flags,
-            memory_cgroup="memory" in cgroups.bases, pids_cgroup="pids" in cgroups.bases,
+            memory_cgroup="memory" in cgroups.bases,
             seccomp=chosen.seccomp,
         )
         logger.info("sandbox isolation: %s", iso.summary())
