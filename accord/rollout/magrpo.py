@@ -57,18 +57,25 @@ def joint_actions(k: int, n_agents: int, mode: str) -> list[tuple[int, ...]]:
     raise ValueError(f"unknown joint mode {mode!r}; choose aligned or cross")
 
 
+def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
+            columns: dict[str, list], row_ids: list[str]):
+    """Call a task's ``reward`` or ``reward_components`` for a batch; what it raises stops the run, with context."""
+    try:
+        return fn(prompts=prompts, completions=completions, agents=agents, **columns)
+    except Exception as err:  # re-raised with context: the user's reward code failed, the run must stop
+        raise RewardError(
+            f"the {what} of task {task_name!r} raised {type(err).__name__}: {err} while scoring {len(row_ids)} joint "
+            f"actions (first row {row_ids[0]!r}); fix it (it must accept prompts=, completions=, agents= and "
+            "**kwargs)"
+        ) from err
+
+
 def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
                 columns: dict[str, list], row_ids: list[str]) -> list[float]:
     """Call a team reward once for a batch and check its output, naming the row and agent on error."""
     n = len(row_ids)
-    try:
-        out = reward_fn(prompts=prompts, completions=completions, agents=agents, **columns)
-    except Exception as err:  # re-raised with context: the user's reward code failed, the run must stop
-        raise RewardError(
-            f"the reward of task {task_name!r} raised {type(err).__name__}: {err} while scoring {n} joint actions "
-            f"(first row {row_ids[0]!r}); fix the reward function (it must accept prompts=, completions=, agents= "
-            "and **kwargs)"
-        ) from err
+    out = _invoke(reward_fn, "reward", task_name=task_name, agents=agents, prompts=prompts, completions=completions,
+                  columns=columns, row_ids=row_ids)
     try:
         values = [float(v) for v in out]
     except (TypeError, ValueError) as err:
@@ -97,14 +104,8 @@ def call_reward_components(components_fn: Callable, *, task_name: str, agents: t
     Each entry must be a mapping of str to finite float with a ``"total"`` key (the team reward) and the
     same keys as the first entry; errors name the row and what to return."""
     n = len(row_ids)
-    try:
-        out = components_fn(prompts=prompts, completions=completions, agents=agents, **columns)
-    except Exception as err:  # re-raised with context: the user's reward code failed, the run must stop
-        raise RewardError(
-            f"the reward_components of task {task_name!r} raised {type(err).__name__}: {err} while scoring {n} joint "
-            f"actions (first row {row_ids[0]!r}); fix it (it must accept prompts=, completions=, agents= and "
-            "**kwargs)"
-        ) from err
+    out = _invoke(components_fn, "reward_components", task_name=task_name, agents=agents, prompts=prompts,
+                  completions=completions, columns=columns, row_ids=row_ids)
     out = list(out) if isinstance(out, (list, tuple)) else out
     if not isinstance(out, list) or len(out) != n:
         got = f"{len(out)} values" if isinstance(out, list) else type(out).__name__
