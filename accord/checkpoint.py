@@ -39,13 +39,29 @@ class CheckpointError(Exception):
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The process-wide random states. CUDA's default generators (one per visible GPU; dropout, e.g. LoRA's,
+    draws from them) are saved where CUDA is initialised; sampling uses the policies' own streams."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is None:
+        return
+    if not torch.cuda.is_available():
+        logger.warning("the checkpoint holds CUDA random states but this process has no GPU: CUDA-side dropout "
+                       "draws are not restored (sampling streams are, on the CPU)")
+    elif len(cuda) != torch.cuda.device_count():
+        logger.warning("the checkpoint holds the CUDA random states of %d GPUs, this process sees %d: they are "
+                       "not restored (sampling streams are)", len(cuda), torch.cuda.device_count())
+    else:
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -185,14 +185,25 @@ def test_an_adapter_update_touches_only_its_adapter():
 # --- state ---------------------------------------------------------------------------------------------
 
 def test_lora_resume_is_exact(tiny_cfg, tmp_path):
+    _check_lora_resume(tiny_cfg, tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+def test_lora_resume_is_exact_on_a_gpu(tiny_cfg, tmp_path):
+    """LoRA dropout on a GPU draws from CUDA's default generator: the checkpoint restores it."""
+    _check_lora_resume(tiny_cfg, tmp_path, "cuda")
+
+
+def _check_lora_resume(tiny_cfg, tmp_path, device):
     common = {"lora": {"dropout": 0.1},
               "algorithm": {"num_generations": 3, "kl_coef": 0.1, "ppo_epochs": 2},
               "rollout": {"batch_size": 2, "max_new_tokens": 6, "temperature": 1.0},
               "training": {"lr": 1e-2, "micro_batch_size": 5, "schedule": "cosine", "warmup_steps": 1}}
-    full = Trainer(config_from_dict(lora_data(tiny_cfg, run={"steps": 3, "run_dir": str(tmp_path / "a")},
-                                              **common)))
+    full = Trainer(config_from_dict(lora_data(tiny_cfg, run={"steps": 3, "run_dir": str(tmp_path / "a"),
+                                                             "device": device}, **common)))
     full.train()
-    cfg_b = lora_data(tiny_cfg, run={"steps": 3, "run_dir": str(tmp_path / "b"), "checkpoint_every": 2}, **common)
+    cfg_b = lora_data(tiny_cfg, run={"steps": 3, "run_dir": str(tmp_path / "b"), "checkpoint_every": 2,
+                                     "device": device}, **common)
     Trainer(config_from_dict(cfg_b)).train(stop_after=2)
     ckpt = tmp_path / "b" / "checkpoints" / "step_000002" / "policies" / "pe"
     assert (ckpt / "adapter.safetensors").is_file() and not (ckpt / "model.safetensors").exists()
