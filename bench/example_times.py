@@ -1,0 +1,124 @@
+#!/usr/bin/env python
+"""Expected wall time of each example under examples/ on this machine.
+
+    python bench/example_times.py                          # every example that `accord train` runs
+    python bench/example_times.py atgrpo_planpath magrpo_writing --json /tmp/times.json
+
+A full run of a SmolLM2 example takes tens of minutes, so each example runs for one step instead:
+``accord train EXAMPLE run.steps=1 run.eval_every=0 run.eval_after=false`` in a subprocess (its own run
+directory under a temporary folder), timed from the command's start to its exit. Its ``metrics.jsonl``
+gives the evaluation before training (``time/eval``), the step (``time/step``) and the checkpoint
+(``time/checkpoint``); everything else (imports, model loading, data, start-up) is the rest of the wall
+time. The full run is then estimated from the example's own config:
+
+    start-up + steps x step + evaluations x evaluation + checkpoints x checkpoint
+
+with the evaluations and checkpoints the trainer makes (before training, every ``run.eval_every`` steps
+and after the last; every ``run.checkpoint_every`` steps and at the end). The first step of a run is
+the only one measured, and multi-turn steps vary with how long the episodes last, so the estimate is
+what to expect, not a bound. Examples that ``accord train`` cannot run alone are listed and skipped
+(``sft_planpath.yaml`` needs ``accord sft`` first; the GPU recipes under ``examples/gpu/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from accord.config import load_config  # noqa: E402
+
+SKIP = {"sft_planpath": "needs `accord sft` first (its own stage)"}
+
+
+def schedule(cfg) -> tuple[int, int]:
+    """(evaluations, checkpoints) of a full run of ``cfg``."""
+    run = cfg.run
+    evals = 1 if (run.eval_before and cfg.task.eval_size) else 0
+    ckpts = 0
+    for n in range(1, run.steps + 1):
+        final = n == run.steps
+        if cfg.task.eval_size and ((run.eval_every and n % run.eval_every == 0) or (final and run.eval_after)):
+            evals += 1
+        if (run.checkpoint_every and n % run.checkpoint_every == 0) or final:
+            ckpts += 1
+    return evals, ckpts
+
+
+def measure(example: Path, out: Path) -> dict:
+    cfg = load_config(example, [])
+    cmd = [sys.executable, "-m", "accord.cli", "train", str(example), "run.steps=1", "run.eval_every=0",
+           "run.eval_after=false", f"run.output_dir={out}", f"run.name={example.stem}", "logging.console=false",
+           "--overwrite"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return {"example": example.name, "error": tail[0]}
+    rows = [json.loads(line) for line in (out / example.stem / "metrics.jsonl").read_text().splitlines()]
+    eval_s = sum(r.get("time/eval", 0.0) for r in rows if r.get("step") == 0)
+    step_rows = [r for r in rows if r.get("step") == 1]
+    step_s = sum(r.get("time/step", 0.0) for r in step_rows)
+    ckpt_s = sum(r.get("time/checkpoint", 0.0) for r in step_rows)
+    startup = wall - eval_s - step_s - ckpt_s
+    evals, ckpts = schedule(cfg)
+    total = startup + cfg.run.steps * step_s + evals * eval_s + ckpts * ckpt_s
+    model = ", ".join(sorted({p.model for p in cfg.policies.values()}))
+    return {"example": example.name, "model": model, "steps": cfg.run.steps, "evaluations": evals,
+            "checkpoints": ckpts, "measured_wall_s": round(wall, 1), "startup_s": round(startup, 1),
+            "step_s": round(step_s, 1), "eval_s": round(eval_s, 1), "checkpoint_s": round(ckpt_s, 1),
+            "estimated_full_run_s": round(total, 1)}
+
+
+def minutes(s: float) -> str:
+    return f"{s / 60:.0f} min" if s >= 600 else f"{int(s // 60)} min {int(s % 60)} s" if s >= 60 else f"{s:.0f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", help="example names (file stems); default: all of examples/*.yaml")
+    p.add_argument("--json", dest="json_path", help="also write the results to this file")
+    args = p.parse_args(argv)
+    examples = sorted((REPO / "examples").glob("*.yaml"))
+    if args.names:
+        known = {e.stem: e for e in examples}
+        unknown = [n for n in args.names if n not in known]
+        if unknown:
+            p.error(f"unknown examples {unknown}; choose from {sorted(known)}")
+        examples = [known[n] for n in args.names]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="example_times.") as tmp:
+        for example in examples:
+            if example.stem in SKIP:
+                results.append({"example": example.name, "skipped": SKIP[example.stem]})
+                continue
+            res = measure(example, Path(tmp))
+            results.append(res)
+            print(json.dumps(res), flush=True)
+    load = os.getloadavg()
+    print(f"\nmachine: {os.cpu_count()} CPUs; load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print("| example | model | steps | one step | one evaluation | start-up | expected full run |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        if "skipped" in r or "error" in r:
+            print(f"| `{r['example']}` | | | | | | {r.get('skipped') or 'failed: ' + r['error']} |")
+            continue
+        print(f"| `{r['example']}` | {r['model']} | {r['steps']} | {r['step_s']:.0f} s | {r['eval_s']:.0f} s "
+              f"(x{r['evaluations']}) | {r['startup_s']:.0f} s | {minutes(r['estimated_full_run_s'])} |")
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
