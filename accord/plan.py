@@ -27,8 +27,8 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`.
 
 Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
-``--prompt-tokens`` gives the typical length. ``README.md`` (*Planning a run*) compares the estimate
-with measured peaks.
+``--prompt-tokens`` gives the typical length. ``README.md`` (*Measured numbers*) compares the estimate
+with a measured peak.
 """
 
 from __future__ import annotations

@@ -29,31 +29,16 @@ its own prompts in its own call, from its own stream. The two paths give identic
 row whenever the random numbers line up (greedy decoding, or the same stream over the same batch
 shape); ``tests/test_lora.py`` checks both.
 
-Timings (``python -m accord.policies_lora MODEL [THREADS]``; peft 0.21.2, transformers 5.23.0, torch
-2.13 CPU, 1 thread; 2 adapters of rank 8 on all 7 projections; 24 new tokens sampled; medians of 3
-runs (tiny: 7), the modes interleaved; seconds for all rows; measured with Hugging Face ``generate``
-before accord's own decoding loop took over for these models)::
-
-    model          rows (per adapter)   mixed (1 call)   per adapter (2 calls)   bare base, 1 call
-    SmolLM2-135M   16  (8)              10.2             11.7                    6.4
-    SmolLM2-135M   32  (16)             11.3             11.1                    8.5
-    SmolLM2-135M   64  (32)             30.1             27.2                    22.8
-                                        (a second run:   32.5 vs 30.4)
-    tiny-qwen2     16  (8)              0.217            0.223                   0.098
-    (h 64, 2 lay.) 64  (32)             0.320            0.294                   0.162
-                                        (a second run:   0.336 vs 0.411)
-
-The machine was 2 cores shared with other jobs (load 4-12); with 2 threads every small op stalled
-on thread scheduling (a 5x64 by 64x4 matmul took 20 ms), so these were taken with 1 thread.
-PEFT's mixed path gathers and scatters each adapter's rows in every adapted layer at every step,
-which costs more as batches grow; one call saves a whole decoding loop, which matters more for
-small batches. Choice: ``mixed_generation: true`` by default: 13% faster at 16 rows, equal at 32
-rows (4 tasks x K=4 x 2 agents, a single-turn MAGRPO step at the examples' sizes), about 10% slower
-at 64 rows, where ``mixed_generation: false`` is the better setting. Only requests that name
+``python -m accord.policies_lora MODEL [THREADS]`` times the two modes and the bare base;
+``bench/README.md`` has its results. PEFT's mixed path gathers and scatters each adapter's rows in
+every adapted layer at every step, which costs more as batches grow; one call saves a whole decoding
+loop, which matters more for small batches. Hence ``mixed_generation: true`` by default (a
+single-turn MAGRPO step at the examples' sizes, 4 tasks x K=4 x 2 agents, is 32 rows); for batches of
+64 rows and more, ``mixed_generation: false`` can be the better setting. Only requests that name
 several adapters at once are mixed: single-turn MAGRPO steps, simultaneous environments and their
 evaluation. Turn-based rollouts (AT-GRPO) ask for one agent at a time, since later agents see
-earlier agents' actions. Adapters on every projection cost 20-60% of SmolLM2's decoding time
-against the bare base on CPU; ``lora.target_modules: [q_proj, v_proj]`` costs less.
+earlier agents' actions. Adapters on every projection add to the decoding time of the bare base;
+``lora.target_modules: [q_proj, v_proj]`` costs less.
 """
 
 from __future__ import annotations

