@@ -284,3 +284,23 @@ def test_torchrun_cli_two_processes_match_one_rank(tiny_cfg, tmp_path):
     w1 = {k: w1[tied.get(k, k)] for k in w2}
     _weights_close(w1, w2)
     assert not list((tmp_path / "two").glob("*rank*"))  # process 1 wrote nothing of its own
+
+
+def test_plan_counts_every_rank(tiny_cfg, tmp_path):
+    """`accord plan`: each rank holds a full copy (CPU ranks add up; CUDA ranks get one GPU each) and
+    updates on 1/N of the samples."""
+    from accord.plan import fit, make_plan
+
+    plans = {}
+    for reps in (None, 2):
+        cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, f"p{reps}", {"main": {**TINY, "replicas": reps}},
+                                    run={"device": "cpu"}))
+        plan = make_plan(cfg)
+        plans[reps] = (plan["plans"][0], dict((d, need) for d, need, _ in fit(cfg, plan["plans"], {}, plan["resources"])))
+    (one, need1), (two, need2) = plans[None], plans[2]
+    assert two.replicas == 2 and two.samples == one.samples // 2
+    assert need2["cpu"] - need1["cpu"] == pytest.approx(one.static, rel=1e-6)  # a second full copy
+    cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, "g", {"main": {**TINY, "replicas": 2, "device": "cuda"}}))
+    cfg.run.device = "cuda"
+    plan = make_plan(cfg)
+    assert {d for d, _, _ in fit(cfg, plan["plans"], {}, plan["resources"])} == {"cuda:0", "cuda:1"}
