@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import logging
 import re
 import sys
@@ -63,6 +64,10 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if os.environ.get("RANK", "0") != "0":  # torchrun processes 1..N-1 serve process 0's data-parallel policies
+        from accord.distributed.data_parallel import serve_worker
+
+        return serve_worker()
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it; pass only one of them")
     positional = list(args.args)

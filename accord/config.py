@@ -109,9 +109,17 @@ class PolicyConfig:
                                 "ray.num_gpus_per_policy).")
     device: str | None = _f(None, "Device of this policy's model (null: run.device): auto, cpu, cuda or cuda:N, so "
                             "that two policies of one process can sit on two GPUs.")
+    replicas: int | None = _f(None, "Data parallelism: N learner ranks of this policy (torch.distributed: gloo on "
+                              "CPU, NCCL on GPU), each generating and scoring 1/N of its work, gradients all-reduced, "
+                              "identical weights. Runs as N Ray actors (run.backend=ray) or N processes of `torchrun "
+                              "--nproc_per_node N -m accord.cli train CONFIG`. null: one process, one random stream; "
+                              "1: the data-parallel path on one rank (per-prompt random streams: the rollouts a "
+                              "replicas=N run reproduces).")
 
     def __post_init__(self) -> None:
         check_device_setting("policies.<name>.device", self.device)
+        if self.replicas is not None:
+            _positive("policies.<name>", "replicas", self.replicas)
 
 
 @dataclass

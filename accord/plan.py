@@ -172,6 +172,7 @@ class PolicyPlan:
     activations: float = 0.0
     generation: float = 0.0
     shared_base: str | None = None  # LoRA: the policy whose base weights this one shares
+    replicas: int = 1               # data-parallel ranks, each holding a full copy (one GPU per rank on CUDA)
 
     @property
     def static(self) -> float:
@@ -314,8 +315,9 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
         trainable = lora_parameters(meta, cfg) if lora else params
         setting = p.device or cfg.run.device
         device = _planned_device(setting, cfg.run.backend, resources[n][1])
-        plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, samples[n], rows[n],
-                          shared_base=names[0] if lora and i else None)
+        reps = p.replicas or 1  # a rank updates on 1/replicas of the samples (its generate calls: see fit)
+        plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, math.ceil(samples[n] / reps),
+                          rows[n], shared_base=names[0] if lora and i else None, replicas=reps)
         _policy_memory(plan, config, cfg, prompt, lora)
         plans.append(plan)
     return {"plans": plans, "generations": total, "turns": turns, "multi_turn": multi, "prompt": prompt,
@@ -328,14 +330,19 @@ def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resourc
     if cfg.run.backend == "ray":  # one actor per policy; a GPU actor gets a GPU of its own (or a share)
         gpu = 0
         for pl in plans:
-            if pl.device == "cuda":
-                need.setdefault(f"cuda:{gpu}", []).append(pl)
-                gpu += 1 if resources[pl.name][1] >= 1 else 0
-            else:
-                need.setdefault("cpu", []).append(pl)
+            for _ in range(pl.replicas):  # every data-parallel rank is an actor of its own
+                if pl.device == "cuda":
+                    need.setdefault(f"cuda:{gpu}", []).append(pl)
+                    gpu += 1 if resources[pl.name][1] >= 1 else 0
+                else:
+                    need.setdefault("cpu", []).append(pl)
     else:
         for pl in plans:
-            need.setdefault(pl.device, []).append(pl)
+            if pl.replicas > 1 and pl.device.startswith("cuda"):  # torchrun: rank r on cuda:r
+                for r in range(pl.replicas):
+                    need.setdefault(f"cuda:{r}", []).append(pl)
+            else:
+                need.setdefault(pl.device, []).extend([pl] * pl.replicas)  # CPU ranks: one process each
     out = []
     vllm = getattr(cfg, "plan_vllm", cfg.rollout.generation_backend == "vllm")
     for dev, pls in need.items():
@@ -362,7 +369,8 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
     for p in plan["plans"]:
         lora = f", LoRA r={cfg.lora.r}: {p.trainable / 1e6:.2f} M trainable" if cfg.specialization == "lora" else ""
         lines.append(f"policy {p.name}: {p.model} ({p.arch}), {p.params / 1e9:.3f} B parameters{lora}; device "
-                     f"{p.device}; {p.samples} samples per step, generate calls of {p.gen_rows} rows")
+                     f"{p.device}; {p.samples} samples per step, generate calls of {p.gen_rows} rows"
+                     + (f" (per rank of {p.replicas} data-parallel ranks, each a full copy)" if p.replicas > 1 else ""))
         base = f" (shared with {p.shared_base})" if p.shared_base else ""
         for label, v in (("weights fp32" + base, p.weights), ("KL reference", p.reference), ("gradients", p.grads),
                          ("AdamW state", p.optimizer), ("update activations", p.activations),

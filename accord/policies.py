@@ -395,7 +395,8 @@ class Policy:
                 totals = LossTotals(num_tokens=max(1, sum(len(s.completion_ids) for s in mb_samples)),
                                     num_seqs=len(mb_samples))
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(mb_samples, tr.micro_batch_size, tr.micro_batch_tokens):
+                for micro in micro_batches(self._local_samples(mb_samples), tr.micro_batch_size,
+                                           tr.micro_batch_tokens):
                     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
                     logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
                                                                       kl_too=kl_in_loss)
@@ -426,6 +427,7 @@ class Policy:
                     for key, v in stats.items():
                         if key in ("entropy", "logp_diff") or epoch == 0:
                             sums[key] = sums.get(key, 0.0) + float(v)
+                self._sync_gradients()
                 max_norm = tr.max_grad_norm if tr.max_grad_norm is not None else float("inf")
                 norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
                 if not torch.isfinite(norm):
@@ -436,6 +438,7 @@ class Policy:
                 self.optimizer.step()
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        sums, tokens_total = self._reduce_stats(sums, tokens_total)
         denom = max(1, tokens_total)
         metrics = {key: v / denom for key, v in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -443,6 +446,18 @@ class Policy:
         if cuda:  # the update's peak on this policy's GPU (logged as mem/<policy>/cuda_peak_mb)
             metrics[f"mem/{self.name}/cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return metrics
+
+    # data-parallel hooks (see accord.distributed.data_parallel): a single process trains on everything
+    def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
+        """The part of a mini-batch this process computes the loss of (normalised by the whole mini-batch)."""
+        return mini_batch
+
+    def _sync_gradients(self) -> None:
+        """Make the gradients those of the whole mini-batch before clipping and the optimizer step."""
+
+    def _reduce_stats(self, sums: dict[str, float], tokens: int) -> tuple[dict[str, float], int]:
+        """The update's loss statistics (sums) and token count over the whole batch."""
+        return sums, tokens
 
     # --- state -----------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:

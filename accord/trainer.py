@@ -41,6 +41,7 @@ from accord.callbacks import check_callbacks
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed import gather, submit
+from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.base import import_modules, make_task, task_factory
 from accord.envs.centralized import CentralizedEnv, CentralizedTask
 from accord.envs.protocol import is_env
@@ -201,6 +202,9 @@ class Trainer:
 
             self.backend = RayBackend(cfg.ray)
             self.policies = self.backend.start_policies(cfg, sorted(per_policy), total_opt)
+        elif wants_data_parallel(cfg, sorted(per_policy)):  # policies.<name>.replicas, or launched by torchrun
+            self.backend = LocalGroups(cfg)
+            self.policies = self.backend.start_policies(cfg, sorted(per_policy), total_opt, build_policy)
         elif cfg.specialization == "lora":  # one frozen base, one adapter per policy
             devices = policy_devices(cfg, sorted(per_policy))
             self.policies = build_lora_policies(cfg, sorted(per_policy), total_opt, seed=cfg.run.seed,

@@ -11,6 +11,12 @@ time of the measured steps (after one warm-up step), its generation and update p
 step, and the process's peak resident memory (VmHWM) at the end. ``shared`` is one model for every
 agent, ``lora`` one frozen base with one adapter per agent, ``separate`` one full model per agent.
 The last stdout line is all results as JSON.
+
+    python bench/scaling.py --dp 1 2                      # data-parallel rows instead of the grids
+
+``--dp R ...``: the shared level at N=2, K=4, T=2 with ``policies.main.replicas: R`` (R=1 in one process;
+R>1 as R processes of ``torchrun``, each with ``--threads // R`` torch threads, so that every row uses the
+same cores); the peak RSS is rank 0's (every rank holds a full copy of the model and optimizer).
 """
 
 from __future__ import annotations
@@ -28,8 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 TAG = "@@SCALING@@ "
 
 
-def _worker(spec: dict) -> dict:
+def _worker(spec: dict) -> dict | None:
     import torch
+
+    if os.environ.get("RANK", "0") != "0":  # torchrun process of a data-parallel row: serve process 0
+        from accord.distributed.data_parallel import serve_worker
+
+        torch.set_num_threads(spec["threads"])
+        serve_worker()
+        return None
 
     torch.set_num_threads(spec["threads"])
     from accord.config import config_from_dict
@@ -46,6 +59,8 @@ def _worker(spec: dict) -> dict:
         agent_cfg = [{"name": a, "policy": a} for a in agents]
     else:
         policies = {"main": {"model": spec["model"], "model_kwargs": model_kwargs}}
+        if spec.get("replicas"):
+            policies["main"]["replicas"] = spec["replicas"]
         agent_cfg = [{"name": a, "policy": "main"} for a in agents]
     data = {
         "run": {"name": "scaling", "run_dir": spec["run_dir"], "steps": spec["steps"] + 1, "threads": spec["threads"],
@@ -90,13 +105,17 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2, help="measured steps per point (after one warm-up)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dp", nargs="+", type=int, help="data-parallel rows: these replica counts (see above)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     if args.worker:
         result = _worker(json.loads(args.worker))
-        sys.stdout.write(TAG + json.dumps(result) + "\n")
+        if result is not None:
+            sys.stdout.write(TAG + json.dumps(result) + "\n")
         return 0
+    if args.dp:
+        return _data_parallel(args)
     # vary one factor at a time around the middle values (N=2, K=4, T=2)
     base = {"agents": 2, "k": 4, "turns": 2}
     points = []
@@ -134,6 +153,38 @@ def main() -> int:
               f"{res['step_s']:7.2f} {res['gen_s']:7.2f} {res['update_s']:8.2f} {res['peak_rss_mb']:12.0f}",
               flush=True)
     out = {"model": args.model, "hidden": args.hidden, "layers": args.layers, "results": results}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out))
+    return 0
+
+
+def _data_parallel(args) -> int:
+    """Rows of ``--dp``: one policy with R replicas (R processes of torchrun for R > 1)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    results = []
+    print(f"{'ranks':>5s} {'threads/rank':>12s} {'samples':>8s} {'step s':>7s} {'gen s':>7s} {'update s':>8s} "
+          f"{'rank-0 peak RSS MiB':>19s}", flush=True)
+    for r in args.dp:
+        threads = max(1, args.threads // r)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1",
+                   PYTHONPATH=str(REPO))
+        with tempfile.TemporaryDirectory(prefix="scaling_dp_") as tmp:
+            spec = {"agents": 2, "k": 4, "turns": 2, "level": "shared", "model": args.model, "hidden": args.hidden,
+                    "layers": args.layers, "steps": args.steps, "max_new_tokens": args.max_new_tokens,
+                    "threads": threads, "run_dir": tmp, "replicas": r}
+            launch = [sys.executable] if r == 1 else [str(torchrun), "--nproc_per_node", str(r)]
+            proc = subprocess.run(launch + [__file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
+                                  cwd=REPO, env=env)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(TAG)]
+            if proc.returncode or not lines:
+                sys.stderr.write(proc.stderr[-3000:])
+                raise SystemExit(f"data-parallel row with {r} ranks failed (exit {proc.returncode})")
+            res = {"replicas": r, "threads_per_rank": threads, **json.loads(lines[-1][len(TAG):])}
+        results.append(res)
+        print(f"{r:5d} {threads:12d} {res['samples']:8.0f} {res['step_s']:7.2f} {res['gen_s']:7.2f} "
+              f"{res['update_s']:8.2f} {res['peak_rss_mb']:19.0f}", flush=True)
+    out = {"model": args.model, "hidden": args.hidden, "layers": args.layers, "data_parallel": results}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     print(json.dumps(out))

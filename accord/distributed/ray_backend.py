@@ -165,6 +165,41 @@ class PolicyWorker:
         device = next(self.policy.model.parameters()).device
         return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
 
+    def address(self) -> tuple[str, int]:
+        """(IP, free TCP port) of this actor's node: where rank 0 of a data-parallel policy listens."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def build_rank(self, cfg: Config, name: str, index: int, total_optimizer_steps: int, rank: int, world: int,
+                   address: tuple[str, int]) -> dict:
+        """Rank ``rank`` of data-parallel policy ``name`` (see :mod:`accord.distributed.data_parallel`): joins
+        the policy's process group at rank 0's ``address``, then builds as :meth:`build` does."""
+        import ray
+        import torch.distributed as dist
+
+        from accord.devices import actor_device, policy_setting
+        from accord.distributed.data_parallel import TIMEOUT, build_rank, tensor_backend
+        from accord.envs.base import import_modules
+        from accord.trainer import seed_everything
+
+        import_modules(cfg.imports)
+        device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = tensor_backend(device)
+        dist.init_process_group(backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=rank,
+                                world_size=world, timeout=TIMEOUT)
+        objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else None
+        seed_everything(cfg.run.seed + index)
+        self.policy = build_rank(cfg, name, index, total_optimizer_steps, rank=rank, world=world, device=device,
+                                 group=None, object_group=objects)
+        device = next(self.policy.model.parameters()).device
+        return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
+
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.policy, method)(*args, **kwargs)
 
@@ -237,6 +272,43 @@ class RemotePolicy:
         return _get(self.actor.state_dict.remote(), f"policy {self.name!r}")
 
 
+class RemoteGroup(RemotePolicy):
+    """Driver-side stand-in for a data-parallel policy: its ranks' actors get every call with the same
+    arguments (collectives inside make each rank's result whole); rank 0's result is returned, and an error
+    of any rank is raised. ``save`` and ``export`` run on rank 0 only."""
+
+    def __init__(self, name: str, actors: list, cfg: Config, info: dict):
+        super().__init__(name, actors[0], cfg, info)
+        self.actors = actors
+
+    def __repr__(self) -> str:
+        return f"RemoteGroup({self.name!r}, ranks={len(self.actors)})"
+
+    def _send(self, method: str, *args: Any, **kwargs: Any) -> "GroupFuture":
+        refs = [a.call.remote(method, *args, **kwargs) for a in self.actors]
+        return GroupFuture(refs, f"policy {self.name!r}")
+
+    def save(self, directory: Path) -> None:
+        RayFuture(self.actor.call.remote("save", Path(directory)), f"policy {self.name!r}").result()
+        if not Path(directory).is_dir():
+            raise RayBackendError(f"rank 0 of policy {self.name!r} saved its checkpoint to {directory}, which the "
+                                  "trainer's process cannot see: put run.run_dir on a filesystem shared by all nodes")
+
+    def export(self, directory: Path) -> None:
+        RayFuture(self.actor.call.remote("export", Path(directory)), f"policy {self.name!r}").result()
+
+    def state_dicts(self) -> list[dict[str, torch.Tensor]]:
+        """Every rank's parameters (CPU copies), e.g. for tests that the ranks hold identical weights."""
+        return _get([a.state_dict.remote() for a in self.actors], f"policy {self.name!r}")
+
+
+class GroupFuture(RayFuture):
+    """The same call sent to every rank; ``result()`` is rank 0's value."""
+
+    def result(self) -> Any:
+        return _get(self.ref, self.what)[0]
+
+
 # --- cluster and placement ---------------------------------------------------------------------
 
 
@@ -283,8 +355,21 @@ def connect(rcfg: RayConfig) -> bool:
     return False
 
 
+def actor_keys(cfg: Config, names: list[str]) -> dict[str, tuple[str, int | None]]:
+    """One key per actor: the policy name, or ``name#r`` for rank r of a policy with replicas
+    (key -> (policy, rank or None))."""
+    out: dict[str, tuple[str, int | None]] = {}
+    for n in names:
+        k = cfg.policies[n].replicas
+        if k is None:
+            out[n] = (n, None)
+        else:
+            out.update({f"{n}#{r}": (n, r) for r in range(k)})
+    return out
+
+
 def policy_resources(cfg: Config, names: list[str]) -> dict[str, tuple[float, float]]:
-    """(CPUs, GPUs) each policy's actor reserves."""
+    """(CPUs, GPUs) each policy's actor reserves (every rank of a policy with replicas the same)."""
     r = cfg.ray
     out = {}
     for n in names:
@@ -297,10 +382,12 @@ def policy_resources(cfg: Config, names: list[str]) -> dict[str, tuple[float, fl
 def check_resources(requests: dict[str, tuple[float, float]], total: dict, nodes: list[dict]) -> None:
     """Raise RayBackendError unless all actors fit the cluster at once (in total and each on one node)."""
     fixes = {
-        "CPU": "lower ray.num_cpus_per_policy (fractions such as 0.5 are allowed) or policies.<name>.num_cpus, or give "
-               "Ray more CPUs (`ray start --num-cpus=N`, or a larger cluster via ray.address)",
-        "GPU": "lower ray.num_gpus_per_policy or policies.<name>.num_gpus (0: CPU only; 0.5: two policies share a "
-               "GPU), or join a cluster with more GPUs via ray.address",
+        "CPU": "lower ray.num_cpus_per_policy (fractions such as 0.5 are allowed), policies.<name>.num_cpus or "
+               "policies.<name>.replicas (each rank is an actor), or give Ray more CPUs (`ray start --num-cpus=N`, "
+               "or a larger cluster via ray.address)",
+        "GPU": "lower ray.num_gpus_per_policy, policies.<name>.num_gpus (0: CPU only; 0.5: two policies share a "
+               "GPU) or policies.<name>.replicas (each rank is an actor), or join a cluster with more GPUs via "
+               "ray.address",
     }
     for i, kind in enumerate(("CPU", "GPU")):
         need = sum(v[i] for v in requests.values())
@@ -326,44 +413,65 @@ class RayBackend:
 
     def start_policies(self, cfg: Config, names: list[str], total_optimizer_steps: int) -> dict[str, RemotePolicy]:
         """Check resources, place the actors, build every policy (concurrently); policy ``names[i]`` gets
-        index ``i`` (its seed offset), as on the local backend."""
+        index ``i`` (its seed offset), as on the local backend. A policy with ``replicas: N`` gets N actors,
+        the ranks of one process group (see :mod:`accord.distributed.data_parallel`)."""
         ray = _ray()
         requests = policy_resources(cfg, names)
+        keys = actor_keys(cfg, names)
+        per_actor = {key: requests[n] for key, (n, _) in keys.items()}
         try:  # on any failure: no actor and no cluster of ours is left behind
+            from accord.distributed.data_parallel import check_replicas
+
+            check_replicas(cfg, names, world=1)
             check_ray_devices(cfg, requests)
             alive = [n["Resources"] for n in ray.nodes() if n.get("Alive", n.get("alive", True))]
-            check_resources(requests, ray.cluster_resources(), alive)
+            check_resources(per_actor, ray.cluster_resources(), alive)
             worker = ray.remote(PolicyWorker)
             actors = {}
-            for n in names:
-                cpus, gpus = requests[n]
+            for key in keys:
+                cpus, gpus = per_actor[key]
                 threads = cfg.run.threads or max(1, int(cpus))
-                actors[n] = worker.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(threads)
-                self.actors.append(actors[n])
-            ready = {n: a.ready.remote() for n, a in actors.items()}
+                actors[key] = worker.options(num_cpus=cpus, num_gpus=gpus, max_restarts=0).remote(threads)
+                self.actors.append(actors[key])
+            ready = {key: a.ready.remote() for key, a in actors.items()}
             _, pending = ray.wait(list(ready.values()), num_returns=len(ready), timeout=self.rcfg.start_timeout_s)
             if pending:
-                waiting = [n for n, ref in ready.items() if ref in pending]
+                waiting = [key for key, ref in ready.items() if ref in pending]
                 free = ray.available_resources()
                 raise RayBackendError(
                     f"Ray did not place the actors of policies {waiting} within ray.start_timeout_s="
                     f"{self.rcfg.start_timeout_s:g}s: they ask for "
-                    f"{', '.join(f'{n}: {requests[n][0]:g} CPU / {requests[n][1]:g} GPU' for n in waiting)}; free now: "
-                    f"{free.get('CPU', 0):g} CPU / {free.get('GPU', 0):g} GPU. Other jobs (or an earlier trainer "
+                    f"{', '.join(f'{k}: {per_actor[k][0]:g} CPU / {per_actor[k][1]:g} GPU' for k in waiting)}; free "
+                    f"now: {free.get('CPU', 0):g} CPU / {free.get('GPU', 0):g} GPU. Other jobs (or an earlier trainer "
                     "not closed with Trainer.close()) hold them: free them, lower the requests, or raise "
                     "ray.start_timeout_s")
-            where = dict(zip(names, _get([ready[n] for n in names], "a policy")))
-            built = _get([actors[n].build.remote(cfg, n, i, total_optimizer_steps) for i, n in enumerate(names)],
-                         "a policy")
+            where = dict(zip(keys, _get([ready[k] for k in keys], "a policy")))
+            index = {n: i for i, n in enumerate(names)}
+            addresses = {n: _get(actors[f"{n}#0"].address.remote(), f"policy {n!r}")
+                         for n in names if cfg.policies[n].replicas is not None}
+            calls = []
+            for key, (n, rank) in keys.items():
+                if rank is None:
+                    calls.append(actors[key].build.remote(cfg, n, index[n], total_optimizer_steps))
+                else:
+                    calls.append(actors[key].build_rank.remote(cfg, n, index[n], total_optimizer_steps, rank,
+                                                               cfg.policies[n].replicas, addresses[n]))
+            built = dict(zip(keys, _get(calls, "a policy")))
         except BaseException:
             self.close()
             raise
         out = {}
-        for n, info in zip(names, built):
-            info.update(where[n])
-            out[n] = RemotePolicy(n, actors[n], cfg, info)
-            logger.info("policy %s: Ray actor on node %s (pid %d), %g CPU / %g GPU, %d torch threads, model on %s",
-                        n, info["node"][:8], info["pid"], *requests[n], info["threads"], info["device"])
+        for n in names:
+            ranks = [key for key, (p, _) in keys.items() if p == n]
+            info = {**built[ranks[0]], **where[ranks[0]]}
+            if cfg.policies[n].replicas is None:
+                out[n] = RemotePolicy(n, actors[n], cfg, info)
+            else:
+                out[n] = RemoteGroup(n, [actors[k] for k in ranks], cfg, info)
+            for key in ranks:
+                logger.info("policy %s: Ray actor on node %s (pid %d), %g CPU / %g GPU, %d torch threads, model on %s",
+                            key, where[key]["node"][:8], where[key]["pid"], *requests[n], where[key]["threads"],
+                            built[key]["device"])
             if requests[n][1] > 0 and info["device"] == "cpu":
                 logger.warning("policy %s reserves %g GPU(s) but its device setting puts its model on the CPU; set "
                                "its device to auto or cuda, or ray.num_gpus_per_policy=0 to leave the GPU to others",

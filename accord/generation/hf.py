@@ -71,9 +71,10 @@ class _Sampler(LogitsProcessor):
     """
 
     def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, row_generators: list[torch.Generator] | None = None):
         self.temperature, self.top_k, self.top_p, self.greedy, self.name = temperature, top_k, top_p, greedy, name
         self.generator = generator
+        self.row_generators = row_generators
         self.logprobs: list[torch.Tensor] = []
 
     def draw(self, scores: torch.Tensor) -> torch.Tensor:
@@ -86,8 +87,12 @@ class _Sampler(LogitsProcessor):
             # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
             # a zero-probability (truncated) token, whose CDF step is flat
             cdf = log_probs.exp().double().cumsum_(dim=-1)
-            u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device,
-                           generator=self.generator) * cdf[:, -1:]
+            if self.row_generators is not None:  # one stream per row: a row's draws do not depend on its batch
+                u = torch.cat([torch.rand((1, 1), dtype=torch.float64, device=cdf.device, generator=g)
+                               for g in self.row_generators]) * cdf[:, -1:]
+            else:
+                u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device,
+                               generator=self.generator) * cdf[:, -1:]
             tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(1) - 1)
             logp = log_probs.gather(1, tokens)
         self.logprobs.append(logp.squeeze(1))
@@ -167,6 +172,7 @@ def generate(
     name: str = "model",
     generator: torch.Generator | None = None,
     row_args: dict[str, list] | None = None,
+    row_generators: list[torch.Generator] | None = None,
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
@@ -175,8 +181,12 @@ def generate(
     ``generator`` is the random stream sampling draws from (default: torch's global one).
     ``row_args`` are per-row keyword arguments of the model's forward (one list entry per prompt),
     such as PEFT's ``adapter_names``; rows share a prefill only when their prompt and their
-    ``row_args`` are equal.
+    ``row_args`` are equal. ``row_generators``: one random stream per prompt instead of ``generator``
+    (a row then samples the same tokens whichever batch, or data-parallel rank, decodes it; see
+    :mod:`accord.distributed.data_parallel`).
     """
+    if row_generators is not None and len(row_generators) != len(prompts):
+        raise ValueError(f"row_generators has {len(row_generators)} entries for {len(prompts)} prompts; give one per prompt")
     row_args = dict(row_args or {})
     for key, values in row_args.items():
         if len(values) != len(prompts):
@@ -192,7 +202,8 @@ def generate(
             chunk = prompts[start:start + batch_size]
             args = {k: v[start:start + batch_size] for k, v in row_args.items()}
             sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
-                               greedy, name, generator)
+                               greedy, name, generator,
+                               None if row_generators is None else row_generators[start:start + batch_size])
             decode = _decode if own_loop else _hf_generate
             completions = decode(model, chunk, args, eos, pad, max_new_tokens, sampler)
             out.extend(_finish(completions, sampler, eos, name))

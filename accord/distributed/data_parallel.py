@@ -1,0 +1,413 @@
+"""Data parallelism inside a policy: ``policies.<name>.replicas: N``.
+
+A policy with replicas is a group of N learner *ranks* (one ``torch.distributed`` process group: gloo
+on the CPU, NCCL on GPUs, plus a gloo group for Python objects). Every rank holds the whole model and
+optimizer (built from the same seed: identical weights) and receives the same calls with the same
+arguments; the trainer sees the group as one policy handle.
+
+- ``generate``: rank ``r`` decodes the ``r``-th contiguous ``1/N`` of the prompts and the parts are
+  gathered in order, so every rank returns the whole list. Sampling uses one random stream *per
+  prompt*: each call draws one seed from the policy's stream (every rank draws the same, so the
+  ranks' streams stay equal and a checkpoint of rank 0's holds all of them) and prompt ``i`` of the
+  call samples from a generator seeded with (that seed, ``i``). A prompt's tokens therefore do not
+  depend on which rank decodes it: the rollouts of ``replicas: 1`` and ``replicas: N`` are the same
+  draws, and bit-identical where the per-rank parts fall on the same ``rollout.generation_batch_size``
+  batches as on one rank (another batch shape can round the logits differently). This differs from a
+  policy without ``replicas`` (one stream for a whole batch): same distribution, other draws.
+- ``kl_rewards``: each rank scores its ``1/N`` of the samples; the parts are gathered in order.
+- ``update``: every rank gets the whole batch and builds the same mini-batches. Within a mini-batch
+  (ordered by prompt, as on one process) rank ``r`` takes the ``r``-th contiguous ``1/N`` and computes
+  its loss normalised by the *whole* mini-batch's token and sequence counts, so the sum of the ranks'
+  gradients is the one-process gradient. Gradients are summed with one all-reduce per mini-batch
+  (flattened; a parameter without a gradient on every rank keeps none), then every rank clips with the
+  same norm and steps: weights stay identical. Loss statistics are gathered and summed in rank order.
+  Summing in another order than one process does is not bit-exact in general; it is when each rank's
+  part is one micro-batch of the one-process run and N = 2 (float addition of two terms commutes).
+- ``save`` / ``export`` run on rank 0 only (its state is every rank's); ``load`` and ``seed_stream`` on
+  every rank.
+
+Launchers. Under ``run.backend: ray`` each rank is a Ray actor (see
+:mod:`accord.distributed.ray_backend`); the driver passes rank 0's address and a free port. Under
+``torchrun --nproc_per_node N -m accord.cli train CONFIG`` process 0 runs the trainer (and is rank 0 of
+every group); processes 1..N-1 run :func:`serve_worker`: they receive each call by a broadcast from
+process 0, and only process 0 writes the run directory. A policy with ``replicas: k`` uses processes
+0..k-1; a policy without replicas lives in process 0. With ``run.backend: local`` and no torchrun,
+``replicas: 1`` runs in the trainer's process and more replicas are an error naming the launchers.
+
+Not supported with replicas (errors before any model loads): ``specialization: lora`` (one base
+holds every adapter), ``rollout.generation_backend: vllm``. Sharding the model (FSDP) is not
+implemented: every rank holds a full copy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accord.config import Config, ConfigError
+from accord.devices import make_generator, policy_devices, policy_setting, resolve_device
+from accord.generation import Generation, generate
+from accord.policies import Policy
+from accord.rollout.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def part(n: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous share of ``n`` items (the first ``n % world`` ranks get one more)."""
+    q, r = divmod(n, world)
+    start = rank * q + min(rank, r)
+    return slice(start, start + q + (rank < r))
+
+
+def row_seed(call_seed: int, index: int) -> int:
+    """Seed of prompt ``index``'s random stream within a generate call."""
+    return (call_seed * 1_000_003 + index * 7_919 + zlib.crc32(index.to_bytes(8, "little"))) % (2**63 - 1)
+
+
+class DataParallelPolicy(Policy):
+    """One rank of a data-parallel policy (see the module docstring). ``group``: the process group of the
+    policy's ranks for tensors (None: the default group); ``object_group``: a gloo group of the same ranks
+    for Python objects. With ``world == 1`` no collective runs."""
+
+    def __init__(self, *args: Any, rank: int, world: int, group=None, object_group=None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.rank, self.world, self.group, self.object_group = rank, world, group, object_group
+
+    # --- collectives ---------------------------------------------------------------------------
+    def _gather(self, mine: list) -> list:
+        """Concatenation of every rank's list, in rank order (on every rank)."""
+        if self.world == 1:
+            return list(mine)
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, list(mine), group=self.object_group)
+        return [x for p in parts for x in p]
+
+    # --- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
+                 stream: str | None = None) -> list[Generation]:
+        """This rank's share of the prompts, each sampled from its own stream; the whole list is returned."""
+        r = self.rollout
+        if stream is not None and stream not in self._streams:
+            raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
+        gen = self.generator if stream is None else self._streams[stream]
+        # one draw per call on every rank (greedy too), so that all ranks' streams stay in step
+        call_seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+        mine = part(len(prompts), self.rank, self.world)
+        out: list[Generation] = []
+        if mine.stop > mine.start:
+            rows = [make_generator(self.device, row_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
+            out = generate(self.model, self.tokenizer, prompts[mine], max_new_tokens=r.max_new_tokens,
+                           temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
+                           batch_size=r.generation_batch_size, name=self.name, row_generators=rows)
+        return self._gather(out)
+
+    def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
+        mine = samples[part(len(samples), self.rank, self.world)]
+        return self._gather(super().kl_rewards(mine) if mine else [])
+
+    # --- update hooks (see Policy.update) ------------------------------------------------------
+    def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
+        return mini_batch[part(len(mini_batch), self.rank, self.world)]
+
+    @torch.no_grad()
+    def _sync_gradients(self) -> None:
+        if self.world == 1:
+            return
+        present = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32)
+        dist.all_reduce(present, op=dist.ReduceOp.MAX, group=self.object_group)
+        used = [p for p, has in zip(self.params, present.tolist()) if has]
+        if not used:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in used])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        offset = 0
+        for p in used:
+            n = p.numel()
+            summed = flat[offset:offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = summed.clone()
+            else:  # in place: the gradient keeps its memory layout (a norm over another layout rounds differently)
+                p.grad.copy_(summed)
+            offset += n
+
+    def _reduce_stats(self, sums: dict[str, float], tokens: int) -> tuple[dict[str, float], int]:
+        if self.world == 1:
+            return sums, tokens
+        parts: list = [None] * self.world
+        dist.all_gather_object(parts, (sums, tokens), group=self.object_group)
+        total: dict[str, float] = {}
+        for s, _ in parts:  # in rank order: the same float sums on every rank
+            for key, v in s.items():
+                total[key] = total.get(key, 0.0) + v
+        return total, sum(t for _, t in parts)
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """CPU copies of this rank's parameters (for tests of equal weights)."""
+        return {k: v.detach().cpu().clone() for k, v in self.model.named_parameters()}
+
+
+# --- checks before any model is loaded ---------------------------------------------------------
+
+
+def replicated(cfg: Config, names: list[str]) -> dict[str, int]:
+    """Replica count of every named policy that sets ``replicas``."""
+    return {n: cfg.policies[n].replicas for n in names if cfg.policies[n].replicas is not None}
+
+
+def check_replicas(cfg: Config, names: list[str], *, world: int, cuda_count: int | None = None,
+                   cpu_count: int | None = None) -> dict[str, int]:
+    """Refuse what data parallelism cannot do here, before any model loads: returns ``replicated``.
+
+    ``world``: processes launched (torchrun's WORLD_SIZE; 1 without torchrun), for run.backend=local.
+    ``cuda_count`` / ``cpu_count``: this machine's GPUs and CPU cores (default: detected)."""
+    reps = replicated(cfg, names)
+    if not reps:
+        if world > 1 and cfg.run.backend == "local":
+            raise ConfigError(f"torchrun started {world} processes, but no policy sets replicas; set "
+                              f"policies.<name>.replicas={world} (or run without torchrun)")
+        return reps
+    if cfg.specialization == "lora":
+        raise ConfigError(f"policies {sorted(reps)} set replicas, but specialization=lora keeps every adapter on one "
+                          "base model, which data parallelism does not replicate; remove replicas or use "
+                          "specialization=separate")
+    if cfg.rollout.generation_backend == "vllm":
+        raise ConfigError(f"policies {sorted(reps)} set replicas, which rollout.generation_backend=vllm does not "
+                          "support; use generation_backend=hf or remove replicas")
+    if cfg.run.backend == "local":
+        most = max(reps.values())
+        if world == 1 and most > 1:
+            big = {n: k for n, k in reps.items() if k > 1}
+            raise ConfigError(f"policies {big} ask for {most} data-parallel ranks, but run.backend=local without "
+                              f"torchrun runs one process; launch `torchrun --nproc_per_node {most} -m accord.cli "
+                              "train CONFIG`, or set run.backend=ray (one actor per rank), or set replicas=1")
+        if most > world:
+            raise ConfigError(f"policies {reps} ask for up to {most} ranks, but torchrun started {world} processes; "
+                              f"launch with --nproc_per_node {most} or lower replicas")
+        if world > 1 and most < world:
+            raise ConfigError(f"torchrun started {world} processes, but no policy has replicas={world} (replicas: "
+                              f"{reps}), so processes {most}..{world - 1} would idle; launch with --nproc_per_node "
+                              f"{most} or raise a policy's replicas to {world}")
+        if cuda_count is None:
+            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+        for n, k in reps.items():
+            setting, key = policy_setting(cfg, n)
+            on_gpu = setting.startswith("cuda") or (setting == "auto" and cuda_count > 0)
+            if on_gpu and k > cuda_count:
+                raise ConfigError(f"policies.{n}.replicas={k} puts one rank per GPU, but this machine has {cuda_count} "
+                                  f"GPU(s) (available: {['cpu'] + [f'cuda:{i}' for i in range(cuda_count)]}); lower "
+                                  f"replicas to {cuda_count} or less, or set {key}=cpu")
+            if on_gpu and setting not in ("cuda", "auto"):
+                raise ConfigError(f"policies.{n}.replicas={k}: rank r of a data-parallel policy uses cuda:<local rank>, "
+                                  f"so {key}={setting} cannot hold; set {key}=cuda (or auto)")
+            if not on_gpu and k > cpus:
+                raise ConfigError(f"policies.{n}.replicas={k} runs {k} CPU ranks, but this machine has {cpus} CPU "
+                                  f"core(s); lower replicas to {cpus} or less")
+    return reps
+
+
+def rank_device(cfg: Config, name: str, local_rank: int) -> torch.device:
+    """Device of a data-parallel rank under torchrun / in-process: the policy's setting, with CUDA at
+    ``cuda:<local rank>`` (one GPU per rank)."""
+    setting, key = policy_setting(cfg, name)
+    device = resolve_device(setting, key)
+    if device.type == "cuda":
+        return resolve_device(f"cuda:{local_rank}", f"{key} (rank {local_rank})")
+    return device
+
+
+def build_rank(cfg: Config, name: str, index: int, total_optimizer_steps: int, *, rank: int, world: int,
+               device: torch.device, group=None, object_group=None) -> DataParallelPolicy:
+    """Rank ``rank`` of policy ``name`` (``index``: its position among the sorted policy names, its seed
+    offset, as :func:`accord.trainer.build_policy`)."""
+    return DataParallelPolicy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
+                              total_optimizer_steps, seed=cfg.run.seed + index, device=device, rank=rank,
+                              world=world, group=group, object_group=object_group)
+
+
+def tensor_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+# --- torchrun: process 0 runs the trainer, the others serve -----------------------------------
+
+
+def wants_data_parallel(cfg: Config, names: list[str]) -> bool:
+    """Whether run.backend=local needs :class:`LocalGroups`: a policy sets replicas, or torchrun launched us."""
+    return launched_world() > 1 or bool(replicated(cfg, names))
+
+
+def launched_world() -> int:
+    """Processes torchrun started (``WORLD_SIZE``; 1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def launched_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _init_world() -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=TIMEOUT)  # env:// from torchrun; commands and objects
+
+
+def _send(message: tuple) -> None:
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+
+
+def _receive() -> tuple:
+    box: list = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _groups(cfg: Config, names: list[str], reps: dict[str, int], world: int, total_optimizer_steps: int,
+            rank: int) -> dict[str, DataParallelPolicy]:
+    """Create every policy's process groups (every process, same order) and build this process's ranks."""
+    mine = {}
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    for i, n in enumerate(names):
+        k = reps.get(n)
+        if k is None:
+            continue
+        device = rank_device(cfg, n, local_rank) if rank < k else None
+        group = obj = None
+        if world > 1:
+            ranks = list(range(k))
+            # every process takes part in creating every group (same order); NCCL where the policy is on GPUs
+            backend = tensor_backend(rank_device(cfg, n, 0))
+            group = dist.new_group(ranks, backend=backend, timeout=TIMEOUT)
+            obj = dist.new_group(ranks, backend="gloo", timeout=TIMEOUT) if backend != "gloo" else group
+        if rank < k:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            mine[n] = build_rank(cfg, n, i, total_optimizer_steps, rank=rank, world=k, device=device,
+                                 group=group, object_group=obj)
+    return mine
+
+
+class GroupHandle:
+    """Process 0's handle of a data-parallel policy under torchrun: each call is broadcast to the other
+    processes, then run here (rank 0 of the group); collectives inside make the result whole."""
+
+    def __init__(self, backend: "LocalGroups", policy: DataParallelPolicy):
+        self._backend, self.policy = backend, policy
+        self.name = policy.name
+
+    def __getattr__(self, attr: str) -> Any:  # tokenizer, encode_chat, decode, context_len, model, ...
+        return getattr(self.policy, attr)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._backend.call(self.name, method, *args, **kwargs)
+
+    def generate(self, prompts, *, greedy: bool, temperature: float, stream: str | None = None):
+        return self._call("generate", prompts, greedy=greedy, temperature=temperature, stream=stream)
+
+    def kl_rewards(self, samples):
+        return self._call("kl_rewards", samples)
+
+    def update(self, samples, step: int):
+        return self._call("update", samples, step)
+
+    def seed_stream(self, stream: str, seed: int) -> None:
+        self._call("seed_stream", stream, seed)
+
+    def load(self, directory: Path) -> None:
+        self._call("load", Path(directory))
+
+    def save(self, directory: Path) -> None:  # rank 0 holds every rank's state
+        self.policy.save(directory)
+
+    def export(self, directory: Path) -> None:
+        self.policy.export(directory)
+
+
+class LocalGroups:
+    """``run.backend: local`` with replicas: in-process ``replicas: 1`` policies, or, under torchrun,
+    process 0's side of every data-parallel policy (see the module docstring)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.world = launched_world()
+        self.busy = False
+        self.started = False
+
+    def start_policies(self, cfg: Config, names: list[str], total_optimizer_steps: int,
+                       build_policy) -> dict[str, Any]:
+        """Build every policy: data-parallel ones as groups, the others with :func:`accord.trainer.build_policy`
+        (passed as ``build_policy``) in this process. Checks come first: no model loads before they pass."""
+        reps = check_replicas(cfg, names, world=self.world)
+        devices = policy_devices(cfg, [n for n in names if n not in reps])
+        for n in reps:
+            rank_device(cfg, n, 0)
+        if self.world > 1:
+            _init_world()
+            self.started = True
+            _send(("build", cfg, names, reps, total_optimizer_steps))
+        groups = _groups(cfg, names, reps, self.world, total_optimizer_steps, rank=0)
+        out: dict[str, Any] = {}
+        for i, n in enumerate(names):
+            if n in groups:
+                out[n] = GroupHandle(self, groups[n]) if self.world > 1 else groups[n]
+                logger.info("policy %s: %d data-parallel rank(s), rank 0 on %s", n, reps[n], groups[n].device)
+            else:
+                out[n] = build_policy(cfg, n, i, total_optimizer_steps, device=devices[n])
+        self.groups = groups
+        return out
+
+    def call(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.busy = True
+        _send(("call", name, method, args, kwargs))
+        value = getattr(self.groups[name], method)(*args, **kwargs)
+        self.busy = False
+        return value
+
+    def close(self) -> None:
+        """Stop the other processes (unless a call failed midway: then they are stuck in a collective
+        and torchrun ends them when this process exits with the error)."""
+        if self.started and not self.busy:
+            _send(("stop",))
+            dist.destroy_process_group()
+        self.started = False
+
+
+def serve_worker() -> int:
+    """Body of torchrun processes 1..N-1: build this process's ranks when process 0 says so, run every call
+    sent to a policy this process is a rank of, return on stop."""
+    _init_world()
+    rank = dist.get_rank()
+    policies: dict[str, DataParallelPolicy] = {}
+    while True:
+        message = _receive()
+        kind = message[0]
+        if kind == "build":
+            _, cfg, names, reps, total = message
+            from accord.envs.base import import_modules
+            from accord.trainer import seed_everything
+
+            import_modules(cfg.imports)
+            if cfg.run.threads:
+                torch.set_num_threads(cfg.run.threads)
+            seed_everything(cfg.run.seed)
+            policies = _groups(cfg, names, reps, dist.get_world_size(), total, rank=rank)
+            logger.info("torchrun process %d: ranks of %s", rank, sorted(policies))
+        elif kind == "call":
+            _, name, method, args, kwargs = message
+            if name in policies:
+                getattr(policies[name], method)(*args, **kwargs)
+        elif kind == "stop":
+            dist.destroy_process_group()
+            return 0
+        else:  # pragma: no cover - a message of a newer process 0
+            raise RuntimeError(f"torchrun worker {rank}: unknown message {kind!r}")
