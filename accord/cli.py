@@ -6,6 +6,7 @@
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
     accord report runs/writing-tldr
     accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
@@ -120,7 +121,7 @@ def _eval(args: argparse.Namespace) -> int:
     from accord.evaluate import run_eval
 
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
-                   compare_base=not args.no_base, out=args.out)
+                   compare_base=not args.no_base, out=args.out, pipeline=args.pipeline)
     sys.stdout.write((out / "eval.md").read_text())
     sys.stdout.write(f"\n{out / 'eval.json'}\n")
     return 0
@@ -242,7 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.eval_temperature "
                    "if > 0, else rollout.temperature)")
     p.add_argument("--no-base", action="store_true", help="for a run directory, skip the base weights")
-    p.add_argument("--out", help="output directory (default RUN_DIR/eval)")
+    p.add_argument("--out", help="output directory (default RUN_DIR/eval, RUN_DIR/eval-PIPELINE with --pipeline)")
+    p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
+                   "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
+                   "earlier agents' answers), discussion (each revises once after seeing the others' answers)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")

@@ -49,8 +49,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _single_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
     """Per row, ``n`` results ``{team, success, agent/<a>/completion_len}`` of a single-turn task."""
-    task = trainer.task
     _, prompt_texts, gens, texts = trainer._generate(rows, n, greedy=greedy, temperature=temperature, stream="eval")
+    return score_single_turn(trainer, rows, n, prompt_texts, gens, texts)
+
+
+def score_single_turn(trainer, rows: list[dict], n: int, prompt_texts: dict, gens: dict, texts: dict) -> list[list[dict]]:
+    """Score ``n`` joint actions per row (``texts[agent][row][j]``) with the task's reward and success check."""
+    task = trainer.task
     joint = score_joint_actions(task, trainer.agents, rows, texts, prompt_texts, n, "aligned")
     success = None
     if callable(getattr(task, "success", None)):
@@ -100,14 +105,20 @@ def _multi_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: fl
     return out
 
 
-def evaluate_trainer(trainer, *, samples: int, ks: list[int], temperature: float) -> dict[str, float]:
-    """Greedy and sampled metrics of the trainer's current weights on its held-out rows."""
+def evaluate_trainer(trainer, *, samples: int, ks: list[int], temperature: float, pipeline: str = "parallel",
+                     record: Path | None = None) -> dict[str, float]:
+    """Greedy and sampled metrics of the trainer's current weights on its held-out rows; ``pipeline``: see
+    :mod:`accord.pipelines` (``record``: where its greedy prompts and answers go)."""
     rows = trainer.eval_rows
     if not rows:
         raise ConfigError("nothing to evaluate: task.eval_size is 0; set task.eval_size=N")
     for pname, pol in trainer.policies.items():
         pol.seed_stream("eval", trainer.cfg.run.seed + 7919 + zlib.crc32(pname.encode()))
     run = _multi_turn if trainer.multi_turn else _single_turn
+    if pipeline != "parallel":
+        from accord.pipelines import pipeline_runner  # checks that the task takes the pipeline
+
+        run = pipeline_runner(pipeline, record)
     metrics: dict[str, float] = {"instances": float(len(rows))}
     t = time.perf_counter()
     for mode, n, greedy in (("greedy", 1, True), ("sampled", samples, False)):
@@ -140,13 +151,18 @@ def _load(target: Path, overrides: list[str]) -> tuple[Config, Path | None, Path
 
 
 def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4, ks: list[int] | None = None,
-             temperature: float | None = None, compare_base: bool = True, out: str | Path | None = None) -> Path:
-    """Evaluate the base weights and (for a run directory) the latest checkpoint; write eval.json/.md."""
+             temperature: float | None = None, compare_base: bool = True, out: str | Path | None = None,
+             pipeline: str = "parallel") -> Path:
+    """Evaluate the base weights and (for a run directory) the latest checkpoint; write eval.json/.md.
+    ``pipeline``: ``parallel`` (agents answer independently), ``sequential`` or ``discussion`` (prompt-only
+    multi-agent pipelines of a single-turn task, see :mod:`accord.pipelines`)."""
+    from accord.pipelines import check_pipeline_name, transcript_path
     from accord.trainer import Trainer
 
     target = Path(target)
     cfg, run_dir, ckpt = _load(target, list(overrides))
     ks = sorted(set(ks or [1]))
+    check_pipeline_name(pipeline)
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
     if ks[0] < 1:
@@ -159,6 +175,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if not math.isfinite(temperature) or temperature <= 0:
         raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
+    if not out and pipeline != "parallel":  # beside the plain eval, not over it
+        out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / "_work"  # scratch run directory of the trainer that evaluates: the last eval's goes
     if work.is_dir():
@@ -169,7 +187,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
         variants: dict[str, dict[str, float]] = {}
         if ckpt is None or compare_base:
             logger.info("evaluating the base weights on %d held-out instances", len(trainer.eval_rows))
-            variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+            variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature,
+                                                pipeline=pipeline, record=transcript_path(out_dir, "base"))
         if ckpt is not None:
             for name, pol in trainer.policies.items():
                 try:
@@ -179,14 +198,15 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
                                           f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
                                           "checkpoint or retrain") from err
             logger.info("evaluating checkpoint %s", ckpt)
-            variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature)
+            variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature,
+                                                   pipeline=pipeline, record=transcript_path(out_dir, ckpt.name))
         elif run_dir is not None:
             logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
     finally:
         trainer.close()
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
-              "temperature": temperature, "ks": ks, "variants": variants}
+              "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
     (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
     (out_dir / "eval.md").write_text(markdown_table(report))
     return out_dir
@@ -201,6 +221,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     lines = [f"# Evaluation of {report['target']}", "",
              f"Task `{report['task']}` {report['task_options'] or ''}; greedy = one trajectory per instance; "
              f"sampled = {report['samples']} samples per instance at temperature {report['temperature']}.", ""]
+    if report.get("pipeline", "parallel") != "parallel":
+        from accord.pipelines import PIPELINE_TEXT
+
+        lines += [f"Prompt-only pipeline `{report['pipeline']}`: {PIPELINE_TEXT[report['pipeline']]}", ""]
     if not any(k.startswith("pass@") for k in keys):
         lines += ["This task defines no success check, so success rates and pass@k are not reported.", ""]
     lines.append("| metric | " + " | ".join(names) + " |")
