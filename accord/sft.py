@@ -211,7 +211,7 @@ def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
 
 def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
     """(training, held-out) demonstrations as ``cfg.sft`` says; the task's agents resolved into ``cfg``."""
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     task = build_task(cfg)
     cfg.resolve_agents(tuple(task.agents))
