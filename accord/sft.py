@@ -357,7 +357,7 @@ def output_dir(cfg: Config) -> Path:
 def run_sft(cfg: Config) -> dict[str, Any]:
     """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
     docstring for the output layout)."""
-    from accord.trainer import seed_everything
+    from accord.policies import seed_everything
 
     s = cfg.sft
     out = output_dir(cfg)
