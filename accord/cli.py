@@ -146,9 +146,8 @@ def _export(args: argparse.Namespace) -> int:
 def _envs(args: argparse.Namespace) -> int:
     from accord.envs.base import TaskError  # imported lazily, like every command's heavy modules
 
-    from accord.envs import TASKS, make_task
+    from accord.envs import TASKS, make_env, make_task
     from accord.envs.base import entry_point_names, import_modules, task_factory
-    from accord.envs.protocol import is_env
 
     import_modules(args.imports, "--import")
     if args.check:
@@ -156,9 +155,7 @@ def _envs(args: argparse.Namespace) -> int:
 
         for name in args.check:
             task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
-            if not is_env(make_task(name)):
-                raise TaskError(f"{name!r} is a single-turn task, not a multi-turn environment; nothing to check")
-            check_env(lambda: make_task(name))
+            check_env(lambda: make_env(name))  # a single-turn task is checked as a one-turn environment
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}

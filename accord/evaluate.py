@@ -19,6 +19,7 @@ Results go to ``OUT/eval.json`` and ``OUT/eval.md`` (one table, one column per v
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -29,10 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
-from accord.rollout.magrpo import call_reward, score_joint_actions
-from accord.rollout.multiturn import play_episodes
 
 logger = logging.getLogger(__name__)
 
@@ -47,84 +48,80 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _single_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
-    """Per row, ``n`` results ``{team, success, agent/<a>/completion_len}`` of a single-turn task."""
-    _, prompt_texts, gens, texts = trainer._generate(rows, n, greedy=greedy, temperature=temperature, stream="eval")
-    return score_single_turn(trainer, rows, n, prompt_texts, gens, texts)
+EVAL_SEED_OFFSET = 7919   # evaluation's random streams: run.seed + this (training's are untouched)
+
+# a played record's keys -> the metric names of the evaluation during training
+_TRAIN_EVAL_KEYS = {"team": "eval/team/reward", "success": "eval/success", "turns": "eval/turns"}
 
 
-def score_single_turn(trainer, rows: list[dict], n: int, prompt_texts: dict, gens: dict, texts: dict) -> list[list[dict]]:
-    """Score ``n`` joint actions per row (``texts[agent][row][j]``) with the task's reward and success check."""
-    task = trainer.task
-    joint = score_joint_actions(task, trainer.agents, rows, texts, prompt_texts, n, "aligned")
-    success = None
-    if callable(getattr(task, "success", None)):
-        completions = {a: [texts[a][b][j] for b in range(len(rows)) for j in range(n)] for a in trainer.agents}
-        prompts = {a: [prompt_texts[a][b] for b in range(len(rows)) for _ in range(n)] for a in trainer.agents}
-        keys = sorted({key for row in rows for key in row})
-        columns = {key: [rows[b].get(key) for b in range(len(rows)) for _ in range(n)] for key in keys}
-        success = call_reward(task.success, task_name=task.name, agents=trainer.agents, prompts=prompts,
-                              completions=completions, columns=columns,
-                              row_ids=[str(rows[b].get("id", b)) for b in range(len(rows)) for _ in range(n)])
-    out = []
-    for b in range(len(rows)):
-        per = []
-        for j in range(n):
-            idx = b * n + j
-            rec = {"team": joint.rewards[idx]}
-            if success is not None:
-                rec["success"] = float(success[idx] > 0.5)
-            for a in trainer.agents:
-                rec[f"agent/{a}/completion_len"] = len(gens[a][b][j].ids)
-            per.append(rec)
-        out.append(per)
-    return out
+def seed_eval_streams(run) -> int:
+    """Start every policy's ``eval`` random stream (the same at every evaluation); returns the eval seed."""
+    eval_seed = run.cfg.run.seed + EVAL_SEED_OFFSET
+    for pname, pol in run.policies.items():
+        pol.seed_stream("eval", eval_seed + zlib.crc32(pname.encode()))
+    return eval_seed
 
 
-def _multi_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
-    """Per row, ``n`` results of one trajectory each (team return, success, per-agent local returns)."""
-    import functools
-
-    from accord.trainer import build_task
-
-    reps = [row for row in rows for _ in range(n)]
-    complete = functools.partial(trainer._complete, temperature=temperature, stream="eval")
-    episodes = play_episodes(functools.partial(build_task, trainer.cfg), reps, complete, turns=trainer.turns,
-                             history_turns=trainer.cfg.rollout.history_turns, seed=trainer.cfg.run.seed + 7919,
-                             greedy=greedy)
-    out = []
-    for b in range(len(rows)):
-        per = []
-        for ep in episodes[b * n:(b + 1) * n]:
-            rec = {"team": ep.team_return, "success": float(ep.success),
-                   "turns": max(len(h) for h in ep.history.values())}
-            for a in trainer.agents:
-                rec[f"agent/{a}/local_return"] = ep.local_return.get(a, 0.0)
-            per.append(rec)
-        out.append(per)
-    return out
+def play(run, rows: list[dict], *, n: int, greedy: bool, temperature: float, success: bool = True):
+    """``n`` unbranched trajectories (or joint actions) per held-out row with the run's rollout."""
+    generate = functools.partial(run.generate, temperature=temperature, stream="eval")
+    return run.rollout.play(rows, generate, n=n, greedy=greedy, seed=run.cfg.run.seed + EVAL_SEED_OFFSET,
+                            success=success)
 
 
-def evaluate_trainer(trainer, *, samples: int, ks: list[int], temperature: float, pipeline: str = "parallel",
-                     record: Path | None = None) -> dict[str, float]:
-    """Greedy and sampled metrics of the trainer's current weights on its held-out rows; ``pipeline``: see
-    :mod:`accord.pipelines` (``record``: where its greedy prompts and answers go)."""
-    rows = trainer.eval_rows
+def evaluate_run(run, step: int | None = None) -> dict[str, float]:
+    """Held-out instances of a run, no branching: one joint action (single-turn) or one episode (multi-turn)
+    each, greedy unless rollout.eval_temperature > 0. ``eval/team/reward`` is the team reward (single-turn)
+    or the episode's team return (multi-turn). With ``step``, the completions are written to
+    ``RUN_DIR/eval_completions/step_N.jsonl`` (see :mod:`accord.logging.eval_completions`)."""
+    from accord.logging import MetricAccumulator
+    from accord.logging.eval_completions import write_eval_completions
+
+    if not run.eval_rows:
+        return {}
+    temp = run.cfg.rollout.eval_temperature
+    acc = MetricAccumulator()
+    t = time.perf_counter()
+    eval_seed = seed_eval_streams(run)
+    with torch.random.fork_rng():
+        torch.manual_seed(eval_seed)
+        played = play(run, run.eval_rows, n=1, greedy=temp == 0, temperature=temp or 1.0, success=False)
+    records = [per[0] for per in played.results]
+    for key in records[0]:
+        if key.endswith("/local_return"):
+            name = "eval/" + key.replace("/local_return", "/return")
+        else:
+            name = _TRAIN_EVAL_KEYS.get(key, f"eval/{key}")
+        for rec in records:
+            acc.add(name, rec[key])
+    for key, value in played.components.items():
+        acc.add(f"eval/reward/{key}", value)
+    if step is not None:
+        write_eval_completions(run.run_dir, step, played.table)
+    acc.add("time/eval", time.perf_counter() - t)
+    return acc.mean()
+
+
+def evaluate_parts(run, *, samples: int, ks: list[int], temperature: float, pipeline: str = "parallel",
+                   record: Path | None = None) -> dict[str, float]:
+    """Greedy and sampled metrics (pass@k where the task has a success check) of a run's current weights
+    on its held-out rows; ``pipeline``: see :mod:`accord.pipelines` (``record``: where its greedy prompts
+    and answers go)."""
+    rows = run.eval_rows
     if not rows:
         raise ConfigError("nothing to evaluate: task.eval_size is 0; set task.eval_size=N")
-    for pname, pol in trainer.policies.items():
-        pol.seed_stream("eval", trainer.cfg.run.seed + 7919 + zlib.crc32(pname.encode()))
-    run = _multi_turn if trainer.multi_turn else _single_turn
+    player = play
     if pipeline != "parallel":
-        from accord.pipelines import pipeline_runner  # checks that the task takes the pipeline
+        from accord.pipelines import pipeline_player
 
-        run = pipeline_runner(pipeline, record)
+        player = pipeline_player(pipeline, record)
+    seed_eval_streams(run)
     metrics: dict[str, float] = {"instances": float(len(rows))}
     t = time.perf_counter()
     for mode, n, greedy in (("greedy", 1, True), ("sampled", samples, False)):
         if n == 0:
             continue
-        results = run(trainer, rows, n, greedy, temperature)
+        results = player(run, rows, n=n, greedy=greedy, temperature=temperature).results
         flat = [r for per in results for r in per]
         for key in flat[0]:
             metrics[f"{mode}/{key}"] = sum(r[key] for r in flat) / len(flat)
@@ -156,8 +153,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     """Evaluate the base weights and (for a run directory) the latest checkpoint; write eval.json/.md.
     ``pipeline``: ``parallel`` (agents answer independently), ``sequential`` or ``discussion`` (prompt-only
     multi-agent pipelines of a single-turn task, see :mod:`accord.pipelines`)."""
+    from accord.build import build_run
     from accord.pipelines import check_pipeline_name, transcript_path
-    from accord.trainer import Trainer
 
     target = Path(target)
     cfg, run_dir, ckpt = _load(target, list(overrides))
@@ -178,19 +175,19 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if not out and pipeline != "parallel":  # beside the plain eval, not over it
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = out_dir / "_work"  # scratch run directory of the trainer that evaluates: the last eval's goes
+    work = out_dir / "_work"  # scratch run directory of the run that evaluates: the last eval's goes
     if work.is_dir():
         shutil.rmtree(work)
     cfg.run = replace(cfg.run, run_dir=str(work))
-    trainer = Trainer(cfg)
+    run = build_run(cfg)
     try:
         variants: dict[str, dict[str, float]] = {}
         if ckpt is None or compare_base:
-            logger.info("evaluating the base weights on %d held-out instances", len(trainer.eval_rows))
-            variants["base"] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature,
-                                                pipeline=pipeline, record=transcript_path(out_dir, "base"))
+            logger.info("evaluating the base weights on %d held-out instances", len(run.eval_rows))
+            variants["base"] = evaluate_parts(run, samples=samples, ks=ks, temperature=temperature,
+                                              pipeline=pipeline, record=transcript_path(out_dir, "base"))
         if ckpt is not None:
-            for name, pol in trainer.policies.items():
+            for name, pol in run.policies.items():
                 try:
                     pol.load(ckpt / "policies" / name)
                 except (OSError, RuntimeError, EOFError, KeyError) as err:  # unverified: of an older accord
@@ -198,12 +195,12 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
                                           f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
                                           "checkpoint or retrain") from err
             logger.info("evaluating checkpoint %s", ckpt)
-            variants[ckpt.name] = evaluate_trainer(trainer, samples=samples, ks=ks, temperature=temperature,
-                                                   pipeline=pipeline, record=transcript_path(out_dir, ckpt.name))
+            variants[ckpt.name] = evaluate_parts(run, samples=samples, ks=ks, temperature=temperature,
+                                                 pipeline=pipeline, record=transcript_path(out_dir, ckpt.name))
         elif run_dir is not None:
             logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
     finally:
-        trainer.close()
+        run.close()
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
               "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}

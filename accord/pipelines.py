@@ -14,7 +14,7 @@ collaboration schemes; ``accord eval --pipeline NAME`` runs them on a single-tur
 
 The final answers are scored like plain eval's joint actions: the task's own team reward (and its
 ``success`` check, for success rates and pass@k) with the task's own prompts, through the same reward
-path (:func:`accord.evaluate.score_single_turn`), so every row of the comparison is scored alike.
+path (the single-turn rollout's ``score``, :class:`accord.rollout.magrpo.JointRollout`), so every row of the comparison is scored alike.
 Nothing is trained and no weights change. With ``n`` samples per instance a pipeline runs ``n``
 independent chains: agent i's j-th answer sees the j-th answers of the others.
 
@@ -95,74 +95,77 @@ def discussion_prompt(messages: Messages, agent: str, first: str, peers: list[tu
     return messages + [{"role": "assistant", "content": first}, {"role": "user", "content": ask}]
 
 
-def _run_sequential(trainer, rows, base, n, greedy, temperature):
+def _complete(run, requests, n, greedy, temperature):
+    return run.generate(requests, n, greedy, temperature=temperature, stream="eval")
+
+
+def _run_sequential(run, rows, base, n, greedy, temperature):
     """Per agent, per row, ``n`` completions and the messages each was prompted with."""
     gens: dict[str, list[list[Any]]] = {}
     msgs: dict[str, list[list[Messages]]] = {}
-    for i, a in enumerate(trainer.agents):
+    for i, a in enumerate(run.agents):
         if i == 0:  # the first agent sees only its task prompt: n samples of one request, as plain eval
-            out = trainer._complete([(a, base[a][b]) for b in range(len(rows))], n, greedy, temperature, "eval")
+            out = _complete(run, [(a, base[a][b]) for b in range(len(rows))], n, greedy, temperature)
             gens[a] = [list(c) for c in out]
             msgs[a] = [[base[a][b]] * n for b in range(len(rows))]
             continue
-        prompts = [[sequential_prompt(base[a][b], a, [(e, gens[e][b][j].text) for e in trainer.agents[:i]])
+        prompts = [[sequential_prompt(base[a][b], a, [(e, gens[e][b][j].text) for e in run.agents[:i]])
                     for j in range(n)] for b in range(len(rows))]
-        out = trainer._complete([(a, m) for per in prompts for m in per], 1, greedy, temperature, "eval")
+        out = _complete(run, [(a, m) for per in prompts for m in per], 1, greedy, temperature)
         gens[a] = [[out[b * n + j][0] for j in range(n)] for b in range(len(rows))]
         msgs[a] = prompts
     return gens, msgs, None
 
 
-def _run_discussion(trainer, rows, base, n, greedy, temperature):
+def _run_discussion(run, rows, base, n, greedy, temperature):
     """Round one: independent answers (one generate call, as plain eval); round two: each agent revises."""
-    agents, nb = trainer.agents, len(rows)
-    out = iter(trainer._complete([(a, base[a][b]) for a in agents for b in range(nb)], n, greedy, temperature,
-                                 "eval"))
+    agents, nb = run.agents, len(rows)
+    out = iter(_complete(run, [(a, base[a][b]) for a in agents for b in range(nb)], n, greedy, temperature))
     first = {a: [list(next(out)) for _ in range(nb)] for a in agents}
     prompts = {a: [[discussion_prompt(base[a][b], a, first[a][b][j].text,
                                       [(p, first[p][b][j].text) for p in agents if p != a])
                     for j in range(n)] for b in range(nb)] for a in agents}
-    out = iter(trainer._complete([(a, m) for a in agents for per in prompts[a] for m in per], 1, greedy,
-                                 temperature, "eval"))
+    out = iter(_complete(run, [(a, m) for a in agents for per in prompts[a] for m in per], 1, greedy, temperature))
     gens = {a: [[next(out)[0] for _ in range(n)] for _ in range(nb)] for a in agents}
     return gens, prompts, first
 
 
-def pipeline_single_turn(trainer, rows: list[dict], n: int, greedy: bool, temperature: float, *, pipeline: str,
-                         record: Path | None = None) -> list[list[dict]]:
-    """Per row, ``n`` results of ``pipeline`` (the keys of plain eval's single-turn results); with ``record``,
-    the prompts and answers of every chain (instance, sample) go to that file, one JSON line each."""
-    from accord.evaluate import score_single_turn
+def pipeline_single_turn(run, rows: list[dict], n: int, greedy: bool, temperature: float, *, pipeline: str,
+                         record: Path | None = None):
+    """``n`` chains of ``pipeline`` per row of a run (:class:`accord.build.Run`), scored like plain eval's joint
+    actions: a :class:`accord.rollout.base.Played` whose results have plain eval's single-turn keys. With
+    ``record``, the prompts and answers of every chain (instance, sample) go to that file, one JSON line each."""
+    from accord.envs.single_turn import SingleTurnEnv
 
-    check_pipeline(pipeline, trainer.task.name, trainer.agents, trainer.multi_turn)
-    task = trainer.task
-    base = {a: [task.prompt(a, row) for row in rows] for a in trainer.agents}
-    run = {"sequential": _run_sequential, "discussion": _run_discussion}[pipeline]
-    gens, msgs, first = run(trainer, rows, base, n, greedy, temperature)
-    texts = {a: [[c.text for c in per] for per in gens[a]] for a in trainer.agents}
+    check_pipeline(pipeline, run.env.name, run.agents, not isinstance(run.env, SingleTurnEnv))
+    base = {a: [run.env.prompt(a, row) for row in rows] for a in run.agents}
+    chains = {"sequential": _run_sequential, "discussion": _run_discussion}[pipeline]
+    gens, msgs, first = chains(run, rows, base, n, greedy, temperature)
+    texts = {a: [[c.text for c in per] for per in gens[a]] for a in run.agents}
     # scored with the task's own prompts: the reward sees what it sees in plain eval and in training
-    prompt_texts = {a: [m[-1]["content"] for m in base[a]] for a in trainer.agents}
-    results = score_single_turn(trainer, rows, n, prompt_texts, gens, texts)
+    prompt_texts = {a: [m[-1]["content"] for m in base[a]] for a in run.agents}
+    played = run.rollout.score(rows, prompt_texts, gens, texts, n)
     if record is not None:
         with open(record, "w") as fh:
             for b, row in enumerate(rows):
                 for j in range(n):
-                    line = {"id": row.get("id", b), "sample": j, "pipeline": pipeline, "team": results[b][j]["team"],
+                    line = {"id": row.get("id", b), "sample": j, "pipeline": pipeline,
+                            "team": played.results[b][j]["team"],
                             "agents": {a: {"messages": msgs[a][b][j], "answer": texts[a][b][j],
                                            **({"first_answer": first[a][b][j].text} if first else {})}
-                                       for a in trainer.agents}}
+                                       for a in run.agents}}
                     fh.write(json.dumps(line) + "\n")
-    return results
+    return played
 
 
-def pipeline_runner(pipeline: str, record: Path | None = None):
-    """``accord eval``'s per-mode function for ``pipeline``; the greedy pass writes its transcript to ``record``."""
+def pipeline_player(pipeline: str, record: Path | None = None):
+    """``accord eval``'s ``play`` for ``pipeline``; the greedy pass writes its transcript to ``record``."""
 
-    def run(trainer, rows: list[dict], n: int, greedy: bool, temperature: float) -> list[list[dict]]:
-        return pipeline_single_turn(trainer, rows, n, greedy, temperature, pipeline=pipeline,
+    def play(run, rows: list[dict], *, n: int, greedy: bool, temperature: float):
+        return pipeline_single_turn(run, rows, n, greedy, temperature, pipeline=pipeline,
                                     record=record if greedy else None)
 
-    return run
+    return play
 
 
 def transcript_path(out_dir: Path, variant: str) -> Path:

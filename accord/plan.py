@@ -292,7 +292,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
     """The plan of a config as plain data (what :func:`format_plan` prints)."""
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     task = build_task(cfg)
     multi = is_env(task)

@@ -480,3 +480,22 @@ class Policy:
         """Save as a Hugging Face model directory (loadable with from_pretrained or as a policy model)."""
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+
+
+def build_policy(cfg, name: str, index: int, total_optimizer_steps: int, device=None) -> Policy:
+    """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed
+    offset); ``device`` where its model lives (default the CPU; see :mod:`accord.devices`). The Ray
+    backend calls this inside each policy's actor, so both backends build the same."""
+    return Policy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
+                  seed=cfg.run.seed + index, device=device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (a run's, or a Ray actor's)."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

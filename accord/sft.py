@@ -211,7 +211,7 @@ def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
 
 def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
     """(training, held-out) demonstrations as ``cfg.sft`` says; the task's agents resolved into ``cfg``."""
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     task = build_task(cfg)
     cfg.resolve_agents(tuple(task.agents))
@@ -357,7 +357,7 @@ def output_dir(cfg: Config) -> Path:
 def run_sft(cfg: Config) -> dict[str, Any]:
     """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
     docstring for the output layout)."""
-    from accord.trainer import seed_everything
+    from accord.policies import seed_everything
 
     s = cfg.sft
     out = output_dir(cfg)

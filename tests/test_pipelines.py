@@ -41,8 +41,9 @@ def _team_of(task, rows, lines) -> list[float]:
 def test_sequential_prompts_carry_earlier_answers(tiny_cfg, tmp_path):
     trainer = _trainer(tiny_cfg, task={"name": "letters", "eval_size": 3}, rollout={"max_new_tokens": 12})
     try:
-        rows, task = trainer.eval_rows, trainer.task
-        results = pipeline_single_turn(trainer, rows, 2, False, 1.0, pipeline="sequential", record=tmp_path / "s.jsonl")
+        rows, task = trainer.eval_rows, trainer.run.env.task
+        results = pipeline_single_turn(trainer.run, rows, 2, False, 1.0, pipeline="sequential",
+                                       record=tmp_path / "s.jsonl").results
         lines = load_transcripts(tmp_path / "s.jsonl")
     finally:
         trainer.close()
@@ -65,8 +66,9 @@ def test_sequential_prompts_carry_earlier_answers(tiny_cfg, tmp_path):
 def test_discussion_prompts_carry_peers_first_answers(tiny_cfg, tmp_path):
     trainer = _trainer(tiny_cfg, task={"name": "letters", "eval_size": 2}, rollout={"max_new_tokens": 12})
     try:
-        rows, task = trainer.eval_rows, trainer.task
-        results = pipeline_single_turn(trainer, rows, 2, False, 1.0, pipeline="discussion", record=tmp_path / "d.jsonl")
+        rows, task = trainer.eval_rows, trainer.run.env.task
+        results = pipeline_single_turn(trainer.run, rows, 2, False, 1.0, pipeline="discussion",
+                                       record=tmp_path / "d.jsonl").results
         lines = load_transcripts(tmp_path / "d.jsonl")
     finally:
         trainer.close()

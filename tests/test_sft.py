@@ -126,7 +126,7 @@ def test_noise_share_and_demo_prompts(tmp_path):
 
 
 def test_tool_workflow_demonstrates_a_solver_program(tmp_path):
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     cfg = config_from_dict(planpath_cfg(tmp_path, workflow="tool_planner", max_new_tokens=512, noise=0.5,
                                         instances=8))
@@ -146,13 +146,14 @@ def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
     """The AT-GRPO rollout's first-turn prompts (planner, then executor after the chosen proposal) equal
     the encoded SFT prompts of the same instance once the rollout's proposal is the oracle's."""
     from accord.rollout.multiturn import start_episodes
-    from accord.trainer import Trainer, build_task
+    from accord.build import build_task
+    from accord.trainer import Trainer
 
     cfg = config_from_dict(planpath_cfg(tmp_path))
     trainer = Trainer(cfg)
     policy = trainer.policies["main"]
     rows = trainer.batch_rows(0)
-    samples = trainer._rollout(0, rows, MetricAccumulator())
+    samples = trainer.rollout(0, rows, MetricAccumulator())
     row = rows[0]
     demos, _ = collect_demos_for(cfg, [row])
     planner_demo = next(d for d in demos if d.agent == "planner" and "turn 1" in d.where)
@@ -170,7 +171,7 @@ def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
 
 def collect_demos_for(cfg, rows):
     from accord.sft import oracle_demos
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     return oracle_demos(cfg, lambda: build_task(cfg), rows, noise=0.0, seed=0), None
 

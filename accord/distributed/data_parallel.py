@@ -394,7 +394,7 @@ def serve_worker() -> int:
         if kind == "build":
             _, cfg, names, reps, total = message
             from accord.envs.base import import_modules
-            from accord.trainer import seed_everything
+            from accord.policies import seed_everything
 
             import_modules(cfg.imports)
             if cfg.run.threads:

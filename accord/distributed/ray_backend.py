@@ -2,7 +2,7 @@
 
 Layout. The trainer (the Ray *driver*) keeps the task, the rollout logic, advantages, logging and the
 run directory. Every policy becomes a :class:`PolicyWorker` actor that builds the policy exactly as the
-local backend does (:func:`accord.trainer.build_policy`, same seed) and runs its ``generate``,
+local backend does (:func:`accord.policies.build_policy`, same seed) and runs its ``generate``,
 ``update``, ``seed_stream``, ``save``, ``load`` and ``export``. The driver holds a
 :class:`RemotePolicy` per actor: the same interface as :class:`~accord.policies.Policy`, with the
 tokenizer fetched once from the actor so that ``encode_chat`` and ``decode`` run in the driver (token
@@ -156,7 +156,7 @@ class PolicyWorker:
 
         from accord.devices import actor_device, policy_setting
         from accord.envs.base import import_modules
-        from accord.trainer import build_policy, seed_everything
+        from accord.policies import build_policy, seed_everything
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
@@ -184,7 +184,7 @@ class PolicyWorker:
         from accord.devices import actor_device, policy_setting
         from accord.distributed.data_parallel import TIMEOUT, build_rank, tensor_backend
         from accord.envs.base import import_modules
-        from accord.trainer import seed_everything
+        from accord.policies import seed_everything
 
         import_modules(cfg.imports)
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())

@@ -1,4 +1,9 @@
-"""Single-turn cooperative tasks and their registry.
+"""The task registry, and the single-turn form of a task.
+
+Every task, single-turn or multi-turn, is registered here (:func:`register_task`) and built by
+:func:`make_env` as an environment of :mod:`accord.envs.protocol`. A single-turn task may be written in
+the simpler form below; it becomes a one-turn, simultaneous environment
+(:class:`accord.envs.single_turn.SingleTurnEnv`) whose team reward keeps its batched call.
 
 A task gives its agents (role names, in order), instances split into ``train`` and ``eval`` that never
 overlap, each agent's chat prompt for an instance, and a team reward over a batch of joint actions.
@@ -68,10 +73,24 @@ def make_task(name: str, options: dict | None = None) -> Task:
         if key not in params:
             close = difflib.get_close_matches(key, list(params), n=1)
             hint = f" did you mean {close[0]!r}?" if close else ""
+            if key == "single_agent":  # set by algorithm.baseline=single_agent
+                hint += (" (algorithm.baseline=single_agent needs a task with a single-agent variant; use "
+                         "baseline=centralized for a one-model baseline)")
             raise TaskError(f"task {name!r} has no option {key!r};{hint} valid options: {list(params)}")
     task = factory(**options)
     _check_task(name, task)
     return task
+
+
+def make_env(name: str, options: dict | None = None):
+    """:func:`make_task`, as an environment of :mod:`accord.envs.protocol`: a single-turn task comes back
+    as a one-turn, simultaneous :class:`~accord.envs.single_turn.SingleTurnEnv` (the one place where the
+    two authoring forms are told apart), a multi-turn environment as it is."""
+    from accord.envs.protocol import is_env
+    from accord.envs.single_turn import SingleTurnEnv
+
+    task = make_task(name, options)
+    return task if is_env(task) else SingleTurnEnv(task)
 
 
 # --- tasks from the user's own modules ----------------------------------------------------------

@@ -111,6 +111,17 @@ class CentralizedEnv:
         return c
 
 
+def centralize(env, parse_penalty: float = 1.0):
+    """The centralized baseline of an environment: a one-turn one (a single-turn task) gets its task wrapped
+    in :class:`CentralizedTask`, so that its batched team reward stays one call per step; a multi-turn one
+    is wrapped in :class:`CentralizedEnv`."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    if isinstance(env, SingleTurnEnv):
+        return SingleTurnEnv(CentralizedTask(env.task, parse_penalty=parse_penalty))
+    return CentralizedEnv(env, parse_penalty=parse_penalty)
+
+
 class CentralizedTask:
     """One agent (``central``) writing every role's completion of a single-turn task in one completion."""
 

@@ -15,7 +15,13 @@ It checks, and raises :class:`EnvCheckError` naming the method at fault:
 - **seed determinism**: two fresh environments reset with the same task and seed and fed the same
   actions return identical observations, rewards and flags;
 - **clone independence**: stepping a clone leaves the original's future unchanged, and the clone
-  continues exactly as the original would.
+  continues exactly as the original would;
+- **single-turn tasks** (one-turn :class:`~accord.envs.single_turn.SingleTurnEnv`, what
+  :func:`accord.envs.base.make_env` builds from a task with ``rows`` / ``prompt`` / ``reward``): besides
+  all of the above, ``prompt`` returns chat messages ending with a user message for every agent, and the
+  batched reward returns one finite float per joint action for a batch that mixes instances and texts.
+
+``accord envs --check NAME`` runs it on a registered task of either kind.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import random
 from typing import Any, Callable, Sequence
 
 from accord.envs.protocol import Env, StepResult
+from accord.envs.single_turn import RewardError, SingleTurnEnv
 
 GARBAGE = ("", "   ", "\x00\ufffd}{][", "lorem " * 2000, "```python\nwhile True: pass\n```", "🙂" * 50)
 
@@ -161,6 +168,8 @@ def check_env(factory: Callable[[], Env], actions: Sequence[str] = (), *, n_task
         if not isinstance(text, str) or not text.strip():
             raise _fail(env, "instructions", f"must return a non-empty string for agent {a!r}")
     script = list(actions) + list(GARBAGE)
+    if isinstance(env, SingleTurnEnv):
+        _check_batched(env, tasks[:n_tasks], script)
     rng = random.Random(seed)
     for task in tasks[:n_tasks]:
         # determinism: two fresh environments, same task, seed and actions
@@ -209,3 +218,21 @@ def check_env(factory: Callable[[], Env], actions: Sequence[str] = (), *, n_task
         if got != expect:
             raise _fail(env, "clone", f"is not independent on task {task['id']!r}: stepping a clone changed the "
                                       "original (copy mutable state such as grids and lists)")
+
+
+def _check_batched(env: SingleTurnEnv, tasks: list[dict], script: Sequence[str]) -> None:
+    """The single-turn form: prompts are chats, and one reward call scores a mixed batch of joint actions."""
+    for task in tasks:
+        for a in env.agents:
+            msgs = env.prompt(a, task)
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                                for m in msgs) or msgs[-1].get("role") != "user":
+                raise _fail(env, "prompt", f"must return chat messages ending with a user message for agent {a!r}, "
+                                           f"got {msgs!r:.200}")
+    rows = [task for task in tasks for _ in script]
+    prompts = {a: [env.prompt(a, row)[-1]["content"] for row in rows] for a in env.agents}
+    completions = {a: [script[(j + i) % len(script)] for j in range(len(rows))] for i, a in enumerate(env.agents)}
+    try:
+        env.score(rows, prompts, completions)
+    except RewardError as err:
+        raise _fail(env, "reward", f"fails on a batch of {len(rows)} joint actions: {err}") from err

@@ -1,0 +1,7 @@
+"""Rollouts: one interface (:mod:`accord.rollout.base`), three registered implementations. Importing this
+package registers the built-in ones."""
+
+from accord.rollout import magrpo, multiturn  # noqa: F401  (registers magrpo_joint, magrpo_tree, atgrpo)
+from accord.rollout.base import ROLLOUTS, Rollout, RolloutResult, make_rollout, register_rollout, rollout_name
+
+__all__ = ["ROLLOUTS", "Rollout", "RolloutResult", "make_rollout", "register_rollout", "rollout_name"]

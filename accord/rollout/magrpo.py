@@ -18,18 +18,16 @@ reward, e.g. a sandbox run, is not paid twice); the trainer logs each part's mea
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from accord.algorithms.advantages import cross_marginals
+from accord.config import ConfigError
+from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
+from accord.envs.single_turn import RewardError, SingleTurnEnv, call_reward, call_reward_components  # noqa: F401
 from accord.rollout.sample import Sample
-
-
-class RewardError(ValueError):
-    """The task's reward function returned something unusable; the message names the row and agent."""
 
 
 @dataclass
@@ -57,86 +55,12 @@ def joint_actions(k: int, n_agents: int, mode: str) -> list[tuple[int, ...]]:
     raise ValueError(f"unknown joint mode {mode!r}; choose aligned or cross")
 
 
-def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
-            columns: dict[str, list], row_ids: list[str]):
-    """Call a task's ``reward`` or ``reward_components`` for a batch; what it raises stops the run, with context."""
-    try:
-        return fn(prompts=prompts, completions=completions, agents=agents, **columns)
-    except Exception as err:  # re-raised with context: the user's reward code failed, the run must stop
-        raise RewardError(
-            f"the {what} of task {task_name!r} raised {type(err).__name__}: {err} while scoring {len(row_ids)} joint "
-            f"actions (first row {row_ids[0]!r}); fix it (it must accept prompts=, completions=, agents= and "
-            "**kwargs)"
-        ) from err
-
-
-def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
-                columns: dict[str, list], row_ids: list[str]) -> list[float]:
-    """Call a team reward once for a batch and check its output, naming the row and agent on error."""
-    n = len(row_ids)
-    out = _invoke(reward_fn, "reward", task_name=task_name, agents=agents, prompts=prompts, completions=completions,
-                  columns=columns, row_ids=row_ids)
-    try:
-        values = [float(v) for v in out]
-    except (TypeError, ValueError) as err:
-        raise RewardError(f"the reward of task {task_name!r} must return a list of floats, got {type(out).__name__}: "
-                          f"{err}") from err
-    if len(values) != n:
-        raise RewardError(
-            f"the reward of task {task_name!r} returned {len(values)} values for {n} joint actions; return one "
-            "float per joint action (entry j of every completions list)"
-        )
-    for j, v in enumerate(values):
-        if not math.isfinite(v):
-            parts = ", ".join(f"{a}: {completions[a][j][:60]!r}" for a in agents)
-            raise RewardError(
-                f"the reward of task {task_name!r} is {v} for joint action {j} (row {row_ids[j]!r}; {parts}); "
-                "return a finite float for every joint action"
-            )
-    return values
-
-
-def call_reward_components(components_fn: Callable, *, task_name: str, agents: tuple[str, ...], prompts: dict,
-                           completions: dict, columns: dict[str, list],
-                           row_ids: list[str]) -> tuple[list[float], list[dict[str, float]]]:
-    """Call a task's ``reward_components`` once for a batch: (team rewards, the other parts per joint action).
-
-    Each entry must be a mapping of str to finite float with a ``"total"`` key (the team reward) and the
-    same keys as the first entry; errors name the row and what to return."""
-    n = len(row_ids)
-    out = _invoke(components_fn, "reward_components", task_name=task_name, agents=agents, prompts=prompts,
-                  completions=completions, columns=columns, row_ids=row_ids)
-    out = list(out) if isinstance(out, (list, tuple)) else out
-    if not isinstance(out, list) or len(out) != n:
-        got = f"{len(out)} values" if isinstance(out, list) else type(out).__name__
-        raise RewardError(f"the reward_components of task {task_name!r} returned {got} for {n} joint actions; "
-                          "return one dict {'total': reward, '<part>': value, ...} per joint action")
-    totals, parts, keys = [], [], None
-    for j, entry in enumerate(out):
-        where = f"joint action {j} (row {row_ids[j]!r})"
-        if not isinstance(entry, dict) or "total" not in entry:
-            raise RewardError(f"the reward_components of task {task_name!r} gave {type(entry).__name__} for {where}; "
-                              "return a dict with the key 'total' (the team reward) and one key per part")
-        if keys is None:
-            keys = set(entry)
-        elif set(entry) != keys:
-            raise RewardError(f"the reward_components of task {task_name!r} gave keys {sorted(entry)} for {where} and "
-                              f"{sorted(keys)} for joint action 0; give every joint action the same parts")
-        clean = {}
-        for key, value in entry.items():
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                raise RewardError(f"the reward_components of task {task_name!r} gave {key!r}: {value!r} for {where}; "
-                                  "every part must be a finite float named by a str")
-            clean[key] = float(value)
-        totals.append(clean.pop("total"))
-        parts.append(clean)
-    return totals, parts
-
-
-def score_joint_actions(task, agents: tuple[str, ...], rows: list[dict[str, Any]], texts: dict[str, list[list[str]]],
+def score_joint_actions(env, agents: tuple[str, ...], rows: list[dict[str, Any]], texts: dict[str, list[list[str]]],
                         prompts: dict[str, list[str]], k: int, mode: str) -> JointBatch:
-    """Build every joint action of the step and score them with one reward call."""
+    """Build every joint action of the step and score them with one reward call (``env``: a
+    :class:`~accord.envs.single_turn.SingleTurnEnv`, or a single-turn task, which is wrapped)."""
+    if not isinstance(env, SingleTurnEnv):
+        env = SingleTurnEnv(env)
     combos = joint_actions(k, len(agents), mode)
     inst, choice = [], []
     for b in range(len(rows)):
@@ -145,17 +69,9 @@ def score_joint_actions(task, agents: tuple[str, ...], rows: list[dict[str, Any]
             choice.append(c)
     completions = {a: [texts[a][b][c[i]] for b, c in zip(inst, choice)] for i, a in enumerate(agents)}
     prompt_cols = {a: [prompts[a][b] for b in inst] for a in agents}
-    keys = sorted({key for row in rows for key in row})
-    columns = {key: [rows[b].get(key) for b in inst] for key in keys}
     row_ids = [str(rows[b].get("id", b)) for b in inst]
-    if callable(getattr(task, "reward_components", None)):
-        rewards, parts = call_reward_components(task.reward_components, task_name=task.name, agents=agents,
-                                                prompts=prompt_cols, completions=completions, columns=columns,
-                                                row_ids=row_ids)
-        return JointBatch(inst, choice, rewards, parts)
-    rewards = call_reward(task.reward, task_name=task.name, agents=agents, prompts=prompt_cols,
-                          completions=completions, columns=columns, row_ids=row_ids)
-    return JointBatch(inst, choice, rewards)
+    rewards, parts = env.score([rows[b] for b in inst], prompt_cols, completions, row_ids, agents=agents)
+    return JointBatch(inst, choice, rewards, parts)
 
 
 def sample_returns(batch: JointBatch, n_rows: int, n_agents: int, k: int, mode: str) -> torch.Tensor:
@@ -196,3 +112,101 @@ def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_
                     out[-1].extra["components"] = components[b * len(gens[a][b]) + s]
     return out
 
+
+
+@register_rollout("magrpo_joint")
+class JointRollout(Rollout):
+    """Single-turn MAGRPO (see the module docstring): one generate call per policy for all agents' prompts,
+    then all joint actions of the step scored in one team-reward call."""
+
+    phases = ("gen", "reward")
+
+    def check(self) -> None:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        if not isinstance(self.env, SingleTurnEnv):
+            raise ConfigError(f"rollout {self.name!r} needs a single-turn task; {self.env.name!r} is a multi-turn "
+                              "environment: use the magrpo_tree or atgrpo rollout")
+        if algo.baseline == "independent":
+            raise ConfigError(f"algorithm.baseline=independent needs per-agent local rewards; the single-turn task "
+                              f"{cfg.task.name!r} has only a team reward")
+        per_policy: dict[str, int] = {}
+        for a in self.agents:
+            per_policy[self.agent_policy[a]] = per_policy.get(self.agent_policy[a], 0) + 1
+        cfg.validate_sizes(per_policy)
+        if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
+            raise ConfigError(
+                f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, "
+                f"more than algorithm.max_cross_joint={algo.max_cross_joint}; lower algorithm.num_generations "
+                "or use joint_mode=aligned")
+
+    def sample(self, rows: list[dict], generate: Generate, k: int, greedy: bool):
+        """Every agent's prompt for every row, sampled ``k`` times: (prompt ids, prompt texts, completions,
+        completion texts), each keyed by agent and indexed [row][sample] (prompts: [row])."""
+        requests = [(a, self.env.prompt(a, row)) for a in self.agents for row in rows]
+        outs = iter(generate(requests, k, greedy))
+        prompt_ids, prompt_texts, gens, texts = {}, {}, {}, {}
+        reqs = iter(requests)
+        for a in self.agents:
+            prompt_ids[a], prompt_texts[a], gens[a], texts[a] = [], [], [], []
+            for _ in rows:
+                comps, (_, msgs) = next(outs), next(reqs)
+                prompt_ids[a].append(comps[0].prompt_ids)
+                prompt_texts[a].append(msgs[-1]["content"])
+                gens[a].append(comps)
+                texts[a].append([c.text for c in comps])
+        return prompt_ids, prompt_texts, gens, texts
+
+    def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
+        algo = self.cfg.algorithm
+        k = algo.num_generations
+        with phase("gen"):
+            prompt_ids, prompt_texts, gens, texts = self.sample(rows, generate, k, greedy=False)
+        with phase("reward"):
+            joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
+            returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
+            samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
+                                    aligned=algo.joint_mode == "aligned", components=joint.components)
+        metrics: dict[str, list[float]] = {"team/reward": list(joint.rewards)}
+        for key, value in joint.component_means().items():
+            metrics[f"reward/{key}"] = [value]
+        by_inst: dict[int, list[float]] = {}
+        for b, r in zip(joint.instance, joint.rewards):
+            by_inst.setdefault(b, []).append(r)
+        metrics["team/reward_best"] = [max(rs) for rs in by_inst.values()]
+        return RolloutResult(samples, metrics)
+
+    def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
+             success: bool = True) -> Played:
+        """``n`` joint actions per row (aligned), scored in one call; ``success``: also the task's success check."""
+        _, prompt_texts, gens, texts = self.sample(rows, generate, n, greedy)
+        return self.score(rows, prompt_texts, gens, texts, n, success=success)
+
+    def score(self, rows: list[dict], prompt_texts: dict, gens: dict, texts: dict, n: int,
+              success: bool = True) -> Played:
+        """Score ``n`` aligned joint actions per row (``texts[agent][row][j]``, ``gens`` the completions) with the
+        task's reward in one call; ``success``: also the task's success check."""
+        from accord.logging.eval_completions import joint_completion_rows
+
+        joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, n, "aligned")
+        ok = None
+        if success:
+            flat_rows = [rows[b] for b in range(len(rows)) for _ in range(n)]
+            completions = {a: [texts[a][b][j] for b in range(len(rows)) for j in range(n)] for a in self.agents}
+            prompts = {a: [prompt_texts[a][b] for b in range(len(rows)) for _ in range(n)] for a in self.agents}
+            ok = self.env.success(flat_rows, prompts, completions,
+                                  [str(rows[b].get("id", b)) for b in range(len(rows)) for _ in range(n)],
+                                  agents=self.agents)
+        results = []
+        for b in range(len(rows)):
+            per = []
+            for j in range(n):
+                idx = b * n + j
+                rec = {"team": joint.rewards[idx]}
+                if ok is not None:
+                    rec["success"] = float(ok[idx])
+                for a in self.agents:
+                    rec[f"agent/{a}/completion_len"] = len(gens[a][b][j].ids)
+                per.append(rec)
+            results.append(per)
+        table = joint_completion_rows(rows, self.agents, prompt_texts, gens, texts, joint) if n == 1 else []
+        return Played(results, table, joint.component_means())

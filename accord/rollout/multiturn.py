@@ -18,6 +18,9 @@ the agents of a joint action act in turn order: the j-th sample of a later agent
 state after the j-th samples of the earlier agents (it sees them), so a node's K samples of a later
 agent come from K sibling states.
 
+Both are registered rollouts of :mod:`accord.rollout.base` (``magrpo_tree``: :class:`TreeRollout`,
+``atgrpo``: :class:`ATGRPORollout`).
+
 **AT-GRPO** (:func:`atgrpo_rollout`, turn-based environments). Each task instance keeps one real state.
 At each turn, for each agent in turn order: K candidates are sampled from the same state; each steps
 its own clone; each candidate's reward is ``alpha * team + local`` (its own step's increments); the K
@@ -38,7 +41,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from accord.envs.protocol import Env, Messages, StepResult
+from accord.config import ConfigError
+from accord.envs.protocol import Env, Messages, StepResult, is_env
+from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
 
 # complete(requests, n, greedy) -> for each (agent, messages) request, n completions
@@ -374,3 +379,88 @@ def play_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete: C
         for ep in episodes:
             ep.turn += 1
     return episodes
+
+
+class _EpisodeRollout(Rollout):
+    """Shared by the multi-turn rollouts: the turn limit and evaluation by :func:`play_episodes`."""
+
+    @property
+    def turns(self) -> int:
+        return self.cfg.rollout.max_turns or self.env.max_turns
+
+    def seed(self, step: int, n_rows: int) -> int:
+        return self.cfg.run.seed * 1_000_003 + step * n_rows
+
+    def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
+             success: bool = True) -> Played:
+        """``n`` trajectories per row, no branching: team return, success, turns, each agent's local return."""
+        from accord.logging.eval_completions import episode_completion_rows
+
+        reps = [row for row in rows for _ in range(n)]
+        episodes = play_episodes(self.make_env, reps, generate, turns=self.turns,
+                                 history_turns=self.cfg.rollout.history_turns, seed=seed, greedy=greedy)
+        results = []
+        for b in range(len(rows)):
+            per = []
+            for ep in episodes[b * n:(b + 1) * n]:
+                rec = {"team": ep.team_return, "success": float(ep.success),
+                       "turns": max(len(h) for h in ep.history.values())}
+                for a in self.agents:
+                    rec[f"agent/{a}/local_return"] = ep.local_return.get(a, 0.0)
+                per.append(rec)
+            results.append(per)
+        table = episode_completion_rows(rows, episodes) if n == 1 else []
+        return Played(results, table)
+
+
+@register_rollout("magrpo_tree")
+class TreeRollout(_EpisodeRollout):
+    """Multi-turn MAGRPO: one tree per instance (:func:`magrpo_tree`); ``baseline=independent`` credits each
+    agent's local reward instead of the team reward."""
+
+    def check(self) -> None:
+        algo = self.cfg.algorithm
+        if not is_env(self.env) or getattr(self.env, "max_turns", 0) < 1:
+            raise ConfigError(f"rollout {self.name!r} needs an environment of accord.envs.protocol")
+        if algo.joint_mode == "cross" and not self.env.simultaneous:
+            raise ConfigError("algorithm.joint_mode=cross needs a simultaneous environment (in a turn-based "
+                              "one later agents see earlier actions); use joint_mode=aligned")
+        check_tree_size(self.cfg.rollout.batch_size, len(self.agents), algo.num_generations, self.turns,
+                        algo.joint_mode, self.cfg.rollout.max_tree_generations)
+
+    def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
+        algo, r = self.cfg.algorithm, self.cfg.rollout
+        with phase("rollout"):
+            samples, raw = magrpo_tree(
+                self.make_env, rows, generate, agent_policy=self.agent_policy, k=algo.num_generations,
+                turns=self.turns, mode=algo.joint_mode, gamma=algo.gamma,
+                reward_mode="local" if algo.baseline == "independent" else "team",
+                early_stop_reward=algo.early_stop_reward, history_turns=r.history_turns,
+                seed=self.seed(step, len(rows)))
+        return RolloutResult(samples, raw)
+
+
+@register_rollout("atgrpo")
+class ATGRPORollout(_EpisodeRollout):
+    """AT-GRPO (:func:`atgrpo_rollout`) on a turn-based environment; ``baseline=independent`` sets ``alpha = 0``
+    (each candidate rewarded by its agent's local reward only)."""
+
+    def check(self) -> None:
+        from accord.envs.single_turn import SingleTurnEnv
+
+        if isinstance(self.env, SingleTurnEnv):
+            raise ConfigError(f"algorithm.name=atgrpo needs a multi-turn environment; {self.cfg.task.name!r} is a "
+                              "single-turn task: use algorithm.name=magrpo (see `accord envs`)")
+        if self.env.simultaneous:
+            raise ConfigError(f"algorithm.name=atgrpo needs a turn-based environment; {self.env.name!r} is "
+                              "simultaneous (set its option simultaneous=false if it has one, or use magrpo)")
+
+    def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
+        algo = self.cfg.algorithm
+        alpha = 0.0 if algo.baseline == "independent" else algo.alpha
+        with phase("rollout"):
+            samples, raw, _ = atgrpo_rollout(self.make_env, rows, generate, agent_policy=self.agent_policy,
+                                             k=algo.num_generations, turns=self.turns, alpha=alpha,
+                                             history_turns=self.cfg.rollout.history_turns,
+                                             seed=self.seed(step, len(rows)))
+        return RolloutResult(samples, raw)

@@ -1,0 +1,196 @@
+"""From a config to a run's parts: environment, policies, rollout, generation, backend, data, sinks.
+
+:func:`build_run` does everything a run needs before its first step, in this order: claim the run
+directory (fail fast, before any model loads), seed, build the environment (:func:`build_env`), check
+the config against it (:func:`check_run`, the one place for rules across config sections and the
+environment; rules within one section are checked when the config is built, see :mod:`accord.config`),
+split the data, build the rollout (which checks its own settings, see :mod:`accord.rollout.base`), the
+policies (locally, as LoRA adapters of one base, or in Ray actors) and the generator, then resume.
+The :class:`~accord.trainer.Trainer` runs the loop over these parts; ``accord eval`` evaluates them
+(:mod:`accord.evaluate`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from accord import envs  # noqa: F401  (registers the built-in tasks)
+from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
+from accord.algorithms.losses import POLICY_LOSSES
+from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
+from accord.config import Config, ConfigError, save_config
+from accord.devices import policy_devices
+from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
+from accord.envs.base import import_modules, make_env
+from accord.envs.centralized import centralize
+from accord.generation.agents import AgentGenerator
+from accord.policies import build_policy, seed_everything
+from accord.policies_lora import build_lora_policies
+from accord.rollout.base import Rollout, make_rollout, rollout_name
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """A run's parts, as :func:`build_run` made them."""
+
+    cfg: Config
+    env: Any                              # the environment (protocol of accord.envs.protocol)
+    make_env: Callable[[], Any]           # a fresh environment per episode
+    agents: tuple[str, ...]
+    agent_policy: dict[str, str]
+    rollout: Rollout
+    policies: dict[str, Any]
+    generate: AgentGenerator
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    run_dir: Path
+    start_step: int = 0
+    backend: Any = None                   # the Ray backend (None: policies in this process)
+    extra: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Release the policies' Ray actors (and a local Ray cluster the run started); no-op locally."""
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+def check_registered(cfg: Config) -> None:
+    """``algorithm.advantage`` and ``algorithm.loss`` name registered functions (after ``imports:``)."""
+    for key, registry, register in (("advantage", ADVANTAGE_ESTIMATORS, "register_advantage"),
+                                    ("loss", POLICY_LOSSES, "register_loss")):
+        name = getattr(cfg.algorithm, key)
+        if name not in registry:
+            close = difflib.get_close_matches(name, list(registry), n=1)
+            hint = f" did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"algorithm.{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. "
+                              f"Register your own with accord.algorithms.{register} in a module listed under "
+                              "imports:")
+
+
+def build_env(cfg: Config):
+    """The environment a config names, with its baseline variant applied: ``single_agent`` is the task's
+    option of that name, ``centralized`` a wrapper (:func:`accord.envs.centralized.centralize`). The
+    modules under ``imports:`` are imported first (their tasks and estimators registered)."""
+    import_modules(cfg.imports)
+    check_registered(cfg)
+    algo, options = cfg.algorithm, dict(cfg.task.options)
+    if algo.baseline == "single_agent":
+        options["single_agent"] = True
+    env = make_env(cfg.task.name, options)
+    if algo.baseline == "centralized":
+        env = centralize(env, parse_penalty=algo.parse_penalty)
+    return env
+
+
+def build_task(cfg: Config):
+    """:func:`build_env` in the form the task was written in: a single-turn task's own object (``rows`` /
+    ``prompt`` / ``reward``), or the multi-turn environment (for ``accord sft`` and ``accord plan``,
+    which treat the two forms differently)."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    env = build_env(cfg)
+    return env.task if isinstance(env, SingleTurnEnv) else env
+
+
+def check_run(cfg: Config, env) -> dict[str, int]:
+    """Rules across config sections and the environment (the rollout's own come with it): registered
+    estimators, the agents against the environment's roles, the advantage settings. Returns the number
+    of agents per policy."""
+    check_registered(cfg)   # (build_env checked it too; check_run holds every cross-section rule)
+    cfg.resolve_agents(tuple(env.agents))
+    check_advantage_config(cfg.algorithm.advantage, cfg.algorithm.normalize_std)
+    per_policy: dict[str, int] = defaultdict(int)
+    for a in cfg.agents:
+        per_policy[a.policy] += 1
+    return dict(per_policy)
+
+
+def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
+    """Train and eval instances; errors for an empty training set or instances in both splits."""
+    train_rows = env.tasks("train", limit=cfg.task.train_size, seed=cfg.run.seed)
+    eval_rows = env.tasks("eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
+    if not train_rows:
+        raise ConfigError(f"task {cfg.task.name!r} has no training instances; check task.options and task.train_size")
+    overlap = {r.get("id") for r in train_rows} & {r.get("id") for r in eval_rows}
+    if overlap - {None}:
+        raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits")
+    return train_rows, eval_rows
+
+
+def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, Any], Any]:
+    """The policies (and the backend that holds them, or None): one actor per policy (N with
+    ``replicas: N``) with ``run.backend: ray``, N data-parallel ranks of a policy with ``replicas: N``
+    (under torchrun, or ``replicas: 1`` in this process), one frozen base with an adapter per policy with ``specialization: lora``, else
+    one model per policy on its device."""
+    total_opt = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.training.num_mini_batches
+    names = sorted(per_policy)
+    if cfg.run.backend == "ray":  # one actor per policy, built there with build_policy
+        from accord.distributed.ray_backend import RayBackend
+
+        backend = RayBackend(cfg.ray)
+        return backend.start_policies(cfg, names, total_opt), backend
+    if wants_data_parallel(cfg, names):  # policies.<name>.replicas, or launched by torchrun
+        backend = LocalGroups(cfg)
+        return backend.start_policies(cfg, names, total_opt, build_policy), backend
+    devices = policy_devices(cfg, names)  # checked before any model is loaded
+    if cfg.specialization == "lora":  # one frozen base, one adapter per policy
+        return build_lora_policies(cfg, names, total_opt, seed=cfg.run.seed, device=devices[min(per_policy)]), None
+    return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
+
+
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> int:
+    """Load the latest checkpoint into ``policies``; the step to continue from (0 without one)."""
+    state = resume_checkpoint(run_dir, policies)
+    if state is None:  # killed before its first checkpoint: the same seed replays it exactly
+        logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
+        discard_uncheckpointed(run_dir)
+        return 0
+    step = state["step"]
+    if step > cfg.run.steps:
+        raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
+                          f"{state['path']}; resume with run.steps={step} or more")
+    prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
+    logger.info("resumed %s at step %d", run_dir, step)
+    return step
+
+
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+    """Every part of a run of ``cfg`` (see the module docstring); ``resume`` continues from the latest
+    checkpoint, ``overwrite`` deletes an earlier run in the same directory."""
+    from accord.logging.tracking import check_report_to
+
+    check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
+    claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    seed_everything(cfg.run.seed)
+    env = build_env(cfg)
+    per_policy = check_run(cfg, env)
+    agents = tuple(a.name for a in cfg.agents)
+    agent_policy = {a.name: a.policy for a in cfg.agents}
+    make_env_fn = functools.partial(build_env, cfg)
+    rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+    train_rows, eval_rows = split_data(cfg, env)
+    policies, backend = build_policies(cfg, per_policy)
+    run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies, AgentGenerator(policies, agent_policy),
+              train_rows, eval_rows, cfg.run_dir, backend=backend)
+    try:
+        if resume:
+            run.start_step = resume_run(cfg, run.run_dir, policies)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
+    except BaseException:
+        run.close()
+        raise
+    return run
