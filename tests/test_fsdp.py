@@ -17,6 +17,7 @@ norm 1e-4 (measured 1.0e-5: the norm is reduced over shards, and torch's fp32 no
 embedding gradient is itself 5e-5 off the float64 value here).
 """
 
+import shutil
 import time
 
 import pytest
@@ -31,7 +32,7 @@ TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers":
 COMMON = dict(algorithm={"num_generations": 4}, rollout={"batch_size": 2, "max_new_tokens": 8, "temperature": 1.0,
                                                          "generation_batch_size": 4},
               training={"lr": 1e-3, "micro_batch_size": 1})
-TIED = {"lm_head.weight": "model.embed_tokens.weight"}
+TIED = {"lm_head.weight": "model.embed_tokens.weight", "model.embed_tokens.weight": "lm_head.weight"}  # saved once
 
 
 @pytest.fixture(autouse=True)
@@ -153,13 +154,15 @@ def test_two_fsdp_ranks_match_one_rank(ray_session, tiny_cfg, tmp_path):
     print(f"MEASURED fsdp vs 1 rank after 2 steps: max |dw| = {worst:.3g}")
 
 
+@pytest.mark.slow  # ~70 s here: four trainers, eight actors
 def test_fsdp_resume_is_exact_and_checkpoint_loads_without_fsdp(ray_session, tiny_cfg, tmp_path):
-    """3 steps uninterrupted vs 1 step, checkpoint, resume to 3 (both FSDP): bit for bit; the step-1 checkpoint
+    """2 steps uninterrupted vs 1 step, checkpoint, resume to 2 (both FSDP): bit for bit; the step-1 checkpoint
     has the files of an unsharded policy and a plain policy loads it."""
-    w_full, m_full = _run(_fsdp(tiny_cfg, tmp_path, "full", steps=3))
-    data = _fsdp(tiny_cfg, tmp_path, "cut", steps=3, run={"checkpoint_every": 1})
+    w_full, m_full = _run(_fsdp(tiny_cfg, tmp_path, "full", steps=2))
+    data = _fsdp(tiny_cfg, tmp_path, "cut", steps=2, run={"checkpoint_every": 1})
     _run(data, stop_after=1)
-    ckpt = tmp_path / "cut" / "checkpoints" / "step_000001" / "policies" / "main"
+    ckpt = tmp_path / "step1"
+    shutil.copytree(tmp_path / "cut" / "checkpoints" / "step_000001" / "policies" / "main", ckpt)
     saved = load_file(ckpt / "model.safetensors")
     trainer = Trainer(config_from_dict(data), resume=True)
     try:
@@ -183,3 +186,59 @@ def test_fsdp_resume_is_exact_and_checkpoint_loads_without_fsdp(ray_session, tin
     assert all(torch.equal(got[k], saved[k if k in saved else TIED[k]]) for k in got)
     assert len(plain.optimizer.state) == len(plain.params)  # the AdamW moments of every parameter
     assert all(s["exp_avg"].shape == p.shape for p, s in zip(plain.params, plain.optimizer.state.values()))
+
+
+def test_plan_divides_the_sharded_state_by_the_ranks(tiny_cfg, tmp_path):
+    from accord.plan import make_plan
+
+    plans = {}
+    for fsdp in (False, True):
+        cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, f"p{fsdp}", {"main": {**TINY, "replicas": 2}},
+                                    run={"device": "cpu"}, training={"fsdp": fsdp}, algorithm={"kl_coef": 0.1}))
+        plans[fsdp] = make_plan(cfg)["plans"][0]
+    plain, sharded = plans[False], plans[True]
+    for key in ("weights", "reference", "grads", "optimizer"):
+        assert getattr(sharded, key) == pytest.approx(getattr(plain, key) / 2)
+    assert sharded.generation == pytest.approx(plain.generation + plain.weights / 2)  # gathered to generate
+
+
+# --- on GPUs -------------------------------------------------------------------------------------
+
+
+def _gpus(n: int) -> None:
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} CUDA GPUs, torch sees {torch.cuda.device_count()}")
+
+
+@pytest.mark.gpu
+def test_gpu_two_nccl_ranks_match_one_rank(ray_session_gpu, tiny_cfg, tmp_path):
+    """Plain data parallelism on two GPUs (NCCL all-reduce) against one rank on one GPU."""
+    _gpus(2)
+    w1, m1 = _run(_cfg(tiny_cfg, tmp_path, "one", {"main": {**TINY, "replicas": 1, "num_gpus": 1}},
+                       run={"device": "cuda", "backend": "ray"}))
+    w2, m2 = _run(_cfg(tiny_cfg, tmp_path, "two", {"main": {**TINY, "replicas": 2, "num_gpus": 1, "num_cpus": 1}},
+                       run={"device": "cuda", "backend": "ray"}))
+    assert _rollout(m1) == _rollout(m2)
+    _close(_losses(m1), _losses(m2))
+    assert _worst(w1, w2) <= 1e-5  # GPU kernels round by batch shape; still far below one update (1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_fsdp_two_steps(ray_session_gpu, tiny_cfg, tmp_path):
+    """FSDP over NCCL: two steps, the ranks' gathered weights equal, moved from the initial ones, a checkpoint."""
+    _gpus(2)
+    data = _fsdp(tiny_cfg, tmp_path, "g", run={"device": "cuda", "checkpoint_every": 2})
+    data["policies"]["main"]["num_gpus"] = 1
+    w, m = _run(data)
+    assert all(torch.isfinite(torch.tensor(float(v))) for r in m for v in r.values() if isinstance(v, (int, float)))
+    assert (tmp_path / "g" / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def ray_session_gpu():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=4, num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
