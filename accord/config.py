@@ -294,6 +294,10 @@ class TrainingConfig:
                                         "completion length) so that each holds at most this many padded "
                                         "prompt+completion tokens (a longer sequence runs alone); replaces "
                                         "micro_batch_size. null: micro_batch_size sequences each.")
+    fsdp: bool = _f(False, "Shard each policy's parameters, gradients and AdamW state across its data-parallel "
+                    "ranks (torch FSDP2 fully_shard per decoder layer, gloo on CPU, NCCL on CUDA): every policy "
+                    "needs replicas >= 2; not with specialization=lora or generation_backend=vllm. Generation and "
+                    "KL scoring gather the whole model on each rank; checkpoints are the unsharded files.")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -515,6 +519,23 @@ class Config:
             self._check_lora_policies()
         self._check_policies()
         self._check_ray()
+        self._check_fsdp()
+
+    def _check_fsdp(self) -> None:
+        """training.fsdp shards a policy across its replicas: every policy needs at least two."""
+        if not self.training.fsdp:
+            return
+        few = {n: p.replicas for n, p in sorted(self.policies.items()) if (p.replicas or 1) < 2}
+        if few:
+            raise ConfigError(f"training.fsdp=true shards each policy across its data-parallel ranks, but policies "
+                              f"{few} (name: replicas) have fewer than 2; set policies.<name>.replicas=2 or more for "
+                              "every policy, or training.fsdp=false")
+        if self.specialization == "lora":
+            raise ConfigError("training.fsdp=true does not support specialization=lora (replicas do not either); use "
+                              "specialization=separate or shared, or training.fsdp=false")
+        if self.rollout.generation_backend == "vllm":
+            raise ConfigError("training.fsdp=true does not support rollout.generation_backend=vllm (vLLM would need "
+                              "the whole model per rank); use generation_backend=hf or training.fsdp=false")
 
     def _check_policies(self) -> None:
         """Per-policy learning rates are > 0; model_kwargs fit the tiny model they configure."""

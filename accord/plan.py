@@ -319,9 +319,21 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
         plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, math.ceil(samples[n] / reps),
                           rows[n], shared_base=names[0] if lora and i else None, replicas=reps)
         _policy_memory(plan, config, cfg, prompt, lora)
+        if cfg.training.fsdp:
+            _shard_memory(plan)
         plans.append(plan)
     return {"plans": plans, "generations": total, "turns": turns, "multi_turn": multi, "prompt": prompt,
             "resources": resources}
+
+
+def _shard_memory(plan: PolicyPlan) -> None:
+    """training.fsdp: a rank keeps 1/N of the weights, reference, gradients and AdamW state; generation
+    gathers the whole model (accord.distributed.fsdp), so its transient adds the other ranks' shards."""
+    n = plan.replicas
+    full = plan.weights
+    plan.weights, plan.reference, plan.grads, plan.optimizer = (
+        v / n for v in (plan.weights, plan.reference, plan.grads, plan.optimizer))
+    plan.generation += full - plan.weights
 
 
 def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict) -> list[tuple[str, float, float | None]]:
@@ -370,7 +382,9 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
         lora = f", LoRA r={cfg.lora.r}: {p.trainable / 1e6:.2f} M trainable" if cfg.specialization == "lora" else ""
         lines.append(f"policy {p.name}: {p.model} ({p.arch}), {p.params / 1e9:.3f} B parameters{lora}; device "
                      f"{p.device}; {p.samples} samples per step, generate calls of {p.gen_rows} rows"
-                     + (f" (per rank of {p.replicas} data-parallel ranks, each a full copy)" if p.replicas > 1 else ""))
+                     + (f" (per rank of {p.replicas} data-parallel ranks, "
+                        f"{'FSDP: 1/' + str(p.replicas) + ' of the state each' if cfg.training.fsdp else 'each a full copy'})"
+                        if p.replicas > 1 else ""))
         base = f" (shared with {p.shared_base})" if p.shared_base else ""
         for label, v in (("weights fp32" + base, p.weights), ("KL reference", p.reference), ("gradients", p.grads),
                          ("AdamW state", p.optimizer), ("update activations", p.activations),

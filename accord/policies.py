@@ -165,7 +165,7 @@ class Policy:
         self.device = torch.device("cpu") if device is None else torch.device(device)
         # loaded (and a tiny model initialised) on the CPU, then moved: the same weights on every device
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
-        self.model.to(self.device)
+        self.model = self._place_model(self.model)
         self.generator = make_generator(self.device, seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
         if training.gradient_checkpointing:
@@ -173,7 +173,7 @@ class Policy:
         self.model.train()
         self.ref_model = None
         if algo.kl_coef > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.ref_model = self._reference_model()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_adamw(self.params, cfg.lr or training.lr, training)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -395,8 +395,7 @@ class Policy:
                 totals = LossTotals(num_tokens=max(1, sum(len(s.completion_ids) for s in mb_samples)),
                                     num_seqs=len(mb_samples))
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(self._local_samples(mb_samples), tr.micro_batch_size,
-                                           tr.micro_batch_tokens):
+                for micro, real in self._micro_batches(mb_samples):
                     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
                     logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
                                                                       kl_too=kl_in_loss)
@@ -414,6 +413,9 @@ class Policy:
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                         agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
                         kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss)
+                    if not real:  # a filler micro-batch (FSDP): its collectives run, its gradient is zero
+                        loss.mul(0.0).backward()
+                        continue
                     if not torch.isfinite(loss):
                         raise TrainingError(
                             f"step {step}: loss of policy {self.name!r} is {loss.item()} (epoch {epoch}, mini-batch "
@@ -447,7 +449,23 @@ class Policy:
             metrics[f"mem/{self.name}/cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return metrics
 
+    # placement hooks (FSDP shards here: accord.distributed.fsdp)
+    def _place_model(self, model):
+        """The freshly loaded (CPU) model on this policy's device."""
+        return model.to(self.device)
+
+    def _reference_model(self):
+        """The frozen KL reference: a copy of the initial weights."""
+        return copy.deepcopy(self.model).eval().requires_grad_(False)
+
     # data-parallel hooks (see accord.distributed.data_parallel): a single process trains on everything
+    def _micro_batches(self, mini_batch: list[Sample]) -> list[tuple[list[Sample], bool]]:
+        """This process's micro-batches of a mini-batch, each with whether it counts (False: a filler
+        that only keeps collectives in step; its loss is multiplied by 0)."""
+        tr = self.training
+        return [(m, True) for m in micro_batches(self._local_samples(mini_batch), tr.micro_batch_size,
+                                                   tr.micro_batch_tokens)]
+
     def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
         """The part of a mini-batch this process computes the loss of (normalised by the whole mini-batch)."""
         return mini_batch

@@ -35,8 +35,9 @@ process 0, and only process 0 writes the run directory. A policy with ``replicas
 ``replicas: 1`` runs in the trainer's process and more replicas are an error naming the launchers.
 
 Not supported with replicas (errors before any model loads): ``specialization: lora`` (one base
-holds every adapter), ``rollout.generation_backend: vllm``. Sharding the model (FSDP) is not
-implemented: every rank holds a full copy.
+holds every adapter), ``rollout.generation_backend: vllm``. Every rank holds a full copy, unless
+``training.fsdp: true`` shards parameters, gradients and AdamW state across the ranks
+(:mod:`accord.distributed.fsdp`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ logger = logging.getLogger(__name__)
 TIMEOUT = datetime.timedelta(minutes=30)
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A (FSDP-sharded) DTensor gathered whole (a collective: every rank calls it), any other tensor as is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def part(n: int, rank: int, world: int) -> slice:
     """Rank ``rank``'s contiguous share of ``n`` items (the first ``n % world`` ranks get one more)."""
     q, r = divmod(n, world)
@@ -80,8 +86,9 @@ class DataParallelPolicy(Policy):
     for Python objects. With ``world == 1`` no collective runs."""
 
     def __init__(self, *args: Any, rank: int, world: int, group=None, object_group=None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        # set first: FsdpPolicy shards the model on the group while Policy.__init__ places it
         self.rank, self.world, self.group, self.object_group = rank, world, group, object_group
+        super().__init__(*args, **kwargs)
 
     # --- collectives ---------------------------------------------------------------------------
     def _gather(self, mine: list) -> list:
@@ -153,7 +160,7 @@ class DataParallelPolicy(Policy):
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """CPU copies of this rank's parameters (for tests of equal weights)."""
-        return {k: v.detach().cpu().clone() for k, v in self.model.named_parameters()}
+        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.model.named_parameters()}
 
 
 # --- checks before any model is loaded ---------------------------------------------------------
@@ -213,6 +220,10 @@ def check_replicas(cfg: Config, names: list[str], *, world: int, cuda_count: int
             if not on_gpu and k > cpus:
                 raise ConfigError(f"policies.{n}.replicas={k} runs {k} CPU ranks, but this machine has {cpus} CPU "
                                   f"core(s); lower replicas to {cpus} or less")
+    if cfg.training.fsdp:
+        from accord.distributed.fsdp import check_fsdp_support
+
+        check_fsdp_support(cfg, sorted(reps), cuda_count=cuda_count)
     return reps
 
 
@@ -230,7 +241,12 @@ def build_rank(cfg: Config, name: str, index: int, total_optimizer_steps: int, *
                device: torch.device, group=None, object_group=None) -> DataParallelPolicy:
     """Rank ``rank`` of policy ``name`` (``index``: its position among the sorted policy names, its seed
     offset, as :func:`accord.trainer.build_policy`)."""
-    return DataParallelPolicy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
+    cls = DataParallelPolicy
+    if cfg.training.fsdp:
+        from accord.distributed.fsdp import FsdpPolicy
+
+        cls = FsdpPolicy
+    return cls(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                               total_optimizer_steps, seed=cfg.run.seed + index, device=device, rank=rank,
                               world=world, group=group, object_group=object_group)
 
@@ -326,11 +342,17 @@ class GroupHandle:
     def load(self, directory: Path) -> None:
         self._call("load", Path(directory))
 
-    def save(self, directory: Path) -> None:  # rank 0 holds every rank's state
-        self.policy.save(directory)
+    def save(self, directory: Path) -> None:  # rank 0 holds every rank's state (FSDP: gathered from all)
+        if self.policy.training.fsdp:
+            self._call("save", Path(directory))
+        else:
+            self.policy.save(directory)
 
     def export(self, directory: Path) -> None:
-        self.policy.export(directory)
+        if self.policy.training.fsdp:
+            self._call("export", Path(directory))
+        else:
+            self.policy.export(directory)
 
 
 class LocalGroups:

@@ -204,7 +204,9 @@ class PolicyWorker:
         return getattr(self.policy, method)(*args, **kwargs)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.policy.model.named_parameters()}
+        from accord.distributed.data_parallel import full_tensor  # FSDP: every rank is asked at once
+
+        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.policy.model.named_parameters()}
 
 
 # --- the driver's proxy ------------------------------------------------------------------------
@@ -289,13 +291,19 @@ class RemoteGroup(RemotePolicy):
         return GroupFuture(refs, f"policy {self.name!r}")
 
     def save(self, directory: Path) -> None:
-        RayFuture(self.actor.call.remote("save", Path(directory)), f"policy {self.name!r}").result()
+        if self.training.fsdp:  # gathering the sharded state takes every rank; rank 0 writes
+            self._send("save", Path(directory)).result()
+        else:
+            RayFuture(self.actor.call.remote("save", Path(directory)), f"policy {self.name!r}").result()
         if not Path(directory).is_dir():
             raise RayBackendError(f"rank 0 of policy {self.name!r} saved its checkpoint to {directory}, which the "
                                   "trainer's process cannot see: put run.run_dir on a filesystem shared by all nodes")
 
     def export(self, directory: Path) -> None:
-        RayFuture(self.actor.call.remote("export", Path(directory)), f"policy {self.name!r}").result()
+        if self.training.fsdp:
+            self._send("export", Path(directory)).result()
+        else:
+            RayFuture(self.actor.call.remote("export", Path(directory)), f"policy {self.name!r}").result()
 
     def state_dicts(self) -> list[dict[str, torch.Tensor]]:
         """Every rank's parameters (CPU copies), e.g. for tests that the ranks hold identical weights."""
