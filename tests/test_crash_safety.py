@@ -13,7 +13,6 @@ checkpoint renamed to ``.trash_*`` but not yet deleted. The others land uniforml
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys

@@ -177,7 +177,7 @@ def test_fsdp_resume_is_exact_and_checkpoint_loads_without_fsdp(ray_session, tin
     assert strip(m_full) == strip(read_metrics(tmp_path / "cut"))
     assert all(torch.equal(w_full[k], w_cut[k]) for k in w_full)
 
-    from accord.trainer import build_policy
+    from accord.policies import build_policy
 
     cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, "plain", {"main": {**TINY}}))
     plain = build_policy(cfg, "main", 0, 6)

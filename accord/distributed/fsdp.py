@@ -1,6 +1,6 @@
 """``training.fsdp: true``: a data-parallel policy whose ranks each hold 1/N of the model.
 
-Built on :class:`accord.distributed.data_parallel.DataParallelPolicy` (same calls, same split of the work,
+Built on :class:`accord.distributed.ranks.DataParallelPolicy` (same calls, same split of the work,
 same per-prompt random streams) with torch's FSDP2 (``torch.distributed.fsdp.fully_shard``) applied to
 every decoder layer and then to the whole model, on the policy's process group (gloo on the CPU, NCCL on
 CUDA). What differs from plain replicas:
@@ -44,7 +44,7 @@ from safetensors.torch import save_model
 
 from accord.config import Config, ConfigError
 from accord.devices import policy_setting, restore_generator
-from accord.distributed.data_parallel import DataParallelPolicy, part
+from accord.distributed.ranks import DataParallelPolicy, part
 from accord.policies import micro_batches
 from accord.rollout.sample import Sample
 

@@ -182,7 +182,8 @@ class PolicyWorker:
         import torch.distributed as dist
 
         from accord.devices import actor_device, policy_setting
-        from accord.distributed.data_parallel import TIMEOUT, build_rank, tensor_backend
+        from accord.distributed.data_parallel import build_rank, tensor_backend
+        from accord.distributed.ranks import TIMEOUT
         from accord.envs.base import import_modules
         from accord.policies import seed_everything
 
@@ -204,7 +205,7 @@ class PolicyWorker:
         return getattr(self.policy, method)(*args, **kwargs)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        from accord.distributed.data_parallel import full_tensor  # FSDP: every rank is asked at once
+        from accord.distributed.ranks import full_tensor  # FSDP: every rank is asked at once
 
         return {k: full_tensor(v).detach().cpu().clone() for k, v in self.policy.model.named_parameters()}
 
