@@ -233,10 +233,14 @@ def warm_start(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, d
     micro = cfgs[0].training.micro_batch_size
     nll_before = mean_nll(policy, held_data, micro) if held_data else None
     batches = _batches(len(data), args.sft_batch, seed)
-    losses = []
+    losses, every = [], max(1, args.sft_steps // 5)
     for step in range(1, args.sft_steps + 1):
+        t = time.perf_counter()
         metrics = sft_step(policy, [data[i] for i in next(batches)], micro, cfgs[0].training.max_grad_norm, step)
         losses.append(metrics["loss"])
+        if step % every == 0 or step == args.sft_steps:
+            LOG.info("seed %d sft step %d/%d: loss %.4f, %.1fs", seed, step, args.sft_steps, metrics["loss"],
+                     time.perf_counter() - t)
     nll_after = mean_nll(policy, held_data, micro) if held_data else None
     out = root / f"warm-{seed}"
     policy.export(out)
@@ -390,7 +394,7 @@ def plot(summary: dict[str, dict], path: Path, title: str) -> None:
         ax.axhline(0, color="black", linewidth=0.6)
         if key == "success":
             ax.set_ylim(0, 1.05)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
