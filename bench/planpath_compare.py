@@ -214,11 +214,14 @@ def warm_start(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, d
     """Fine-tune one model on the oracle's demonstrations of both layouts; returns (export dir, summary)."""
     import torch
 
-    from accord.sft import _batches, _policies, collect_demos, encode_demos, mean_nll, sft_step, write_demos
+    from accord.sft import (DemoError, _batches, _policies, collect_demos, encode_demos, mean_nll, sft_step,
+                            write_demos)
     from accord.trainer import seed_everything
 
     t0 = time.perf_counter()
-    kwargs = {"hidden_size": 64, "num_layers": 2} if args.model.startswith("tiny") else {}
+    # tiny models: 2048 positions, so that the tool workflow's programs fit
+    tiny = {"hidden_size": 64, "num_layers": 2, "max_position_embeddings": 2048}
+    kwargs = tiny if args.model.startswith("tiny") else {}
     cfgs = [method_config(args, m, seed, root / f"sft-{m}", args.model, kwargs) for m in ("atgrpo_shared", "grpo")]
     torch.set_num_threads(args.threads)
     seed_everything(seed)
@@ -228,8 +231,11 @@ def warm_start(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, d
         train += tr
         held += ev
     ((policy, _),) = _policies(cfgs[0]).values()   # one model with the RL runs' training setup, sft.lr constant
-    data = encode_demos(policy, train, args.max_new_tokens)
-    held_data = encode_demos(policy, held, args.max_new_tokens)
+    try:
+        data = encode_demos(policy, train, args.max_new_tokens)
+        held_data = encode_demos(policy, held, args.max_new_tokens)
+    except DemoError as err:   # the bench's flag, not the config key the library names
+        raise SystemExit(f"planpath_compare: {err}; here: --max-new-tokens") from err
     micro = cfgs[0].training.micro_batch_size
     nll_before = mean_nll(policy, held_data, micro) if held_data else None
     batches = _batches(len(data), args.sft_batch, seed)
@@ -359,7 +365,8 @@ def table(summary: dict[str, dict]) -> str:
             f"{'success after':>18s}  {'change':>19s}  {'return before':>21s}  {'return after':>21s}  {'change':>21s}")
     lines = [head]
     for m, s in summary.items():
-        lines.append(f"{m:14s} {s['steps']:5.1f} {s['train_tokens']:6.0f} {s['train_s']:7.0f} {s['flat_group_frac']:4.2f}  "
+        lines.append(f"{m:14s} {s['steps']:5.1f} {s['train_tokens']:6.0f} {s['train_s']:7.0f} "
+                     f"{s['flat_group_frac']:4.2f}  "
                      f"{_ci(s['success_before']):>18s}  {_ci(s['success_after']):>18s}  "
                      f"{_ci(s['success_change']):>19s}  {_ci(s['return_before']):>21s}  "
                      f"{_ci(s['return_after']):>21s}  {_ci(s['return_change']):>21s}")
