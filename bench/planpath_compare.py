@@ -2,7 +2,7 @@
 """Learning comparison on Plan-Path after a warm start: AT-GRPO (shared and per-role policies), multi-turn
 MAGRPO, single-agent GRPO and independent learners, at the same generated-token budget, over several seeds.
 
-    python bench/planpath_compare.py --json .bench/planpath_compare.json        # the defaults: ~50 min, 2 cores
+    python bench/planpath_compare.py --json .bench/planpath_compare.json        # the defaults: ~50-60 min on 2 cores
     python bench/planpath_compare.py --model tiny-qwen2 --seeds 0 1 --eval-size 4 --budget 400 --sft-steps 3
 
 Per seed:
@@ -414,7 +414,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m", help="base model of the warm start")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--budget", type=int, default=1500, help="generated training tokens per method and seed")
+    p.add_argument("--budget", type=int, default=1000, help="generated training tokens per method and seed")
     p.add_argument("--workflow", default="direct", choices=["direct", "tool_planner"],
                    help="Plan-Path roles (see the module docstring for why direct is the default)")
     p.add_argument("--size", type=int, default=4, help="Plan-Path grid size (the smallest setting)")
@@ -430,9 +430,9 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--bf16", action="store_true", help="training.bf16=true (autocast over fp32 weights), SFT too")
     p.add_argument("--eval-size", type=int, default=16, help="held-out puzzles per seed")
-    p.add_argument("--sft-steps", type=int, default=30)
-    p.add_argument("--sft-batch", type=int, default=16, help="demonstrations per SFT step")
-    p.add_argument("--sft-lr", type=float, default=5e-5)
+    p.add_argument("--sft-steps", type=int, default=8, help="warm-start steps (SmolLM2: ~3.5 s per demonstration on 2 cores)")
+    p.add_argument("--sft-batch", type=int, default=8, help="demonstrations per SFT step")
+    p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--sft-noise", type=float, default=0.2, help="share of imperfect demonstrations")
     p.add_argument("--sft-instances", type=int, default=100, help="training puzzles the oracle plays per layout")
     p.add_argument("--sft-eval-size", type=int, default=8, help="held-out puzzles of the warm start's NLL")
