@@ -1,0 +1,84 @@
+"""bench/planpath_compare.py: its interval statistics against textbook values, and (slow) the whole
+pipeline -- warm start, five methods, before/after evaluation, table, JSON and plot -- on a tiny model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "planpath_compare.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("planpath_compare", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_t_quantile_matches_tables():
+    b = _bench()
+    # two-sided 95 % critical values of Student's t (any statistics table)
+    for df, t in ((1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281), (30, 2.0423), (47, 2.0117), (1000, 1.9623)):
+        assert b.t_quantile(0.975, df) == pytest.approx(t, abs=2e-4)
+    with pytest.raises(ValueError):
+        b.t_quantile(0.975, 0)
+
+
+def test_wilson_and_mean_intervals():
+    b = _bench()
+    # Wilson 95 % for 0/10, 10/10 and 3/10 (Newcombe 1998, method 3)
+    assert b.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert b.wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert b.wilson(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    m, lo, hi = b.mean_ci([1.0, 2.0, 3.0, 4.0])   # mean 2.5, sd 1.291, t(3) = 3.1824
+    assert (m, lo, hi) == pytest.approx((2.5, 2.5 - 3.1824 * 1.291 / 2, 2.5 + 3.1824 * 1.291 / 2), abs=1e-3)
+    assert b.mean_ci([-1.0, -1.0]) == (-1.0, -1.0, -1.0)
+
+
+def test_summary_pairs_puzzles():
+    b = _bench()
+    before = {"a": {"success": 0.0, "return": -1.0}, "b": {"success": 1.0, "return": 2.0}}
+    after = {"a": {"success": 1.0, "return": 1.5}, "b": {"success": 1.0, "return": 2.0}}
+    run = {"method": "grpo", "seed": 0, "layout": "solver", "steps": 2, "train_tokens": 10, "train_s": 1.0,
+           "flat_group_frac": 0.5, "before": before, "after": after}
+    s = b.summarise([run, dict(run, seed=1)], ["grpo"])["grpo"]
+    assert s["episodes"] == 4 and s["seeds"] == 2
+    assert s["success_before"]["mean"] == 0.5 and s["success_after"]["mean"] == 1.0
+    assert s["return_change"]["mean"] == pytest.approx(1.25)   # per-puzzle differences 2.5 and 0, twice
+    assert [p["seed"] for p in s["per_seed"]] == [0, 1]
+
+
+@pytest.mark.slow
+def test_tiny_end_to_end(tmp_path):
+    """The real script in a subprocess: 2 seeds x 5 methods on a tiny model; table, JSON line and PNG."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    plot = tmp_path / "cmp.png"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny-qwen2", "--seeds", "0", "1", "--eval-size", "2",
+         "--budget", "100", "--sft-steps", "2", "--sft-instances", "6", "--sft-eval-size", "2",
+         "--plot", str(plot), "--json", str(tmp_path / "cmp.json")],
+        capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert out == json.loads((tmp_path / "cmp.json").read_text())
+    assert list(out["summary"]) == ["atgrpo_shared", "atgrpo_roles", "magrpo", "grpo", "independent"]
+    for method, s in out["summary"].items():
+        assert s["episodes"] == 4 and len(s["per_seed"]) == 2
+        assert s["train_tokens"] >= 100
+        assert 0.0 <= s["success_after"]["low"] <= s["success_after"]["mean"] <= s["success_after"]["high"] <= 1.0
+    # one before-evaluation per seed and layout: methods of a layout share it
+    runs = [r for r in out["runs"] if r["seed"] == 0]
+    assert runs[0]["before"] == runs[1]["before"] == runs[2]["before"] == runs[4]["before"]
+    assert set(runs[3]["before"]) == set(runs[0]["before"])   # the solver plays the same puzzles
+    assert out["warm_starts"]["0"]["by_agent"].keys() == {"executor", "planner", "solver"}
+    assert any(line.startswith("atgrpo_shared") for line in lines)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
