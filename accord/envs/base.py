@@ -30,6 +30,8 @@ import sys
 import types
 from typing import Any, Callable, Protocol
 
+from accord.config import ConfigError
+
 Messages = list[dict[str, str]]
 
 
@@ -44,8 +46,9 @@ class Task(Protocol):
     def reward(self, *, prompts: dict, completions: dict, agents: tuple[str, ...], **columns) -> list[float]: ...
 
 
-class TaskError(ValueError):
-    """A task name or option is wrong; the message says how to fix it."""
+class TaskError(ConfigError):
+    """A task name or option is wrong (``task.name`` / ``task.options``, or a baseline that needs a task
+    variant); the message says how to fix it."""
 
 
 TASKS: dict[str, tuple[Callable[..., Task], str]] = {}
