@@ -19,6 +19,7 @@ def _weights(trainer):
             for k, v in pol.model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rollout", [{"top_p": 0.8}, {"top_k": 5}], ids=["top_p", "top_k"])
 def test_kl_with_truncated_sampling_stays_finite(tiny_cfg, rollout):
     """20 steps with a KL penalty while sampling is truncated: before the fix the reference, truncated
@@ -128,6 +129,7 @@ def test_kl_estimator_gradient_directions():
     assert not torch.allclose(_grad_of(reverse, logits), _grad_of(forward, logits), atol=1e-3)
 
 
+@pytest.mark.slow
 def test_k1_is_a_reward_penalty(tiny_cfg):
     """kl_estimator=k1: the summed log-ratio is subtracted from each sample's return (the update's loss has
     no KL term), with top-p sampling; every step stays finite."""
@@ -220,6 +222,7 @@ def _relay_tree_groups(tiny_cfg, norm_scope, advantage="mean", steps=1):
     return seen
 
 
+@pytest.mark.slow
 def test_turn_based_magrpo_groups_by_node_or_by_prompt(tiny_cfg):
     """Relay is turn-based: at a node, agent o's K samples are drawn from K different states (after each of
     e's samples). norm_scope=group pools them in one group; norm_scope=prompt gives each its own group."""
@@ -245,6 +248,7 @@ def test_turn_based_magrpo_groups_by_node_or_by_prompt(tiny_cfg):
     assert any(s.advantage != 0 for s in by_node if s.agent == "o")
 
 
+@pytest.mark.slow
 def test_rloo_through_a_multiturn_run_with_singleton_groups(tiny_cfg):
     """advantage=rloo used to raise on the one-sample groups a turn-based tree produces; now they get 0."""
     seen = _relay_tree_groups(tiny_cfg, "prompt", advantage="rloo", steps=2)

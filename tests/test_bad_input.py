@@ -101,6 +101,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_with_the_fix(tmp_path, args, needles):
     _files(tmp_path)
@@ -143,6 +144,7 @@ def _flip_low_bits(path: Path, n: int = 64) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [_truncate, _flip_low_bits], ids=["truncated", "bits-flipped"])
 @pytest.mark.parametrize("command", ["eval", "resume"])
 def test_no_intact_checkpoint_is_one_line(trained, tmp_path, damage, command):
@@ -158,6 +160,7 @@ def test_no_intact_checkpoint_is_one_line(trained, tmp_path, damage, command):
     assert "truncated" in res.stderr if damage is _truncate else "SHA-256" in res.stderr
 
 
+@pytest.mark.slow
 def test_eval_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path):
     run = _copy(trained, tmp_path)
     _truncate(run / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors")
@@ -167,6 +170,7 @@ def test_eval_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path):
     assert "| step_000001 |" in res.stdout
 
 
+@pytest.mark.slow
 def test_resume_with_fewer_steps_than_the_checkpoint(trained, tmp_path):
     run = _copy(trained, tmp_path)
     line = one_line_error(accord("train", "--resume", run, "run.steps=1", cwd=tmp_path))

@@ -25,6 +25,7 @@ class Recorder(Callback):
         self.events.append(("train_end", None, metrics))
 
 
+@pytest.mark.slow
 def test_hooks_fire_in_order_with_the_logged_metrics(tiny_cfg):
     data = tiny_cfg(run={"steps": 3, "checkpoint_every": 2, "eval_every": 2, "eval_before": True,
                          "eval_after": True},

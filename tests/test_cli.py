@@ -1,5 +1,6 @@
 """The command line, run as a user would: real subprocesses, real files."""
 
+import pytest
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ def accord(*args, cwd):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_train_report_resume_from_the_cli(tmp_path):
     example = REPO / "examples" / "tiny.yaml"
     run = accord("train", str(example), "run.steps=3", "run.checkpoint_every=2", f"run.output_dir={tmp_path}",
@@ -45,6 +47,7 @@ def test_envs_lists_tasks(tmp_path):
     assert "writing" in out.stdout and "letters" in out.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     bad_key = accord("train", "rollout.bach_size=3", cwd=tmp_path)
     assert bad_key.returncode == 2

@@ -235,6 +235,7 @@ NONE_PASSES = {"HumanEval/52": (2, 6), "HumanEval/56": (8, 12), "HumanEval/61": 
                "HumanEval/128": (1, 8), "HumanEval/137": (1, 8), "HumanEval/162": (1, 4)}
 
 
+@pytest.mark.slow
 def test_all_164_canonical_pass_and_without_returns_fail(problems):
     """(a) every canonical solution passes 100% of its tests; (b) with its return statements removed
     (replaced by ``pass``) it passes none, except the problems in NONE_PASSES. One sandbox call."""
@@ -507,6 +508,7 @@ def test_code_env_needs_canonical_solutions():
 # Trainer end to end (tiny model; the examples/ configs run in tests/test_examples.py)
 # --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_trainer_runs_multi_turn_humaneval_and_code(tiny_cfg):
     for task_cfg, algo in (({"name": "humaneval", "options": {"multi_turn": True, "data_files": MBPP,
                                                                "dataset": "mbpp"}}, {"name": "magrpo"}),

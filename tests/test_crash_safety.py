@@ -10,6 +10,7 @@ written but not its manifest; manifest and the step's metrics written but not re
 checkpoint renamed to ``.trash_*`` but not yet deleted. The others land uniformly over a whole run.
 """
 
+import pytest
 import json
 import os
 import random
@@ -158,6 +159,7 @@ def _same_metrics(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
+@pytest.mark.slow
 def test_sigkill_at_30_moments_loses_and_repeats_nothing(tmp_path):
     import torch
 
@@ -204,6 +206,7 @@ def _cli(*args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_second_train_into_a_run_is_refused_and_overwrite_starts_over(tmp_path):
     from accord.logging import read_metrics
 

@@ -193,6 +193,7 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_more_ray_ranks_than_cpus_is_an_error_before_any_actor(ray_session, tiny_cfg, tmp_path):
     from accord.distributed.ray_backend import RayBackendError
 
@@ -205,6 +206,7 @@ def test_more_ray_ranks_than_cpus_is_an_error_before_any_actor(ray_session, tiny
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_two_ray_ranks_match_one_rank(ray_session, tiny_cfg, tmp_path):
     w1, m1 = _run(_cfg(tiny_cfg, tmp_path, "one", {"main": {**TINY, "replicas": 1}}))
     w2, m2 = _run(_cfg(tiny_cfg, tmp_path, "two", {"main": {**TINY, "replicas": 2, "num_cpus": 1}},
@@ -223,6 +225,7 @@ def _local_weights_initial(tiny_cfg, tmp_path) -> dict:
     return {f"main/{k}": v.detach() for k, v in build_policy(cfg, "main", 0, 4).model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_heterogeneous_replicas_on_ray(ray_session, tiny_cfg, tmp_path):
     """Policy e with 2 ranks and policy o with one plain actor in one run, against e with replicas 1 and o
     plain in the trainer's process: o is bit-identical, e within the tolerance."""
@@ -238,6 +241,7 @@ def test_heterogeneous_replicas_on_ray(ray_session, tiny_cfg, tmp_path):
     _weights_close(w1, w2)
 
 
+@pytest.mark.slow
 def test_resume_with_replicas_on_ray_is_exact(ray_session, tiny_cfg, tmp_path):
     """3 steps uninterrupted vs 1 step, checkpoint, resume to 3 (both with 2 ranks): bit for bit."""
     pol = {"main": {**TINY, "replicas": 2, "num_cpus": 1}}

@@ -62,6 +62,7 @@ def test_per_policy_devices_and_lora_on_one_device(tiny_cfg):
         policy_devices(config_from_dict(lora), ["e", "o"], cuda_count=2)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_cuda_on_a_machine_without_one_fails_before_any_model_is_loaded(tiny_cfg, tmp_path):
     """The CLI in a subprocess: exit code 2 and a one-line error; the model spec names a directory that does

@@ -33,6 +33,7 @@ def _train_relay(tiny_cfg, tmp_path):
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_eval_run_dir_compares_base_and_checkpoint(tiny_cfg, tmp_path):
     run = _train_relay(tiny_cfg, tmp_path)
     out = run_eval(run, samples=3, ks=[1, 3])
@@ -61,6 +62,7 @@ def test_eval_single_turn_without_success_check(tiny_cfg, tmp_path):
     assert "no success check" in (out / "eval.md").read_text()
 
 
+@pytest.mark.slow
 def test_eval_cli(tiny_cfg, tmp_path):
     run = _train_relay(tiny_cfg, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(run), "--samples", "2", "--k", "1", "2",

@@ -19,6 +19,7 @@ def test_there_is_an_example_per_algorithm_and_environment():
     assert {"grpo_planpath", "centralized_planpath", "independent_planpath"} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs_two_steps(path, tmp_path):
     cfg = load_config(path, [f"run.run_dir={tmp_path / 'run'}", "run.steps=2", "run.checkpoint_every=0",

@@ -30,6 +30,7 @@ def resumed_policies(run_dir):
     return trainer.policies
 
 
+@pytest.mark.slow
 def test_export_full_model_loads_with_from_pretrained(tiny_cfg, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -62,6 +63,7 @@ def test_export_full_model_loads_with_from_pretrained(tiny_cfg, tmp_path):
     assert missing.returncode == 2 and "has no checkpoint of step 1; it has steps [2]" in missing.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated")  # PEFT asks transformers 5
 def test_export_lora_adapters_load_with_peft(tiny_cfg, tmp_path):
     peft = pytest.importorskip("peft")

@@ -144,6 +144,7 @@ def test_fsdp_with_vllm_and_on_devices_torch_cannot_shard(tiny_cfg, tmp_path, mo
 # --- equivalence, checkpoints (two gloo ranks as Ray actors) -----------------------------------
 
 
+@pytest.mark.slow
 def test_two_fsdp_ranks_match_one_rank(ray_session, tiny_cfg, tmp_path):
     w1, m1 = _run(_cfg(tiny_cfg, tmp_path, "one", {"main": {**TINY, "replicas": 1}}))
     w2, m2 = _run(_fsdp(tiny_cfg, tmp_path, "fsdp"))

@@ -25,6 +25,7 @@ def test_there_is_a_recipe_per_paper_setup():
                                         "magrpo_humaneval_qwen25coder_vllm", "atgrpo_planpath_qwen3_ray_multinode"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_plan_of_each_recipe_fits_two_80gb_gpus(path):
     out = subprocess.run([sys.executable, "-m", "accord.cli", "plan", str(path), "--prompt-tokens", "400",
@@ -62,6 +63,7 @@ def _tiny_overrides(cfg_path: Path, tmp_path: Path) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipe_two_steps_with_a_tiny_model_of_the_same_architecture(path, tmp_path):
     real = load_config(path, ["rollout.generation_backend=hf"])

@@ -82,6 +82,7 @@ def test_a_cycle_is_detected():
     ("accord.rollout.base", "accord.build"),
     ("accord.evaluate", "accord.trainer"),
 ])
+@pytest.mark.slow
 def test_modules_import_in_either_order(first, then):
     code = f"import {first}, {then}"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

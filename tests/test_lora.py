@@ -267,6 +267,7 @@ def test_example_config_loads():
     assert cfg.specialization == "lora" and len(cfg.policies) == 2
 
 
+@pytest.mark.slow
 def test_heterogeneous_separate_policies_smollm2_and_tiny_qwen2(tiny_cfg):
     """Agents on different architectures and tokenizers in one run, each with its own chat template
     and optimizer: SmolLM2-135M (Llama, 49k vocab) and a tiny Qwen2 (2k vocab)."""

@@ -274,6 +274,7 @@ def test_every_candidate_reaches_its_agents_policy(tiny_cfg):
         assert any(not torch.equal(a, p) for a, p in zip(before[n], pol.model.parameters()))
 
 
+@pytest.mark.slow
 def test_atgrpo_learns_relay(tiny_cfg):
     """Team reward on the relay environment rises under AT-GRPO with a tiny model."""
     data = tiny_cfg(task={"name": "relay", "eval_size": 0}, algorithm={"name": "atgrpo", "normalize_std": True},

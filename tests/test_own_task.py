@@ -145,6 +145,7 @@ def project(tmp_path):
     return proj
 
 
+@pytest.mark.slow
 def test_own_task_through_every_command(project):
     train = run("train", "cfg.yaml", cwd=project)
     assert train.returncode == 0, train.stderr
@@ -174,6 +175,7 @@ def test_own_task_through_every_command(project):
     assert "multi-turn, simultaneous, 2 turns" in echo and "left, right" in echo
 
 
+@pytest.mark.slow
 def test_imports_list_registers_an_environment_for_train_and_eval(project):
     train = run("train", "cfg.yaml", "imports=[mypkg.tasks]", "task.name=echo", "task.options={}", "run.name=echo",
                 "run.steps=1", cwd=project)
@@ -191,6 +193,7 @@ def test_imports_list_registers_an_environment_for_train_and_eval(project):
     assert "imports: 'mypkg.nothere': module 'mypkg.nothere' does not import" in missing.stderr
 
 
+@pytest.mark.slow
 def test_entry_point_of_an_installed_package(project, tmp_path):
     site = tmp_path / "site"
     shutil.copytree(project / "mypkg", site / "mypkg")
@@ -221,6 +224,7 @@ def test_entry_point_of_an_installed_package(project, tmp_path):
     ("mypkg.tasks:Half", ["built a Half, which is not a task", "'rows'", "README"]),
     ("mypkg.broken:Task", ["module 'mypkg.broken' does not import", "'numpyy'", "install 'numpyy'"]),
 ])
+@pytest.mark.slow
 def test_bad_module_reference_is_one_line_naming_module_error_and_fix(project, name, expected):
     (project / "mypkg" / "broken.py").write_text("import numpyy\n")
     out = run("train", "cfg.yaml", f"task.name={name}", "task.options={}", cwd=project)

@@ -111,6 +111,7 @@ def test_pipeline_bad_input(tiny_cfg, tmp_path):
         run_eval(one, samples=0, out=tmp_path / "o", pipeline="discussion")
 
 
+@pytest.mark.slow
 def test_pipeline_cli(tiny_cfg, tmp_path):
     """The CLI in a subprocess: humaneval's success check gives pass@k; the results sit beside plain eval's."""
     cfg = _config(tiny_cfg, tmp_path, task={"name": "humaneval", "eval_size": 2},

@@ -85,6 +85,7 @@ def test_unreachable_address_fails_fast(tiny_cfg, tmp_path, monkeypatch, form):
 # --- on a local cluster ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ask,match", [({"ray": {"num_gpus_per_policy": 1}}, "ask for 2 GPUs in all .* has 0; lower"),
                                        ({"policies": {"main": {"model": "tiny-qwen2", "num_cpus": 3}}},
                                         "ask for 6 CPUs in all .* has 2; lower ray.num_cpus_per_policy")])
@@ -97,6 +98,7 @@ def test_more_resources_than_the_cluster_is_an_error_before_training(ray_session
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_letters_same_metrics_and_weights_as_local(ray_session, tiny_cfg, tmp_path):
     """Two policies, one actor each (generation and updates run concurrently); eval before and after."""
     results = {}
@@ -121,6 +123,7 @@ def test_letters_same_metrics_and_weights_as_local(ray_session, tiny_cfg, tmp_pa
     assert (tmp_path / "ray" / "checkpoints" / "step_000002" / "policies" / "o" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_relay_atgrpo_resumed_on_ray_matches_local(ray_session, tiny_cfg, tmp_path):
     """Multi-turn AT-GRPO: 3 steps locally vs 1 step locally, checkpointed, then resumed on Ray for steps 2-3
     (the actors load the checkpoint, train, evaluate and save). One Ray trainer keeps the module fast; the
@@ -166,6 +169,7 @@ def test_config_errors_name_the_fix(tiny_cfg, override, match):
         config_from_dict(data)
 
 
+@pytest.mark.slow
 def test_resources_held_by_others_time_out_with_what_is_free(ray_session, tiny_cfg, tmp_path):
     @ray.remote(num_cpus=2)
     class Hog:

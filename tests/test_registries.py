@@ -64,6 +64,7 @@ def test_unknown_names_are_config_errors_before_any_model_loads(tiny_cfg):
             Trainer(config_from_dict(tiny_cfg(algorithm={key: value, "num_generations": 4})))
 
 
+@pytest.mark.slow
 def test_a_user_module_registers_both_and_trains_through_the_cli(tiny_cfg, tmp_path):
     import yaml
 

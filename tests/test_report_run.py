@@ -55,6 +55,7 @@ def writing_run(tmp_path_factory):
     return tmp / "run"
 
 
+@pytest.mark.slow
 def test_report_headline_totals_and_tables(writing_run):
     rows = read_metrics(writing_run)
     md = (writing_run / "report" / "report.md").read_text()

@@ -61,6 +61,7 @@ def test_report_to_bad_names_are_config_errors():
         config_from_dict({"logging": {"report_to": ["mlflow", "mlflow"]}})
 
 
+@pytest.mark.slow
 def test_missing_tracker_package_is_a_one_line_error_before_models_load(tmp_path):
     """The package cannot be imported (None in sys.modules blocks an import): the CLI exits 2 with one line."""
     run_dir = tmp_path / "run"
@@ -140,6 +141,7 @@ def _finished_wandb_records(path: Path, timeout: float = 60.0) -> list:
 # --------------------------------------------------------------------------- W&B
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_WANDB, reason="wandb is not installed (pip install 'accord[wandb]')")
 def test_wandb_offline_run_holds_the_metrics_config_and_completions(tiny_cfg, tmp_path, monkeypatch):
     for var, sub in (("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"), ("WANDB_DATA_DIR", "data")):

@@ -167,6 +167,7 @@ def test_raw_api_attacks(problems):
 # The AT-GRPO code environment: coder pass rate and tester reward
 # --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_code_env_coder_attacks(problems):
     env = make_task("code", {})
     for p in problems:

@@ -32,6 +32,7 @@ def accord(*args, cwd, env=None):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_piped_run_shows_progress_and_ends_with_before_after(tmp_path):
     out = accord("train", str(REPO / "examples" / "tiny.yaml"), "run.steps=2", f"run.output_dir={tmp_path}",
                  "task.eval_size=4", "logging.tensorboard=false", cwd=tmp_path)
@@ -44,6 +45,7 @@ def test_piped_run_shows_progress_and_ends_with_before_after(tmp_path):
     assert "\x1b[" not in out.stderr  # no terminal control codes in a pipe
 
 
+@pytest.mark.slow
 def test_terminal_run_logs_through_the_bars_console(tmp_path):
     """Under a pseudo-terminal: rich's handler draws the log lines, the bar shows the per-step values
     and the per-step log line is not repeated beside it."""
@@ -187,6 +189,7 @@ def test_multi_turn_tree_rows_pair_joint_actions(tiny_cfg, tmp_path):
         assert sorted(m["agent"] for m in members) == ["e", "o"] and len({m["turn"] for m in members}) == 1
 
 
+@pytest.mark.slow
 def test_training_needs_no_test_extras(tmp_path):
     """What scripts/setup.sh installs for the quickstart (core + smollm2) is enough to train: the test-only
     packages are made unimportable and a tiny run of the writing task still trains."""

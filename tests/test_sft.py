@@ -182,6 +182,7 @@ def accord(*args, cwd):
                           text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_warm_start_lowers_heldout_nll_and_rl_starts_from_it(tmp_path):
     config = tmp_path / "warm.yaml"
     config.write_text(yaml.safe_dump(planpath_cfg(tmp_path)))
@@ -241,6 +242,7 @@ def test_jsonl_prompts_text_and_chat(tmp_path):
         [d.messages for d in demos]
 
 
+@pytest.mark.slow
 def test_bad_jsonl_through_the_cli_is_a_one_line_error(tmp_path):
     demos = tmp_path / "demos.jsonl"
     demos.write_text('{"agent": "executor", "prompt": "Grid", "completion": "Moves: U"}\n'

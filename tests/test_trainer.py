@@ -43,6 +43,7 @@ def test_separate_policies_each_update(tiny_cfg):
     assert "loss/pe/pg" in rec and "loss/po/pg" in rec
 
 
+@pytest.mark.slow
 def test_team_reward_rises(tiny_cfg):
     """The learning test: on the cooperative letters task the team reward must rise within 30 steps."""
     data = tiny_cfg(run={"steps": 30, "eval_before": True, "eval_after": True},
