@@ -195,7 +195,7 @@ def base_data(args: argparse.Namespace, seed: int, run_dir: Path, model: str, mo
 
 def method_config(args: argparse.Namespace, method: str, seed: int, run_dir: Path, model: str, model_kwargs: dict):
     from accord.config import config_from_dict
-    from accord.trainer import build_task
+    from accord.build import build_task
 
     algorithm, specialization, _ = METHODS[method]
     data = base_data(args, seed, run_dir, model, model_kwargs)
@@ -216,7 +216,7 @@ def warm_start(args: argparse.Namespace, seed: int, root: Path) -> tuple[Path, d
 
     from accord.sft import (DemoError, _batches, _policies, collect_demos, encode_demos, mean_nll, sft_step,
                             write_demos)
-    from accord.trainer import seed_everything
+    from accord.policies import seed_everything
 
     t0 = time.perf_counter()
     # tiny models: 2048 positions, so that the tool workflow's programs fit

@@ -8,6 +8,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 torch.set_num_threads(2)
 
 
+@pytest.fixture
+def restore_threads():
+    """Put torch's thread count back after a test whose runs set another (``run.threads``)."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run wherever torch sees CUDA and are skipped elsewhere, with the reason."""
     if torch.cuda.is_available():

@@ -40,11 +40,7 @@ COMMON = dict(algorithm={"num_generations": 4}, rollout={"batch_size": 2, "max_n
               training={"lr": 1e-3, "micro_batch_size": 4})
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("restore_threads")  # runs with run.threads=1 change torch's count
 
 
 def _cfg(tiny_cfg, tmp_path, sub: str, policies: dict, steps: int = 2, **sections) -> dict:

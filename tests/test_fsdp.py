@@ -35,11 +35,7 @@ COMMON = dict(algorithm={"num_generations": 4}, rollout={"batch_size": 2, "max_n
 TIED = {"lm_head.weight": "model.embed_tokens.weight", "model.embed_tokens.weight": "lm_head.weight"}  # saved once
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("restore_threads")  # runs with run.threads=1 change torch's count
 
 
 def _cfg(tiny_cfg, tmp_path, sub: str, policies: dict, steps: int = 2, **sections) -> dict:
