@@ -16,7 +16,7 @@ import difflib
 import functools
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,11 +55,11 @@ class Run:
     eval_rows: list[dict]
     run_dir: Path
     start_step: int = 0
-    backend: Any = None                   # the Ray backend (None: policies in this process)
-    extra: dict = field(default_factory=dict)
+    backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
 
     def close(self) -> None:
-        """Release the policies' Ray actors (and a local Ray cluster the run started); no-op locally."""
+        """Release the backend: Ray actors (and a local Ray cluster the run started) or data-parallel ranks;
+        no-op for policies in this process."""
         if self.backend is not None:
             self.backend.close()
             self.backend = None

@@ -145,7 +145,8 @@ class Trainer:
             self._update(samples, step, acc)
         elapsed = time.perf_counter() - t_step
         acc.add("time/step", elapsed)
-        gen_time = acc.mean().get("time/gen", acc.mean().get("time/rollout", 0.0))
+        means = acc.mean()
+        gen_time = means.get("time/gen", means.get("time/rollout", 0.0))
         acc.add("perf/gen_tokens_per_s", self.run.generate.tokens / max(gen_time, 1e-9))
         acc.add("perf/completions_per_s", len(samples) / elapsed)
         acc.add("perf/samples", len(samples))
@@ -230,7 +231,8 @@ class Trainer:
             getattr(cb, hook)(*args)
 
     def close(self) -> None:
-        """Release the policies' Ray actors (and a local Ray cluster the trainer started); no-op locally."""
+        """Release the run's backend: Ray actors (and a local Ray cluster the trainer started) or data-parallel
+        ranks; no-op for policies in this process."""
         if getattr(self, "run", None) is not None:
             self.run.close()
 

@@ -16,6 +16,18 @@ def restore_threads():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """A local Ray cluster of 2 CPUs for one test module, shut down at its end (one left by another module is
+    shut down first)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run wherever torch sees CUDA and are skipped elsewhere, with the reason."""
     if torch.cuda.is_available():

@@ -179,16 +179,6 @@ def test_one_rank_updates_like_a_plain_policy(tiny_cfg, tmp_path):
 # --- Ray: N actors per policy --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_more_ray_ranks_than_cpus_is_an_error_before_any_actor(ray_session, tiny_cfg, tmp_path):
     from accord.distributed.ray_backend import RayBackendError

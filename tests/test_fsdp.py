@@ -91,16 +91,6 @@ def _run(data: dict, stop_after: int | None = None):
         trainer.close()
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 # --- bad input: refused before any model loads --------------------------------------------------
 
 

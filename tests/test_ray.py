@@ -20,20 +20,7 @@ from accord.logging import read_metrics  # noqa: E402
 from accord.trainer import Trainer  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    if ray.is_initialized():  # e.g. left by another module's run
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("restore_threads")  # runs with run.threads change torch's count
 
 
 def _weights(trainer) -> dict:

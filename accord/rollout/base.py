@@ -78,7 +78,9 @@ class Rollout:
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         raise NotImplementedError
 
-    def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int) -> Played:
+    def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
+             success: bool = True) -> Played:
+        """``n`` unbranched trajectories (or joint actions) per row; ``success``: also the task's success check."""
         raise NotImplementedError
 
 
