@@ -16,8 +16,10 @@ time. The full run is then estimated from the example's own config:
 with the evaluations and checkpoints the trainer makes (before training, every ``run.eval_every`` steps
 and after the last; every ``run.checkpoint_every`` steps and at the end). The first step of a run is
 the only one measured, and multi-turn steps vary with how long the episodes last, so the estimate is
-what to expect, not a bound. Examples that ``accord train`` cannot run alone are listed and skipped
-(``sft_planpath.yaml`` needs ``accord sft`` first; the GPU recipes under ``examples/gpu/``).
+what to expect, not a bound. The name ``default`` is the job ``accord train`` runs without a config (the
+quickstart's). An example with an ``sft:`` section (``sft_planpath.yaml``) first runs ``accord sft`` on it,
+timed whole, and its RL step starts from the exported checkpoint, as its header says. The GPU recipes under
+``examples/gpu/`` are not listed: they need CUDA.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from accord.config import load_config  # noqa: E402
 
-SKIP = {"sft_planpath": "needs `accord sft` first (its own stage)"}
+DEFAULT = "default"  # the job `accord train` runs without a config file
 
 
 def schedule(cfg) -> tuple[int, int]:
@@ -53,28 +57,47 @@ def schedule(cfg) -> tuple[int, int]:
     return evals, ckpts
 
 
-def measure(example: Path, out: Path) -> dict:
-    cfg = load_config(example, [])
-    cmd = [sys.executable, "-m", "accord.cli", "train", str(example), "run.steps=1", "run.eval_every=0",
-           "run.eval_after=false", f"run.output_dir={out}", f"run.name={example.stem}", "logging.console=false",
-           "--overwrite"]
+def _run(cmd: list[str]) -> tuple[float, str | None]:
+    """Run ``cmd`` from the repository; (wall seconds, the last line of its output if it failed)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        return {"example": example.name, "error": tail[0]}
-    rows = [json.loads(line) for line in (out / example.stem / "metrics.jsonl").read_text().splitlines()]
+        return wall, tail[0]
+    return wall, None
+
+
+def measure(example: Path | None, out: Path) -> dict:
+    """Time one step of ``example`` (None: the default job) and extrapolate its full run."""
+    name = example.stem if example is not None else DEFAULT
+    label = example.name if example is not None else f"{DEFAULT} (`accord train`)"
+    cfg = load_config(example, [])
+    config_arg = [str(example)] if example is not None else []
+    base = [f"run.output_dir={out}", f"run.name={name}"]
+    sft_s, extra = 0.0, []
+    if example is not None and "sft" in (yaml.safe_load(example.read_text()) or {}):
+        sft_s, error = _run([sys.executable, "-m", "accord.cli", "sft", *config_arg, f"run.output_dir={out}",
+                             f"run.name={name}-sft"])
+        if error:
+            return {"example": label, "error": f"accord sft: {error}"}
+        extra = [f"policies.{p}.model={out / (name + '-sft') / 'sft' / p}" for p in cfg.policies]
+    cmd = [sys.executable, "-m", "accord.cli", "train", *config_arg, "run.steps=1", "run.eval_every=0",
+           "run.eval_after=false", *base, "logging.console=false", *extra, "--overwrite"]
+    wall, error = _run(cmd)
+    if error:
+        return {"example": label, "error": error}
+    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
     eval_s = sum(r.get("time/eval", 0.0) for r in rows if r.get("step") == 0)
     step_rows = [r for r in rows if r.get("step") == 1]
     step_s = sum(r.get("time/step", 0.0) for r in step_rows)
     ckpt_s = sum(r.get("time/checkpoint", 0.0) for r in step_rows)
     startup = wall - eval_s - step_s - ckpt_s
     evals, ckpts = schedule(cfg)
-    total = startup + cfg.run.steps * step_s + evals * eval_s + ckpts * ckpt_s
+    total = sft_s + startup + cfg.run.steps * step_s + evals * eval_s + ckpts * ckpt_s
     model = ", ".join(sorted({p.model for p in cfg.policies.values()}))
-    return {"example": example.name, "model": model, "steps": cfg.run.steps, "evaluations": evals,
+    return {"example": label, "model": model, "sft_s": round(sft_s, 1), "steps": cfg.run.steps, "evaluations": evals,
             "checkpoints": ckpts, "measured_wall_s": round(wall, 1), "startup_s": round(startup, 1),
             "step_s": round(step_s, 1), "eval_s": round(eval_s, 1), "checkpoint_s": round(ckpt_s, 1),
             "estimated_full_run_s": round(total, 1)}
@@ -86,12 +109,13 @@ def minutes(s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("names", nargs="*", help="example names (file stems); default: all of examples/*.yaml")
+    p.add_argument("names", nargs="*", help="example names (file stems of examples/*.yaml, or `default` for the "
+                   "job `accord train` runs without a config); default: all of them")
     p.add_argument("--json", dest="json_path", help="also write the results to this file")
     args = p.parse_args(argv)
-    examples = sorted((REPO / "examples").glob("*.yaml"))
+    examples: list[Path | None] = [None, *sorted((REPO / "examples").glob("*.yaml"))]
     if args.names:
-        known = {e.stem: e for e in examples}
+        known = {(e.stem if e is not None else DEFAULT): e for e in examples}
         unknown = [n for n in args.names if n not in known]
         if unknown:
             p.error(f"unknown examples {unknown}; choose from {sorted(known)}")
@@ -99,22 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="example_times.") as tmp:
         for example in examples:
-            if example.stem in SKIP:
-                results.append({"example": example.name, "skipped": SKIP[example.stem]})
-                continue
             res = measure(example, Path(tmp))
             results.append(res)
             print(json.dumps(res), flush=True)
     load = os.getloadavg()
     print(f"\nmachine: {os.cpu_count()} CPUs; load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print("| example | model | steps | one step | one evaluation | start-up | expected full run |")
+    print("| example | model | steps | one step | one evaluation | start-up (+ `accord sft`) | expected full run |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        if "skipped" in r or "error" in r:
-            print(f"| `{r['example']}` | | | | | | {r.get('skipped') or 'failed: ' + r['error']} |")
+        if "error" in r:
+            print(f"| `{r['example']}` | | | | | | failed: {r['error']} |")
             continue
-        print(f"| `{r['example']}` | {r['model']} | {r['steps']} | {r['step_s']:.0f} s | {r['eval_s']:.0f} s "
-              f"(x{r['evaluations']}) | {r['startup_s']:.0f} s | {minutes(r['estimated_full_run_s'])} |")
+        sft = f" + {r['sft_s']:.0f} s" if r["sft_s"] else ""
+        print(f"| `{r['example']}` | {r['model']} | {r['steps']} | {r['step_s']:.3g} s | {r['eval_s']:.3g} s "
+              f"(x{r['evaluations']}) | {r['startup_s']:.0f} s{sft} | {minutes(r['estimated_full_run_s'])} |")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2))
     return 0
