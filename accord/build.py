@@ -32,6 +32,7 @@ from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.base import import_modules, make_env
 from accord.envs.centralized import centralize
 from accord.generation.agents import AgentGenerator
+from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy, seed_everything
 from accord.policies_lora import build_lora_policies
 from accord.rollout.base import Rollout, make_rollout, rollout_name
@@ -66,7 +67,8 @@ class Run:
 
 
 def check_registered(cfg: Config) -> None:
-    """``algorithm.advantage`` and ``algorithm.loss`` name registered functions (after ``imports:``)."""
+    """``algorithm.advantage``, ``algorithm.loss`` and ``rollout.generation_backend`` name registered
+    functions and backends (after ``imports:``)."""
     for key, registry, register in (("advantage", ADVANTAGE_ESTIMATORS, "register_advantage"),
                                     ("loss", POLICY_LOSSES, "register_loss")):
         name = getattr(cfg.algorithm, key)
@@ -76,6 +78,13 @@ def check_registered(cfg: Config) -> None:
             raise ConfigError(f"algorithm.{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. "
                               f"Register your own with accord.algorithms.{register} in a module listed under "
                               "imports:")
+    name = cfg.rollout.generation_backend
+    if name not in GENERATION_BACKENDS:
+        close = difflib.get_close_matches(name, list(GENERATION_BACKENDS), n=1)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"rollout.generation_backend={name!r} is not registered;{hint} registered: "
+                          f"{sorted(GENERATION_BACKENDS)}. Register your own with "
+                          "accord.generation.backends.register_backend in a module listed under imports:")
 
 
 def build_env(cfg: Config):

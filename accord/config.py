@@ -260,7 +260,9 @@ class RolloutConfig:
         if self.history_turns is not None:
             _positive("rollout", "history_turns", self.history_turns, 0)
         _positive("rollout", "max_tree_generations", self.max_tree_generations)
-        _choice("rollout", "generation_backend", self.generation_backend, ("hf", "vllm"))
+        if not isinstance(self.generation_backend, str) or not self.generation_backend.isidentifier():
+            raise ConfigError(f"rollout.generation_backend={self.generation_backend!r} must be a backend's name: 'hf', "
+                              "'vllm' or one registered with accord.generation.backends.register_backend")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be "
                               "in (0, 1]")

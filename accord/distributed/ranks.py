@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from accord.devices import make_generator
-from accord.generation import Generation, generate
+from accord.generation import Generation
 from accord.policies import Policy
 from accord.rollout.sample import Sample
 
@@ -62,7 +62,6 @@ class DataParallelPolicy(Policy):
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
                  stream: str | None = None) -> list[Generation]:
         """This rank's share of the prompts, each sampled from its own stream; the whole list is returned."""
-        r = self.rollout
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
@@ -72,9 +71,9 @@ class DataParallelPolicy(Policy):
         out: list[Generation] = []
         if mine.stop > mine.start:
             rows = [make_generator(self.device, row_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
-            out = generate(self.model, self.tokenizer, prompts[mine], max_new_tokens=r.max_new_tokens,
-                           temperature=temperature, top_k=r.top_k, top_p=r.top_p, greedy=greedy,
-                           batch_size=r.generation_batch_size, name=self.name, row_generators=rows)
+            out = self.backend.generate(self.model, self.tokenizer, prompts[mine], greedy=greedy,
+                                        temperature=temperature, generator=None, name=self.name,
+                                        row_generators=rows)
         return self._gather(out)
 
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:

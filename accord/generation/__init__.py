@@ -1,4 +1,6 @@
-"""Generation backends. ``hf``: batched Hugging Face ``generate`` (default)."""
+"""Generation: the backends a policy owns (:mod:`accord.generation.backends`: ``hf``, the default, and the
+optional ``vllm``), accord's batched decoding loop (:mod:`accord.generation.hf`) and the agents' prompt-to-
+completion calls (:mod:`accord.generation.agents`)."""
 
 from accord.generation.hf import Generation, generate
 

@@ -4,8 +4,9 @@ Install: ``pip install 'accord[vllm]'`` (GPU wheels) or, on a CPU-only machine, 
 in a separate environment (it pins its own torch and transformers). Without vLLM the HF backend
 (:mod:`accord.generation.hf`) is used and nothing here is imported.
 
-What it does. One :class:`VLLMGenerator` owns one ``vllm.LLM`` for one policy model (for
-``specialization: lora``, one engine for the shared base and one vLLM LoRA adapter per policy):
+What it does. One :class:`VLLMGenerator` owns one ``vllm.LLM`` for one policy model; the policy's
+:class:`accord.generation.backends.VLLMBackend` builds it on first use (for ``specialization: lora``, the
+group's backend: one engine for the shared base and one vLLM LoRA adapter per policy):
 
 - **Loading.** The policy's model lives in memory (it is being trained), so its current weights are
   saved once, in Hugging Face format with the tokenizer, to a temporary directory that vLLM loads
@@ -43,7 +44,7 @@ What it does. One :class:`VLLMGenerator` owns one ``vllm.LLM`` for one policy mo
   from the engine), so each step's generation uses the adapter as just updated (a rank-8 adapter on
   every projection of SmolLM2-135M is about 10 MB); the frozen base is never re-synced.
   ``generate(..., adapters=[...])`` serves rows of different adapters in one call
-  (:func:`generate_mixed_for_group` is the counterpart of ``LoraGroup.generate_mixed``).
+  (``VLLMBackend.generate_mixed``, the counterpart of the hf backend's mixed-adapter batches).
 
 Engine process and threads. By default the engine runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set if unset): the weights are handed over without copies
@@ -426,56 +427,10 @@ def recompute_logprobs(model, prompts, generations: list[Generation], temperatur
         model.train(was)
 
 
-# --- one engine per model object -------------------------------------------------------------------
-_ENGINES: weakref.WeakKeyDictionary[torch.nn.Module, VLLMGenerator] = weakref.WeakKeyDictionary()
-
-
-def generator_for(model, tokenizer, *, name: str, rollout, seed: int = 0) -> VLLMGenerator:
-    """The engine of ``model`` (built on first use; LoRA policies of one group share their model and so
-    one engine). ``rollout`` supplies ``vllm_gpu_memory_utilization`` and ``vllm_kwargs``."""
-    gen = _ENGINES.get(model)
-    if gen is None:
-        gen = VLLMGenerator(model, tokenizer, name=name, seed=seed,
-                            gpu_memory_utilization=getattr(rollout, "vllm_gpu_memory_utilization", 0.5),
-                            llm_kwargs=dict(getattr(rollout, "vllm_kwargs", None) or {}))
-        _ENGINES[model] = gen
-    return gen
-
-
-def generate_for_policy(policy, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                        generator: torch.Generator | None) -> list[Generation]:
-    """What :meth:`accord.policies.Policy.generate` delegates to with ``rollout.generation_backend: vllm``:
-    the policy's engine, its current weights (synced if changed), its adapter for a LoRA policy."""
-    r = policy.rollout
-    engine = generator_for(policy.model, policy.tokenizer, name=policy.name, rollout=r)
-    adapter = policy.name if engine.peft else None
-    return engine.generate(policy.model, prompts, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                           top_k=r.top_k, top_p=r.top_p, greedy=greedy, name=policy.name, generator=generator,
-                           adapters=adapter)
-
-
-def generate_mixed_for_group(group, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
-                             generator: torch.Generator | None) -> dict[str, list[Generation]]:
-    """All adapters' prompts of a LoRA group in one vLLM call (each row routed to its own adapter):
-    the vLLM counterpart of ``LoraGroup.generate_mixed``."""
-    r = group.rollout
-    names = [n for n, ps in prompts.items() for _ in ps]
-    flat = [p for ps in prompts.values() for p in ps]
-    engine = generator_for(group.model, group.tokenizer, name="+".join(sorted(prompts)), rollout=r)
-    outs = engine.generate(group.model, flat, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                           top_k=r.top_k, top_p=r.top_p, greedy=greedy, name="+".join(sorted(prompts)),
-                           generator=generator, adapters=names)
-    result, pos = {}, 0
-    for n, ps in prompts.items():
-        result[n] = outs[pos:pos + len(ps)]
-        pos += len(ps)
-    return result
-
-
 def close_all() -> None:
-    for gen in list(_ENGINES.values()):
+    """Close every engine still open (at interpreter exit)."""
+    for gen in list(_LIVE):
         gen.close()
-    _ENGINES.clear()
 
 
 atexit.register(close_all)
