@@ -20,7 +20,9 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   tokens (each distinct prompt of a micro-batch runs once), plus 3 b c V floats for the logits, the
   sampling transform and the log-softmax (V vocabulary); under bf16 autocast the layer tensors are
   half as large and the autocast cache adds 2P bytes; with gradient checkpointing a layer keeps only
-  its input (h floats per token) and one layer is recomputed at a time;
+  its input (h floats per token) and one layer is recomputed at a time; LoRA adds, per token and
+  adapted projection of input width d, the dropout's fp32 output and mask (5d bytes, when
+  ``lora.dropout > 0``) and the adapter's bf16 copy of its input (2d bytes, under bf16 autocast);
 - generation: a KV cache of rows x (p + c) x layers x 2kv floats plus 4 rows x V floats of logits;
 - a device holds the static parts (weights, reference, AdamW) of all its policies plus the largest
   transient part (gradients + activations, or generation) of one of them (policies update one after
@@ -155,6 +157,16 @@ def lora_parameters(model, cfg: Config) -> int:
     return total
 
 
+def lora_input_width(model, cfg: Config) -> int:
+    """Sum of the input widths of the adapted linear layers (all layers): what LoRA's per-projection copies
+    of the activations scale with."""
+    from accord.policies_lora import default_target_modules
+
+    targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
+    return sum(m.in_features for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets))
+
+
 @dataclasses.dataclass
 class PolicyPlan:
     name: str
@@ -213,7 +225,7 @@ def _step_shape(cfg: Config, agents_of: dict[str, list[str]], multi_turn: bool, 
     return samples, rows, total
 
 
-def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: bool) -> None:
+def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: bool, lora_width: int = 0) -> None:
     tr, r = cfg.training, cfg.rollout
     h = config.hidden_size
     layers = config.num_hidden_layers
@@ -239,6 +251,9 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
         acts = tokens * layers * h * 4.0 + tokens * per_token_layer * layer_bytes
     else:
         acts = tokens * layers * per_token_layer * layer_bytes
+    if lora:
+        per_width = (5.0 if cfg.lora.dropout > 0 else 0.0) + (2.0 if bf16 else 0.0)
+        acts += tokens * lora_width * per_width / (layers if tr.gradient_checkpointing else 1)
     acts += 3 * b * c * vocab * 4.0
     if bf16:
         acts += 2.0 * plan.params  # autocast's bf16 copies of the weights
@@ -318,7 +333,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
         reps = p.replicas or 1  # a rank updates on 1/replicas of the samples (its generate calls: see fit)
         plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, math.ceil(samples[n] / reps),
                           rows[n], shared_base=names[0] if lora and i else None, replicas=reps)
-        _policy_memory(plan, config, cfg, prompt, lora)
+        _policy_memory(plan, config, cfg, prompt, lora, lora_input_width(meta, cfg) if lora else 0)
         if cfg.training.fsdp:
             _shard_memory(plan)
         plans.append(plan)
