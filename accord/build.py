@@ -29,7 +29,7 @@ from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_check
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
-from accord.envs.base import import_modules, make_env
+from accord.envs.registry import import_modules, make_env
 from accord.envs.centralized import centralize
 from accord.generation.agents import AgentGenerator
 from accord.policies import build_policy, seed_everything

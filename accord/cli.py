@@ -32,7 +32,7 @@ logger = logging.getLogger("accord")
 _USER_ERRORS = {
     "accord.config": ("ConfigError",),
     "accord.checkpoint": ("CheckpointError",),
-    "accord.envs.base": ("TaskError",),
+    "accord.envs.registry": ("TaskError",),
     "accord.envs.check": ("EnvCheckError",),
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
@@ -144,10 +144,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from accord.envs.base import TaskError  # imported lazily, like every command's heavy modules
+    from accord.envs.registry import TaskError  # imported lazily, like every command's heavy modules
 
     from accord.envs import TASKS, make_env, make_task
-    from accord.envs.base import entry_point_names, import_modules, task_factory
+    from accord.envs.registry import entry_point_names, import_modules, task_factory
 
     import_modules(args.imports, "--import")
     if args.check:

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from accord.config import config_from_dict
-from accord.envs import code_data, make_task
-from accord.envs.base import TaskError
+from accord.envs import make_task
+from accord.envs.coding import data as code_data
+from accord.envs.registry import TaskError
 from accord.envs.check import check_env
-from accord.envs.code_atgrpo import CodeEnv, read_tests, stub_program
-from accord.envs.code_common import (
+from accord.envs.coding.atgrpo import CodeEnv, read_tests, stub_program
+from accord.envs.coding.common import (
     TestCache,
     binds_name,
     case_sources,
@@ -27,8 +28,8 @@ from accord.envs.code_common import (
     normalise,
     split_tests,
 )
-from accord.envs.code_data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
-from accord.envs.code_magrpo import (
+from accord.envs.coding.data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
+from accord.envs.coding.magrpo import (
     REWARD_MAX,
     HelperMainEnv,
     HelperMainTask,

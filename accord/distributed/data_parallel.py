@@ -305,7 +305,7 @@ def serve_worker() -> int:
         kind = message[0]
         if kind == "build":
             _, cfg, names, reps, total = message
-            from accord.envs.base import import_modules
+            from accord.envs.registry import import_modules
             from accord.policies import seed_everything
 
             import_modules(cfg.imports)

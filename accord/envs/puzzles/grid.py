@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from accord.envs import tool_programs
-from accord.envs.base import TaskError
+from accord.envs.registry import TaskError
 from accord.envs.protocol import StepResult, check_step_actions
 
 logger = logging.getLogger(__name__)
@@ -221,9 +221,9 @@ class ToolRun:
 
 def run_tool(text: str, state_json: str, timeout_s: float) -> ToolRun:
     """Run the program in the tool agent's reply ``text`` (its last ```python block, see
-    :func:`accord.envs.math_env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
+    :func:`accord.envs.maths.env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
     working directory; never raises. Cached per (program, state, timeout): :mod:`accord.envs.tool_programs`."""
-    from accord.envs.math_env import extract_code
+    from accord.envs.maths.env import extract_code
 
     code = extract_code(text)
     if code is None:

@@ -2,7 +2,7 @@
 
 Every loader returns rows ``{"id", "question", "answer", "source", ...}`` (plain JSON values; extra keys:
 ``dataset`` for reasoning-gym, ``subject``/``level`` for MATH, ``year`` for AIME, ``check`` when the
-answer needs more than value equality -- see :func:`accord.envs.math_answer.check_answer`). The ``id``
+answer needs more than value equality -- see :func:`accord.envs.maths.answer.check_answer`). The ``id``
 is ``f"{source}-{sha1(question)[:16]}"``, so a question has one id wherever it comes from, and the
 ``train`` and ``eval`` splits never share a question (checked on the whitespace-normalised text).
 
@@ -59,9 +59,9 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from accord.envs.hub import HUB_PROBE_S
-from accord.envs.hub import hub_reachable as _hub_reachable
-from accord.envs.math_answer import extract_boxed
+from accord.envs.data import HUB_PROBE_S
+from accord.envs.data import hub_reachable as _hub_reachable
+from accord.envs.maths.answer import extract_boxed
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ Sources
   are two or more) is eval.
 
 The hub is used only when ``datasets`` is installed, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are
-unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing`); a hub
+unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing.core`); a hub
 dataset asked for when the hub is unusable raises :class:`CodeDataUnavailable`, naming the offline
 alternatives (``dataset: humaneval`` or ``data_files=``). Nothing falls back silently to other data.
 """
@@ -64,9 +64,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accord.envs.base import TaskError
-from accord.envs.code_common import safe_parse, split_tests
-from accord.envs.writing import _hub_load_errors, _hub_unavailable_reason, _read_records
+from accord.envs.registry import TaskError
+from accord.envs.coding.common import safe_parse, split_tests
+from accord.envs.writing.core import _hub_load_errors, _hub_unavailable_reason, _read_records
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
 
 
 def suite_of(problem: dict[str, Any]) -> tuple[str, str, str | None, str | None]:
-    """The problem's reference tests as a suite for :class:`~accord.envs.code_common.TestCache`: its entry
+    """The problem's reference tests as a suite for :class:`~accord.envs.coding.common.TestCache`: its entry
     point is the function under test; the canonical solution (when there is one) plans the tests that are
     not simple asserts and the preamble is trusted setup."""
     return (problem["test"], problem["entry_point"], problem.get("canonical") or None,

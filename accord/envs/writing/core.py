@@ -71,7 +71,7 @@ Data
 "source"}`` from the Hub (``trl-lib/tldr`` / ``OpenMLRL/arXiv_abstract``, needs
 ``datasets`` and network), from a local JSON/JSONL file in the Hub's format, or
 from an offline corpus of prose passages cut from Python's own bundled
-documentation (``accord.envs.offline_corpus``). For TL;DR records the
+documentation (``accord.envs.writing.corpus``). For TL;DR records the
 ``SUBREDDIT/TITLE/POST/TL;DR:`` scaffolding of the prompt is removed: ``text``
 is the post body, the title goes to ``title`` and the reference TL;DR to
 ``reference``.
@@ -91,9 +91,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from accord.envs.hub import HUB_PROBE_S
-from accord.envs.hub import hub_reachable as _hub_reachable
-from accord.envs.offline_corpus import stdlib_passages
+from accord.envs.data import HUB_PROBE_S
+from accord.envs.data import hub_reachable as _hub_reachable
+from accord.envs.writing.corpus import stdlib_passages
 
 logger = logging.getLogger(__name__)
 
@@ -613,7 +613,7 @@ def load_writing_rows(
       ``datasets`` is missing, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is
       set, or huggingface.co does not answer within 2 s.
     * ``source="offline"``: prose passages from Python's bundled documentation
-      (``accord.envs.offline_corpus``), split by hash; the same corpus serves
+      (``accord.envs.writing.corpus``), split by hash; the same corpus serves
       both variants.
     * ``source="auto"``: the Hub when it is usable, else offline; the choice is
       logged at INFO.
