@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from accord import data
 from accord.envs.writing import core as writing
 from accord.envs.writing.core import (
     ARXIV_AGENTS,
@@ -313,7 +314,7 @@ def test_team_reward_errors():
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
     """No test may reach the Hub: the reachability probe always says no."""
-    monkeypatch.setattr(writing, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(data, "hub_reachable", lambda *a, **k: False)
 
 
 @pytest.mark.parametrize("variant", ["tldr", "arxiv"])
@@ -415,9 +416,9 @@ def test_hub_offline_env_gives_clear_error(monkeypatch):
 def test_hub_without_datasets_names_the_install(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    real_find_spec = writing.importlib.util.find_spec
+    real_find_spec = data.importlib.util.find_spec
     monkeypatch.setattr(
-        writing.importlib.util, "find_spec",
+        data.importlib.util, "find_spec",
         lambda name, *a: None if name == "datasets" else real_find_spec(name, *a),
     )
     with pytest.raises(WritingDataUnavailable, match="pip install datasets") as info:
@@ -428,7 +429,7 @@ def test_hub_without_datasets_names_the_install(monkeypatch):
 def test_hub_unreachable_error(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(writing.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(WritingDataUnavailable, match="did not answer"):
         load_writing_rows("tldr", "train", source="hub")
 
@@ -437,10 +438,10 @@ def _fake_hub(monkeypatch, splits=None, error=None):
     """Make the Hub path usable without a network: a stand-in `datasets` module."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(writing, "_hub_reachable", lambda *a, **k: True)
-    real_find_spec = writing.importlib.util.find_spec
+    monkeypatch.setattr(data, "hub_reachable", lambda *a, **k: True)
+    real_find_spec = data.importlib.util.find_spec
     monkeypatch.setattr(
-        writing.importlib.util, "find_spec",
+        data.importlib.util, "find_spec",
         lambda name, *a: object() if name == "datasets" else real_find_spec(name, *a),
     )
     calls = []

@@ -53,7 +53,6 @@ import ast
 import copy
 import functools
 import gzip
-import hashlib
 import importlib.util
 import json
 import logging
@@ -66,7 +65,7 @@ from typing import Any
 
 from accord.envs.registry import TaskError
 from accord.envs.coding.common import safe_parse, split_tests
-from accord.envs.writing.core import _hub_load_errors, _hub_unavailable_reason, _read_records
+from accord.data import digest, load_hub_dataset, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +167,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
     it lacks a field or its code does not parse."""
     rid = record.get("task_id")
     if rid is None:  # local files may omit ids: a stable one from the content
-        digest = hashlib.sha1(json.dumps(dict(record), sort_keys=True, default=str).encode("utf-8")).hexdigest()
-        rid = f"problem-{digest[:12]}"
+        rid = f"problem-{digest(json.dumps(dict(record), sort_keys=True, default=str))[:12]}"
     if "test_list" in record:
         tests = [t for t in (record.get("test_list") or []) if isinstance(t, str)]
         code = _text(record.get("code"))
@@ -275,18 +273,8 @@ def _unavailable(dataset: str, reason: str) -> CodeDataUnavailable:
 
 
 def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
-    reason = _hub_unavailable_reason()
-    if reason:
-        raise _unavailable(dataset, reason)
-    import datasets  # optional dependency, presence checked above
-
-    try:
-        if dataset == "mbpp":
-            splits = datasets.load_dataset(HUB_IDS[dataset], MBPP_CONFIG)
-        else:
-            splits = datasets.load_dataset(HUB_IDS[dataset])
-    except _hub_load_errors() as exc:
-        raise _unavailable(dataset, f"loading failed ({exc})") from exc
+    splits = load_hub_dataset(HUB_IDS[dataset], MBPP_CONFIG if dataset == "mbpp" else None,
+                              error=lambda reason: _unavailable(dataset, reason))
     if dataset == "mbpp":
         train = _convert(splits["train"], dataset, "hub")
         seen = {p["id"] for p in train}
@@ -300,7 +288,7 @@ def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
 
 
 def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[str, str]]]:
-    records = _read_records(str(path))
+    records = read_records(path)
     tagged = [r for r in records if isinstance(r, Mapping)]
     if len(tagged) != len(records):
         raise ValueError(f"data_files={str(path)!r}: every record must be a JSON object")
@@ -313,7 +301,7 @@ def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[st
         out["eval"] = [p for p in out["eval"] if p["id"] not in seen]
         return out
     problems = _convert(tagged, dataset, "data_files")
-    ranked = sorted(problems, key=lambda p: hashlib.sha256(p["id"].encode("utf-8")).hexdigest())
+    ranked = sorted(problems, key=lambda p: digest(p["id"], "sha256"))
     n_eval = 0 if len(ranked) < 2 else max(1, round(len(ranked) / 4))
     eval_ids = {p["id"] for p in ranked[:n_eval]}
     return {"train": [p for p in problems if p["id"] not in eval_ids],
