@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
-from accord.logging.console import configure_logging
+from accord.tracking.console import configure_logging
 
 logger = logging.getLogger("accord")
 
@@ -109,8 +109,8 @@ def _sft(args: argparse.Namespace) -> int:
 
 def _log_held_out(run_dir: Path, temperature: float) -> None:
     """End the console with what the run learned: held-out results before -> after."""
-    from accord.logging import read_metrics
-    from accord.logging.console import held_out_summary
+    from accord.tracking import read_metrics
+    from accord.tracking.console import held_out_summary
 
     if (run_dir / "metrics.jsonl").is_file():
         for line in held_out_summary(read_metrics(run_dir), temperature=temperature):
