@@ -158,10 +158,6 @@ def launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def launched_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 def _init_world() -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=TIMEOUT)  # env:// from torchrun; commands and objects

@@ -205,7 +205,6 @@ class Outcome:
 # the tool agent's programs
 
 WORKFLOWS = ("tool_planner", "direct")
-TOOL_FAILED = frozenset({"error", "syntax_error", "timeout", "memory", "output_limit", "killed"})
 NO_CODE = "no_code"
 _SHOW_OUTPUT, _SHOW_ERROR = 600, 400
 
