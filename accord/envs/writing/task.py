@@ -9,7 +9,7 @@ team reward as the two agents' outputs; a part that is missing is empty and fail
 level (the total is then 0).
 
 ``faithfulness`` (a weight, default 0: the paper's reward) adds a lexical term that scores each text
-against the source text (:func:`accord.envs.writing.writing_reward_parts`). The task defines
+against the source text (:func:`accord.envs.writing.core.writing_reward_parts`). The task defines
 ``reward_components``, so runs log the levels ``l1``..``l4``, ``faithfulness`` and ``source_overlap``
 as ``reward/<name>``.
 """
