@@ -29,7 +29,7 @@ from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_check
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
-from accord.envs.base import import_modules, make_env
+from accord.envs.registry import import_modules, make_env
 from accord.envs.centralized import centralize
 from accord.generation.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
@@ -177,7 +177,7 @@ def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> int:
 def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
     """Every part of a run of ``cfg`` (see the module docstring); ``resume`` continues from the latest
     checkpoint, ``overwrite`` deletes an earlier run in the same directory."""
-    from accord.logging.tracking import check_report_to
+    from accord.tracking.report_to import check_report_to
 
     check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
     claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast

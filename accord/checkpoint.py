@@ -68,11 +68,6 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, keep: int) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune all but the newest ``keep``."""
-    return commit_checkpoint(run_dir, write_checkpoint(run_dir, step, policies, state), step, keep)
-
-
 def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> Path:
     """Write the checkpoint of ``step`` into a temporary directory (fsynced, manifest last); return it.
 

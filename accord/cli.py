@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
-from accord.logging.console import configure_logging
+from accord.tracking.console import configure_logging
 
 logger = logging.getLogger("accord")
 
@@ -32,7 +32,7 @@ logger = logging.getLogger("accord")
 _USER_ERRORS = {
     "accord.config": ("ConfigError",),
     "accord.checkpoint": ("CheckpointError",),
-    "accord.envs.base": ("TaskError",),
+    "accord.envs.registry": ("TaskError",),
     "accord.envs.check": ("EnvCheckError",),
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
@@ -109,8 +109,8 @@ def _sft(args: argparse.Namespace) -> int:
 
 def _log_held_out(run_dir: Path, temperature: float) -> None:
     """End the console with what the run learned: held-out results before -> after."""
-    from accord.logging import read_metrics
-    from accord.logging.console import held_out_summary
+    from accord.tracking import read_metrics
+    from accord.tracking.console import held_out_summary
 
     if (run_dir / "metrics.jsonl").is_file():
         for line in held_out_summary(read_metrics(run_dir), temperature=temperature):
@@ -144,10 +144,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from accord.envs.base import TaskError  # imported lazily, like every command's heavy modules
+    from accord.envs.registry import TaskError  # imported lazily, like every command's heavy modules
 
     from accord.envs import TASKS, make_env, make_task
-    from accord.envs.base import entry_point_names, import_modules, task_factory
+    from accord.envs.registry import entry_point_names, import_modules, task_factory
 
     import_modules(args.imports, "--import")
     if args.check:

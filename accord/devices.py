@@ -30,11 +30,6 @@ from accord.config import ConfigError, check_device_setting
 
 logger = logging.getLogger(__name__)
 
-def available_devices() -> list[str]:
-    """The devices this process can place models on: ``cpu`` and ``cuda:0`` .. ``cuda:{n-1}``."""
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return ["cpu"] + [f"cuda:{i}" for i in range(n)]
-
 
 def resolve_device(setting: str, key: str, *, cuda_count: int | None = None) -> torch.device:
     """The torch device of a setting on this machine, or a ConfigError naming what is available.

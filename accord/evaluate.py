@@ -73,9 +73,9 @@ def evaluate_run(run, step: int | None = None) -> dict[str, float]:
     """Held-out instances of a run, no branching: one joint action (single-turn) or one episode (multi-turn)
     each, greedy unless rollout.eval_temperature > 0. ``eval/team/reward`` is the team reward (single-turn)
     or the episode's team return (multi-turn). With ``step``, the completions are written to
-    ``RUN_DIR/eval_completions/step_N.jsonl`` (see :mod:`accord.logging.eval_completions`)."""
-    from accord.logging import MetricAccumulator
-    from accord.logging.eval_completions import write_eval_completions
+    ``RUN_DIR/eval_completions/step_N.jsonl`` (see :mod:`accord.tracking.eval_completions`)."""
+    from accord.tracking import MetricAccumulator
+    from accord.tracking.eval_completions import write_eval_completions
 
     if not run.eval_rows:
         return {}

@@ -1,7 +1,7 @@
 """Static training report: PNG plots + a markdown summary of a run directory.
 
 ``write_report(run_dir)`` reads ``run_dir/metrics.jsonl`` (written by
-:class:`accord.logging.JsonlSink`), ``run_dir/config.yaml`` if present, the last
+:class:`accord.tracking.JsonlSink`), ``run_dir/config.yaml`` if present, the last
 completions table (``completions/step_N.jsonl``) and the last evaluation's
 completions (``eval_completions/step_N.jsonl``), and writes ``run_dir/report/``
 with ``report.md`` and the plots for which the run has data:
@@ -40,9 +40,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from accord.logging.console import held_out_summary
-from accord.logging.eval_completions import EVAL_COMPLETIONS_DIRNAME
-from accord.logging.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
+from accord.tracking.console import held_out_summary
+from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
+from accord.tracking.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
 __all__ = ["PLOT_FILES", "write_report"]
 

@@ -39,8 +39,8 @@ from accord.checkpoint import commit_checkpoint, write_checkpoint
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
-from accord.logging import MetricAccumulator
-from accord.logging.tracking import run_sinks
+from accord.tracking import MetricAccumulator
+from accord.tracking.report_to import run_sinks
 from accord.rollout.sample import prompt_group_ids
 
 logger = logging.getLogger(__name__)

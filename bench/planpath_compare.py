@@ -272,7 +272,7 @@ def _fmt(x: float | None) -> str:
 
 def episodes(trainer, step: int) -> dict[str, dict]:
     """Greedy evaluation on the held-out puzzles: instance id -> {success, return} (one episode each)."""
-    from accord.logging.eval_completions import eval_completions_path
+    from accord.tracking.eval_completions import eval_completions_path
 
     t = time.perf_counter()
     trainer.evaluate(step=step)

@@ -109,7 +109,7 @@ def main() -> None:
     judged_plan = box.plan_tests(JUDGED_TESTS, "count_vowels", reference=PROGRAM)
     assert judged_plan.needs_judge
     judged = [(PROGRAM, judged_plan)] * n
-    from accord.envs.code_data import humaneval_problems, suite_of
+    from accord.envs.coding.data import humaneval_problems, suite_of
 
     problems = humaneval_problems()
     plans = box.plan_tests_many([suite_of(p) for p in problems])

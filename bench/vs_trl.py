@@ -296,7 +296,7 @@ class LetterTask:
         return [{"role": "user", "content": f"Task {row['number']}: write words with the letter {LETTER}."}]
 
     def reward(self, *, prompts=None, completions: dict, agents: tuple[str, ...], **kwargs) -> list[float]:
-        from accord.envs.synthetic import _share
+        from accord.envs.synthetic.letters import _share
         return [_share(c, LETTER) for c in completions["writer"]]
 
 
@@ -304,7 +304,7 @@ def accord_worker(spec: dict) -> dict:
     import torch
 
     from accord.config import config_from_dict
-    from accord.envs.base import register_task
+    from accord.envs.registry import register_task
     from accord.trainer import Trainer
 
     register_task(TASK_NAME, "bench only: one agent, reward = share of words with the letter e")(LetterTask)

@@ -8,7 +8,7 @@ import torch
 
 from accord.algorithms.losses import process_logits
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig, config_from_dict
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.policies import Policy
 from accord.rollout.sample import Sample
 from accord.trainer import Trainer

@@ -4,7 +4,7 @@ import pytest
 
 from accord.callbacks import Callback, check_callbacks
 from accord.config import config_from_dict
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.trainer import Trainer, train
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from accord.config import config_from_dict
-from accord.envs import code_data, make_task
-from accord.envs.base import TaskError
+from accord import data
+from accord.envs import make_task
+from accord.envs.coding import data as code_data
+from accord.envs.registry import TaskError
 from accord.envs.check import check_env
-from accord.envs.code_atgrpo import CodeEnv, read_tests, stub_program
-from accord.envs.code_common import (
+from accord.envs.coding.atgrpo import CodeEnv, read_tests, stub_program
+from accord.envs.coding.common import (
     TestCache,
     binds_name,
     case_sources,
@@ -27,8 +29,8 @@ from accord.envs.code_common import (
     normalise,
     split_tests,
 )
-from accord.envs.code_data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
-from accord.envs.code_magrpo import (
+from accord.envs.coding.data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
+from accord.envs.coding.magrpo import (
     REWARD_MAX,
     HelperMainEnv,
     HelperMainTask,
@@ -204,7 +206,7 @@ def test_hub_splits(monkeypatch):
         return {"train": [mbpp(i) for i in range(5)], "test": [mbpp(i) for i in range(3, 10)]}
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    monkeypatch.setattr(code_data, "_hub_unavailable_reason", lambda: None)
+    monkeypatch.setattr(data, "hub_unavailable_reason", lambda: None)
     train, evals = load_problems("coophumaneval", "train"), load_problems("coophumaneval", "eval")
     assert len(train) == 66 and {p["id"] for p in evals} == {f"CoopHumanEval/{i}" for i in range(16)}
     m_train, m_eval = load_problems("mbpp", "train"), load_problems("mbpp", "eval")

@@ -163,7 +163,7 @@ def _same_metrics(a: dict, b: dict) -> bool:
 def test_sigkill_at_30_moments_loses_and_repeats_nothing(tmp_path):
     import torch
 
-    from accord.logging import read_metrics
+    from accord.tracking import read_metrics
 
     t = time.perf_counter()
     seed = os.environ.get("ACCORD_CRASH_TEST_SEED", "0")  # other seeds: other kill moments
@@ -208,7 +208,7 @@ def _cli(*args, cwd):
 
 @pytest.mark.slow
 def test_a_second_train_into_a_run_is_refused_and_overwrite_starts_over(tmp_path):
-    from accord.logging import read_metrics
+    from accord.tracking import read_metrics
 
     cfg = tmp_path / "crash.yaml"
     cfg.write_text(CONFIG)

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from accord.config import ConfigError, config_from_dict
 from accord.distributed.data_parallel import check_replicas
 from accord.distributed.ranks import DataParallelPolicy, part
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from accord.config import ConfigError, config_from_dict
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.trainer import Trainer
 
 TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}

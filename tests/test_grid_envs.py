@@ -7,12 +7,12 @@ from collections import deque
 import pytest
 
 from accord.envs import make_task
-from accord.envs.base import TaskError
+from accord.envs.registry import TaskError
 from accord.envs.check import GARBAGE, check_env
-from accord.envs.grid_common import DIRECTIONS, parse_moves, split_of
-from accord.envs.planpath import PlanPathEnv as _PlanPathEnv, shortest_path
-from accord.envs.sokoban import SokobanEnv as _SokobanEnv, read_rows
-from accord.envs.sudoku import SudokuEnv as _SudokuEnv, is_solved, parse_grid
+from accord.envs.puzzles.grid import DIRECTIONS, parse_moves, split_of
+from accord.envs.puzzles.planpath import PlanPathEnv as _PlanPathEnv, shortest_path
+from accord.envs.puzzles.sokoban import SokobanEnv as _SokobanEnv, read_rows
+from accord.envs.puzzles.sudoku import SudokuEnv as _SudokuEnv, is_solved, parse_grid
 
 
 # These tests play the direct workflow (planner -> executor, moves written as text). Since the default

@@ -7,14 +7,14 @@ import time
 import pytest
 
 from accord.envs import make_task
-from accord.envs.base import TaskError
+from accord.envs.registry import TaskError
 from accord.envs.check import check_env
 from accord.envs import tool_programs
-from accord.envs.grid_common import NO_CODE
+from accord.envs.puzzles.grid import NO_CODE
 from accord.envs.oracles import PLANPATH_TOOL_PROGRAM, SOKOBAN_TOOL_PROGRAM, SUDOKU_TOOL_PROGRAM, fenced
-from accord.envs.planpath import PlanPathEnv, shortest_path
-from accord.envs.sokoban import SokobanEnv
-from accord.envs.sudoku import SudokuEnv
+from accord.envs.puzzles.planpath import PlanPathEnv, shortest_path
+from accord.envs.puzzles.sokoban import SokobanEnv
+from accord.envs.puzzles.sudoku import SudokuEnv
 from accord.rollout.multiturn import atgrpo_rollout
 from accord.rollout.sample import Completion
 

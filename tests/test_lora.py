@@ -14,7 +14,7 @@ from accord.config import (
     RolloutConfig,
     config_from_dict,
 )
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.models import load_model_and_tokenizer
 from accord.policies_lora import LoraPolicy, build_lora_policies, generate_by_policy
 from accord.rollout.sample import Sample

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from accord.envs import make_task
-from accord.envs.base import TaskError
+from accord.envs.registry import TaskError
 from accord.envs.check import check_env
-from accord.envs.math_answer import (answers_equal, check_answer, extract_answer, extract_boxed, is_reduced_fraction,
+from accord.envs.maths.answer import (answers_equal, check_answer, extract_answer, extract_boxed, is_reduced_fraction,
                                      normalize_answer, tool_answer)
-from accord.envs.math_data import MathDataUnavailable, load_math_rows, reasoning_gym_rows, record_to_row
-from accord.envs.math_env import ERROR_PENALTY, MathEnv, extract_code
+from accord.envs.maths.data import MathDataUnavailable, load_math_rows, reasoning_gym_rows, record_to_row
+from accord.envs.maths.env import ERROR_PENALTY, MathEnv, extract_code
 
 FIXTURES = Path(__file__).parent / "fixtures" / "math"
 TASK = {"id": "t-42", "question": "What is 6 times 7?", "answer": "42", "source": "test"}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from accord.config import ConfigError, config_from_dict
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.policies import enable_gradient_checkpointing, micro_batches
 from accord.rollout.sample import Sample
 from accord.trainer import Trainer, memory_metrics, reset_peak_memory

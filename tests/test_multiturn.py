@@ -12,7 +12,7 @@ import torch
 from accord.config import ConfigError, config_from_dict
 from accord.envs.centralized import CentralizedEnv, parse_roles
 from accord.envs.check import check_env
-from accord.envs.relay import RelayEnv, _share
+from accord.envs.synthetic.relay import RelayEnv, _share
 from accord.rollout.multiturn import (TreeTooLargeError, atgrpo_rollout, check_tree_size, magrpo_tree,
                                       play_episodes, tree_generations)
 from accord.rollout.sample import Completion

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from accord.config import config_from_dict  # noqa: E402
 from accord.distributed.ray_backend import RayBackendError, RemotePolicy  # noqa: E402
-from accord.logging import read_metrics  # noqa: E402
+from accord.tracking import read_metrics  # noqa: E402
 from accord.trainer import Trainer  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from accord.config import config_from_dict
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from accord.config import (
     load_config,
     save_config,
 )
-from accord.logging import read_metrics
+from accord.tracking import read_metrics
 from accord.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

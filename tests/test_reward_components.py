@@ -7,10 +7,10 @@ import random
 import pytest
 
 from accord.envs import make_task
-from accord.envs.base import TaskError
-from accord.envs.code_magrpo import TESTS
+from accord.envs.registry import TaskError
+from accord.envs.coding.magrpo import TESTS
 from accord.envs.oracles import oracle_for
-from accord.envs.writing import source_faithfulness, writing_team_reward
+from accord.envs.writing.core import source_faithfulness, writing_team_reward
 from accord.rollout.magrpo import RewardError, score_joint_actions
 
 SOURCE = ("The city council voted on Tuesday to close the old library on Main Street next spring. Council members "

@@ -13,9 +13,9 @@ import yaml
 from accord.config import config_from_dict
 from accord.envs import make_task
 from accord.envs.oracles import oracle_for, solve_sokoban, solve_sudoku
-from accord.envs.planpath import shortest_path
-from accord.envs.sudoku import from_rows, is_solved
-from accord.logging import MetricAccumulator
+from accord.envs.puzzles.planpath import shortest_path
+from accord.envs.puzzles.sudoku import from_rows, is_solved
+from accord.tracking import MetricAccumulator
 from accord.sft import DemoError, collect_demos, encode_demos, read_demos, write_demos
 
 TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2, "max_position_embeddings": 4096}}

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-import accord.logging as alog
-from accord.logging import (
+import accord.tracking as alog
+from accord.tracking import (
     SINKS,
     ConsoleSink,
     JsonlSink,
@@ -25,7 +25,7 @@ from accord.logging import (
     read_metrics,
     register_sink,
 )
-from accord.logging import sinks as sinks_mod
+from accord.tracking import sinks as sinks_mod
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,9 +37,8 @@ def _write_steps(run_dir: Path, steps) -> None:
 
 
 def test_stdlib_logging_not_shadowed():
-    assert sinks_mod._logging is logging
-    assert sinks_mod._logging.getLogger is logging.getLogger
-    assert alog.__name__ == "accord.logging"
+    assert sinks_mod.logging is logging
+    assert alog.__name__ == "accord.tracking"
 
 
 def test_jsonl_writes_and_reads(tmp_path):
@@ -105,7 +104,7 @@ def test_resume_truncates_metrics_and_completions(tmp_path):
 
 
 def test_duplicate_step_warns(tmp_path, caplog):
-    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.logging.sinks"):
+    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.tracking.sinks"):
         sink.log(3, {"a": 1.0})
         sink.log(3, {"a": 1.0})
     assert "duplicate" in caplog.text
@@ -154,7 +153,7 @@ def test_console_sink_non_tty_capture(caplog):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=False, width=120)
     assert not console.is_terminal
-    with caplog.at_level(logging.INFO, logger="accord.logging.sinks"):
+    with caplog.at_level(logging.INFO, logger="accord.tracking.sinks"):
         sink = ConsoleSink(total_steps=5, keys=("team/reward", "agent/alice/reward"), every=2, console=console)
         for s in range(1, 6):
             sink.log(s, {"team/reward": (s - 1) / 4})
@@ -175,7 +174,7 @@ def test_console_sink_non_tty_capture(caplog):
 def test_console_sink_subprocess_piped_stdout(tmp_path):
     code = (
         "import logging; logging.basicConfig(level=logging.INFO)\n"
-        "from accord.logging import ConsoleSink\n"
+        "from accord.tracking import ConsoleSink\n"
         "s = ConsoleSink(total_steps=4, start_step=1)\n"
         "[s.log(i, {'team/reward': i - 1.0}) for i in range(2, 5)]\n"
         "s.close()\n"

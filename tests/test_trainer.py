@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from accord.config import config_from_dict
-from accord.envs.base import register_task
-from accord.envs.synthetic import LettersTask
-from accord.logging import read_metrics
+from accord.envs.registry import register_task
+from accord.envs.synthetic.letters import LettersTask
+from accord.tracking import read_metrics
 from accord.policies import TrainingError
 from accord.rollout.magrpo import RewardError
 from accord.trainer import Trainer

@@ -1,4 +1,4 @@
-"""Tests for the MAGRPO collaborative writing task (accord.envs.writing)."""
+"""Tests for the MAGRPO collaborative writing task (accord.envs.writing.core)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from accord.envs import writing
-from accord.envs.writing import (
+from accord import data
+from accord.envs.writing import core as writing
+from accord.envs.writing.core import (
     ARXIV_AGENTS,
     TLDR_AGENTS,
     TRANSITION_CATEGORIES,
@@ -313,7 +314,7 @@ def test_team_reward_errors():
 @pytest.fixture(autouse=True)
 def _no_network(monkeypatch):
     """No test may reach the Hub: the reachability probe always says no."""
-    monkeypatch.setattr(writing, "_hub_reachable", lambda *a, **k: False)
+    monkeypatch.setattr(data, "hub_reachable", lambda *a, **k: False)
 
 
 @pytest.mark.parametrize("variant", ["tldr", "arxiv"])
@@ -415,9 +416,9 @@ def test_hub_offline_env_gives_clear_error(monkeypatch):
 def test_hub_without_datasets_names_the_install(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    real_find_spec = writing.importlib.util.find_spec
+    real_find_spec = data.importlib.util.find_spec
     monkeypatch.setattr(
-        writing.importlib.util, "find_spec",
+        data.importlib.util, "find_spec",
         lambda name, *a: None if name == "datasets" else real_find_spec(name, *a),
     )
     with pytest.raises(WritingDataUnavailable, match="pip install datasets") as info:
@@ -428,7 +429,7 @@ def test_hub_without_datasets_names_the_install(monkeypatch):
 def test_hub_unreachable_error(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(writing.importlib.util, "find_spec", lambda name, *a: object())
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name, *a: object())
     with pytest.raises(WritingDataUnavailable, match="did not answer"):
         load_writing_rows("tldr", "train", source="hub")
 
@@ -437,10 +438,10 @@ def _fake_hub(monkeypatch, splits=None, error=None):
     """Make the Hub path usable without a network: a stand-in `datasets` module."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(writing, "_hub_reachable", lambda *a, **k: True)
-    real_find_spec = writing.importlib.util.find_spec
+    monkeypatch.setattr(data, "hub_reachable", lambda *a, **k: True)
+    real_find_spec = data.importlib.util.find_spec
     monkeypatch.setattr(
-        writing.importlib.util, "find_spec",
+        data.importlib.util, "find_spec",
         lambda name, *a: object() if name == "datasets" else real_find_spec(name, *a),
     )
     calls = []
@@ -491,7 +492,7 @@ def test_hub_load_failure(monkeypatch, caplog):
     _fake_hub(monkeypatch, error=ConnectionError("connection reset"))
     with pytest.raises(WritingDataUnavailable, match="connection reset"):
         load_writing_rows("tldr", "train", source="hub")
-    with caplog.at_level(logging.WARNING, logger="accord.envs.writing"):
+    with caplog.at_level(logging.WARNING, logger="accord.envs.writing.core"):
         rows = load_writing_rows("tldr", "train", limit=3)  # auto falls back
     assert [r["source"] for r in rows] == ["offline"] * 3
     assert any("falling back" in rec.getMessage() for rec in caplog.records)
@@ -499,7 +500,7 @@ def test_hub_load_failure(monkeypatch, caplog):
 
 def test_auto_uses_hub_when_usable(monkeypatch, caplog):
     _fake_hub(monkeypatch, {"train": [_tldr_record(i) for i in range(5)], "test": [_tldr_record(9)]})
-    with caplog.at_level(logging.INFO, logger="accord.envs.writing"):
+    with caplog.at_level(logging.INFO, logger="accord.envs.writing.core"):
         rows = load_writing_rows("tldr", "eval")
     assert [r["text"] for r in rows] == ["Post body number 9."]
     assert any("Hub dataset" in rec.getMessage() for rec in caplog.records)
@@ -507,7 +508,7 @@ def test_auto_uses_hub_when_usable(monkeypatch, caplog):
 
 def test_auto_falls_back_to_offline(monkeypatch, caplog):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with caplog.at_level(logging.INFO, logger="accord.envs.writing"):
+    with caplog.at_level(logging.INFO, logger="accord.envs.writing.core"):
         rows = load_writing_rows("tldr", "train", limit=5)
     assert len(rows) == 5 and all(r["source"] == "offline" for r in rows)
     assert any("offline corpus" in rec.getMessage() for rec in caplog.records)
@@ -562,7 +563,7 @@ def test_prompt_truncates_long_texts():
 
 
 def test_task_pins_the_auto_source_for_both_splits(monkeypatch):
-    from accord.envs.writing_task import WritingTask
+    from accord.envs.writing.task import WritingTask
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     task = WritingTask(source="auto")

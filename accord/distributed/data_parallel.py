@@ -158,10 +158,6 @@ def launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def launched_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 def _init_world() -> None:
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=TIMEOUT)  # env:// from torchrun; commands and objects
@@ -305,7 +301,7 @@ def serve_worker() -> int:
         kind = message[0]
         if kind == "build":
             _, cfg, names, reps, total = message
-            from accord.envs.base import import_modules
+            from accord.envs.registry import import_modules
             from accord.policies import seed_everything
 
             import_modules(cfg.imports)

@@ -116,9 +116,5 @@ class DataParallelPolicy(Policy):
                 total[key] = total.get(key, 0.0) + v
         return total, sum(t for _, t in parts)
 
-    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
-        """CPU copies of this rank's parameters (for tests of equal weights)."""
-        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.model.named_parameters()}
-
 
 # --- checks before any model is loaded ---------------------------------------------------------

@@ -155,7 +155,7 @@ class PolicyWorker:
         import ray
 
         from accord.devices import actor_device, policy_setting
-        from accord.envs.base import import_modules
+        from accord.envs.registry import import_modules
         from accord.policies import build_policy, seed_everything
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
@@ -184,7 +184,7 @@ class PolicyWorker:
         from accord.devices import actor_device, policy_setting
         from accord.distributed.data_parallel import build_rank, tensor_backend
         from accord.distributed.ranks import TIMEOUT
-        from accord.envs.base import import_modules
+        from accord.envs.registry import import_modules
         from accord.policies import seed_everything
 
         import_modules(cfg.imports)

@@ -1,7 +1,16 @@
 """Tasks (environments) and their registry. Importing this package registers the built-in tasks."""
 
-from accord.envs import code_atgrpo, code_magrpo, math_env, planpath, relay, sokoban, sudoku, synthetic, writing_task  # noqa: F401
-from accord.envs.base import TASKS, Task, TaskError, make_env, make_task, register_task
+# the built-in tasks register themselves on import (this order is the registry's order)
+import accord.envs.coding.atgrpo  # noqa: F401
+import accord.envs.coding.magrpo  # noqa: F401
+import accord.envs.maths.env  # noqa: F401
+import accord.envs.puzzles.planpath  # noqa: F401
+import accord.envs.synthetic.relay  # noqa: F401
+import accord.envs.puzzles.sokoban  # noqa: F401
+import accord.envs.puzzles.sudoku  # noqa: F401
+import accord.envs.synthetic.letters  # noqa: F401
+import accord.envs.writing.task  # noqa: F401
+from accord.envs.registry import TASKS, Task, TaskError, make_env, make_task, register_task
 from accord.envs.protocol import Env, StepResult, is_env
 from accord.envs.single_turn import SingleTurnEnv
 

@@ -11,6 +11,13 @@ or duplicated gets an empty action (which the wrapped environment treats as unpa
 own penalty), and the completion is additionally charged ``parse_penalty`` per failed role, in the team
 reward, so that a format failure is never cheaper than a wrong answer. ``info["parse_failures"]``
 counts failed roles.
+
+One wrapper, :class:`CentralizedEnv`, serves both kinds of environment (:func:`centralize` builds it):
+over a multi-turn environment it plays one turn per step; over a single-turn task's one-turn
+:class:`~accord.envs.single_turn.SingleTurnEnv` it also has the single-turn form (``rows`` /
+``prompt`` / ``reward``, one user message showing every role's prompt), which :func:`centralize` wraps
+in a :class:`~accord.envs.single_turn.SingleTurnEnv` again, so that the team reward of a batch stays
+one call of the wrapped environment's batched :meth:`~accord.envs.single_turn.SingleTurnEnv.score`.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ def format_hint(roles: tuple[str, ...]) -> str:
 
 
 class CentralizedEnv:
-    """One agent (``central``) acting for every role of a multi-turn environment, one turn per step."""
+    """One agent (``central``) acting for every role of an environment: one turn per step, or (over a
+    :class:`~accord.envs.single_turn.SingleTurnEnv`) one completion for every role of a single-turn task."""
 
     simultaneous = False   # one agent: turn-based and simultaneous coincide; False lets AT-GRPO run it
 
@@ -105,38 +113,12 @@ class CentralizedEnv:
         info["parse_failures"] = len(failed)
         return StepResult({CENTRAL: self._observation()}, team, {CENTRAL: local}, done, info)
 
-    def clone(self) -> "CentralizedEnv":
-        c = CentralizedEnv(self.inner.clone(), self.parse_penalty)
-        c._obs = dict(self._obs)
-        return c
-
-
-def centralize(env, parse_penalty: float = 1.0):
-    """The centralized baseline of an environment: a one-turn one (a single-turn task) gets its task wrapped
-    in :class:`CentralizedTask`, so that its batched team reward stays one call per step; a multi-turn one
-    is wrapped in :class:`CentralizedEnv`."""
-    from accord.envs.single_turn import SingleTurnEnv
-
-    if isinstance(env, SingleTurnEnv):
-        return SingleTurnEnv(CentralizedTask(env.task, parse_penalty=parse_penalty))
-    return CentralizedEnv(env, parse_penalty=parse_penalty)
-
-
-class CentralizedTask:
-    """One agent (``central``) writing every role's completion of a single-turn task in one completion."""
-
-    def __init__(self, inner, parse_penalty: float = 1.0):
-        if parse_penalty < 0:
-            raise ValueError(f"parse_penalty={parse_penalty} is subtracted per failed role; give a value >= 0")
-        self.inner, self.parse_penalty = inner, parse_penalty
-        self.name = f"{inner.name}-centralized"
-        self.agents = (CENTRAL,)
-        self.roles = tuple(inner.agents)
-
+    # --- the single-turn form (rows / prompt / reward), over a SingleTurnEnv's batched form -------------
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        return self.inner.rows(split, limit=limit, seed=seed)
+        return self.inner.tasks(split, limit=limit, seed=seed)
 
     def prompt(self, agent: str, row: dict[str, Any]) -> list[dict[str, str]]:
+        """One user message: every role's prompt of the wrapped single-turn task, then the format."""
         views = []
         for r in self.roles:
             msgs = self.inner.prompt(r, row)
@@ -145,13 +127,32 @@ class CentralizedTask:
         return [{"role": "user", "content": text + "\n\n" + format_hint(self.roles)}]
 
     def reward(self, *, prompts: dict, completions: dict, agents: tuple[str, ...], **columns) -> list[float]:
+        """The wrapped task's team reward of the parsed sections (one batched call), minus ``parse_penalty``
+        per failed role."""
         texts = completions[CENTRAL]
         parsed = [parse_roles(t, self.roles) for t in texts]
         inner_completions = {r: [p[0][r] for p in parsed] for r in self.roles}
-        inner_prompts = {r: [] for r in self.roles}
+        inner_prompts: dict[str, list[str]] = {r: [] for r in self.roles}
         rows = [dict(zip(columns, vals)) for vals in zip(*columns.values())] if columns else [{} for _ in texts]
         for row in rows:
             for r in self.roles:
                 inner_prompts[r].append(self.inner.prompt(r, row)[-1]["content"] if row else "")
-        base = self.inner.reward(prompts=inner_prompts, completions=inner_completions, agents=self.roles, **columns)
+        base, _ = self.inner.score(rows, inner_prompts, inner_completions, agents=self.roles)
         return [float(v) - self.parse_penalty * len(p[1]) for v, p in zip(base, parsed)]
+
+    def clone(self) -> "CentralizedEnv":
+        c = CentralizedEnv(self.inner.clone(), self.parse_penalty)
+        c._obs = dict(self._obs)
+        return c
+
+
+def centralize(env, parse_penalty: float = 1.0):
+    """The centralized baseline of an environment, a :class:`CentralizedEnv` over it. A one-turn one (a
+    single-turn task's :class:`~accord.envs.single_turn.SingleTurnEnv`) comes back as a
+    :class:`~accord.envs.single_turn.SingleTurnEnv` again, over the wrapper's single-turn form, so that
+    its batched team reward stays one call per step."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    if isinstance(env, SingleTurnEnv):
+        return SingleTurnEnv(CentralizedEnv(env, parse_penalty=parse_penalty))
+    return CentralizedEnv(env, parse_penalty=parse_penalty)

@@ -17,7 +17,7 @@ It checks, and raises :class:`EnvCheckError` naming the method at fault:
 - **clone independence**: stepping a clone leaves the original's future unchanged, and the clone
   continues exactly as the original would;
 - **single-turn tasks** (one-turn :class:`~accord.envs.single_turn.SingleTurnEnv`, what
-  :func:`accord.envs.base.make_env` builds from a task with ``rows`` / ``prompt`` / ``reward``): besides
+  :func:`accord.envs.registry.make_env` builds from a task with ``rows`` / ``prompt`` / ``reward``): besides
   all of the above, ``prompt`` returns chat messages ending with a user message for every agent, and the
   batched reward returns one finite float per joint action for a batch that mixes instances and texts.
 

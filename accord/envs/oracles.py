@@ -33,10 +33,10 @@ import random
 from collections import deque
 from typing import Any, Callable
 
-from accord.envs.grid_common import DIRECTIONS
-from accord.envs.planpath import PlanPathEnv, shortest_path
-from accord.envs.sokoban import SokobanEnv
-from accord.envs.sudoku import BOX, SudokuEnv, to_rows
+from accord.envs.puzzles.grid import DIRECTIONS
+from accord.envs.puzzles.planpath import PlanPathEnv, shortest_path
+from accord.envs.puzzles.sokoban import SokobanEnv
+from accord.envs.puzzles.sudoku import BOX, SudokuEnv, to_rows
 
 # oracle(env_or_task, agent, row, rng, noisy) -> answer text, or None when no answer exists from this state
 Oracle = Callable[[Any, str, dict, random.Random, bool], "str | None"]
@@ -354,9 +354,9 @@ def coder_answer(problem: dict, rng: random.Random, noisy: bool) -> str:
 
 
 def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int) -> str | None:
-    """The reference tests, calling the entry point by name, that :func:`code_atgrpo.read_tests` accepts."""
-    from accord.envs.code_atgrpo import read_tests
-    from accord.envs.code_common import case_sources
+    """The reference tests, calling the entry point by name, that :func:`accord.envs.coding.atgrpo.read_tests` accepts."""
+    from accord.envs.coding.atgrpo import read_tests
+    from accord.envs.coding.common import case_sources
 
     entry, alias = problem["entry_point"], problem.get("test_entry_point") or None
     lines = []
@@ -414,8 +414,8 @@ def humaneval_oracle(task, agent: str, row: dict, rng: random.Random, noisy: boo
 
 def oracle_for(task: Any) -> Oracle | None:
     """The oracle of a task or environment, or None when it has none (demonstrations then come from a file)."""
-    from accord.envs.code_atgrpo import CodeEnv
-    from accord.envs.code_magrpo import HelperMainEnv, HelperMainTask
+    from accord.envs.coding.atgrpo import CodeEnv
+    from accord.envs.coding.magrpo import HelperMainEnv, HelperMainTask
 
     if isinstance(task, PlanPathEnv):
         return planpath_oracle

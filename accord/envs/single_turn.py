@@ -1,7 +1,7 @@
 """A single-turn task as a one-turn, simultaneous environment of :mod:`accord.envs.protocol`.
 
-Single-turn tasks are written in the simpler form of :mod:`accord.envs.base` (``rows``, ``prompt``,
-``reward``); :func:`accord.envs.base.make_env` wraps every one of them in :class:`SingleTurnEnv`, so the
+Single-turn tasks are written in the simpler form of :mod:`accord.envs.registry` (``rows``, ``prompt``,
+``reward``); :func:`accord.envs.registry.make_env` wraps every one of them in :class:`SingleTurnEnv`, so the
 rest of the library sees one protocol. The adapter is a complete environment (``reset`` / ``step`` /
 ``clone``, checked by :func:`accord.envs.check.check_env` like any other): one step takes every agent's
 text and ends the episode with the task's team reward.

@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import logging
 import math
 import os
@@ -94,11 +93,6 @@ VLLM_MISSING = ("rollout.generation_backend=vllm needs the `vllm` package: pip i
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _LIVE: weakref.WeakSet[VLLMGenerator] = weakref.WeakSet()  # engines not yet closed
 _PARKED: list = []  # closed in-process engines kept until the last one closes (see VLLMGenerator.close)
-
-
-def vllm_available() -> bool:
-    """Whether ``import vllm`` can work (without importing it: that takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def import_vllm():

@@ -185,7 +185,7 @@ class JointRollout(Rollout):
               success: bool = True) -> Played:
         """Score ``n`` aligned joint actions per row (``texts[agent][row][j]``, ``gens`` the completions) with the
         task's reward in one call; ``success``: also the task's success check."""
-        from accord.logging.eval_completions import joint_completion_rows
+        from accord.tracking.eval_completions import joint_completion_rows
 
         joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, n, "aligned")
         ok = None

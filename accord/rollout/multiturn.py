@@ -394,7 +394,7 @@ class _EpisodeRollout(Rollout):
     def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
              success: bool = True) -> Played:
         """``n`` trajectories per row, no branching: team return, success, turns, each agent's local return."""
-        from accord.logging.eval_completions import episode_completion_rows
+        from accord.tracking.eval_completions import episode_completion_rows
 
         reps = [row for row in rows for _ in range(n)]
         episodes = play_episodes(self.make_env, reps, generate, turns=self.turns,

@@ -304,7 +304,6 @@ class CodeRun:
     total: int
     status: str
     cases: tuple[tuple[bool, str | None], ...] = ()
-    ran: bool = True  #: False when nothing was run (the code was known to fail statically)
 
     @property
     def fraction(self) -> float:
@@ -320,7 +319,7 @@ class CodeRun:
 
     @staticmethod
     def not_run(total: int, status: str = "not_run") -> CodeRun:
-        return CodeRun(0, total, status, tuple((False, None) for _ in range(total)), ran=False)
+        return CodeRun(0, total, status, tuple((False, None) for _ in range(total)))
 
     @staticmethod
     def from_test_run(run: TestRun) -> CodeRun:

@@ -9,7 +9,7 @@ team reward as the two agents' outputs; a part that is missing is empty and fail
 level (the total is then 0).
 
 ``faithfulness`` (a weight, default 0: the paper's reward) adds a lexical term that scores each text
-against the source text (:func:`accord.envs.writing.writing_reward_parts`). The task defines
+against the source text (:func:`accord.envs.writing.core.writing_reward_parts`). The task defines
 ``reward_components``, so runs log the levels ``l1``..``l4``, ``faithfulness`` and ``source_overlap``
 as ``reward/<name>``.
 """
@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from accord.envs.base import Messages, TaskError, register_task
+from accord.envs.registry import Messages, TaskError, register_task
 import math
 
-from accord.envs.writing import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
+from accord.envs.writing.core import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
                                  writing_prompt, writing_reward_parts)
 
 WRITER = "writer"
@@ -49,7 +49,7 @@ def split_parts(text: str, roles: tuple[str, str]) -> dict[str, str]:
 
 
 class WritingTask:
-    """Two writers, one text: see :mod:`accord.envs.writing` for data, prompts and the reward levels."""
+    """Two writers, one text: see :mod:`accord.envs.writing.core` for data, prompts and the reward levels."""
 
     def __init__(self, variant: str = "tldr", source: str = "auto", data_files: str | None = None,
                  single_agent: bool = False, faithfulness: float = 0.0):

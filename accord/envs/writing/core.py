@@ -71,7 +71,7 @@ Data
 "source"}`` from the Hub (``trl-lib/tldr`` / ``OpenMLRL/arXiv_abstract``, needs
 ``datasets`` and network), from a local JSON/JSONL file in the Hub's format, or
 from an offline corpus of prose passages cut from Python's own bundled
-documentation (``accord.envs.offline_corpus``). For TL;DR records the
+documentation (``accord.envs.writing.corpus``). For TL;DR records the
 ``SUBREDDIT/TITLE/POST/TL;DR:`` scaffolding of the prompt is removed: ``text``
 is the post body, the title goes to ``title`` and the reference TL;DR to
 ``reference``.
@@ -79,21 +79,15 @@ is the post body, the title goes to ``title`` and the reference TL;DR to
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
 import logging
 import math
-import os
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from accord.envs.hub import HUB_PROBE_S
-from accord.envs.hub import hub_reachable as _hub_reachable
-from accord.envs.offline_corpus import stdlib_passages
+from accord.data import digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset, read_records
+from accord.envs.writing.corpus import stdlib_passages
 
 logger = logging.getLogger(__name__)
 
@@ -412,8 +406,6 @@ _HUB_EVAL_SPLITS = ("test", "validation")  # first present one serves "eval"
 _SPLITS = ("train", "eval")
 _SOURCES = ("auto", "hub", "offline")
 _EVAL_PERCENT = 25  # share of texts bucketed into "eval" when splitting by hash
-_HUB_CHECK_TIMEOUT_S = HUB_PROBE_S
-_TRUE_ENV = {"1", "ON", "YES", "TRUE"}
 
 # Text fields tried in order, per variant, when converting a record.
 _TEXT_KEYS = {"tldr": ("prompt", "text", "post"), "arxiv": ("abstract", "text", "prompt")}
@@ -428,12 +420,11 @@ class WritingDataUnavailable(RuntimeError):
 
 
 def _text_id(variant: str, text: str) -> str:
-    return f"{variant}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:16]}"
+    return f"{variant}-{digest(text)[:16]}"
 
 
 def _in_eval_bucket(text: str) -> bool:
-    digest = hashlib.sha256(b"accord-writing-split:" + text.encode("utf-8")).hexdigest()
-    return int(digest[:8], 16) % 100 < _EVAL_PERCENT
+    return hash_bucket(text, 100, salt="accord-writing-split:", digits=8) < _EVAL_PERCENT
 
 
 def _parse_tldr_prompt(prompt: str) -> tuple[str, str]:
@@ -479,24 +470,6 @@ def _convert(variant: str, records: Any, source: str) -> list[dict[str, str]]:
     return list(rows.values())
 
 
-def _env_offline() -> str | None:
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").strip().upper() in _TRUE_ENV:
-            return f"{var}={os.environ[var]} is set (offline mode)"
-    return None
-
-
-def _hub_unavailable_reason() -> str | None:
-    reason = _env_offline()
-    if reason:
-        return reason
-    if importlib.util.find_spec("datasets") is None:
-        return "the 'datasets' package is not installed (pip install datasets, or pip install 'accord[hub]')"
-    if not _hub_reachable():
-        return f"the Hugging Face Hub did not answer within {_HUB_CHECK_TIMEOUT_S:g} s"
-    return None
-
-
 def _hub_error(variant: str, reason: str) -> WritingDataUnavailable:
     return WritingDataUnavailable(
         f"Cannot load {_HUB_DATASETS[variant]!r} from the Hugging Face Hub: {reason}. "
@@ -506,33 +479,8 @@ def _hub_error(variant: str, reason: str) -> WritingDataUnavailable:
     )
 
 
-def _hub_load_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions meaning "the Hub could not be read" (network, HTTP, missing data).
-
-    Most derive from OSError; the transport errors of the httpx-style clients
-    that huggingface_hub uses do not, so their base class is added when present.
-    """
-    errors: list[type[BaseException]] = [OSError]
-    for module_name in ("httpx", "httpx2"):
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        base = getattr(importlib.import_module(module_name), "HTTPError", None)
-        if isinstance(base, type) and issubclass(base, BaseException):
-            errors.append(base)
-    return tuple(errors)
-
-
 def _load_hub(variant: str, split: str) -> list[dict[str, str]]:
-    reason = _hub_unavailable_reason()
-    if reason:
-        raise _hub_error(variant, reason)
-    import datasets  # optional dependency, presence checked above
-
-    name = _HUB_DATASETS[variant]
-    try:
-        splits = datasets.load_dataset(name)
-    except _hub_load_errors() as exc:
-        raise _hub_error(variant, f"loading failed ({exc})") from exc
+    splits = load_hub_dataset(_HUB_DATASETS[variant], error=lambda reason: _hub_error(variant, reason))
     eval_name = next((s for s in _HUB_EVAL_SPLITS if s in splits), None)
     if "train" in splits and eval_name is not None:
         train = _convert(variant, splits["train"], "hub")
@@ -545,44 +493,8 @@ def _load_hub(variant: str, split: str) -> list[dict[str, str]]:
     return _hash_split(_convert(variant, splits[only], "hub"), split)
 
 
-def _read_records(path: str) -> list[Any]:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"data_files={path!r} is not a file; pass the path of a local JSON or JSONL file."
-        )
-    content = file.read_text(encoding="utf-8")
-    if file.suffix.lower() in (".jsonl", ".ndjson"):
-        records = []
-        for lineno, line in enumerate(content.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f"{path}:{lineno} is not valid JSON ({exc.msg}); write one JSON object per line."
-                ) from exc
-        return records
-    try:
-        data = json.loads(content)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{path} is not valid JSON ({exc.msg}); use a JSON list of records or a .jsonl file."
-        ) from exc
-    if isinstance(data, dict):
-        data = data.get("data", data.get("rows"))
-    if not isinstance(data, list):
-        raise ValueError(
-            f"{path} must hold a JSON list of records (or {{'data': [...]}}), "
-            f"got {type(data).__name__}."
-        )
-    return data
-
-
 def _hash_split(rows: list[dict[str, str]], split: str) -> list[dict[str, str]]:
-    want_eval = split == "eval"
-    return [row for row in rows if _in_eval_bucket(row["text"]) == want_eval]
+    return hash_split(rows, split, lambda row: _in_eval_bucket(row["text"]))
 
 
 def _load_offline(variant: str, split: str) -> list[dict[str, str]]:
@@ -613,7 +525,7 @@ def load_writing_rows(
       ``datasets`` is missing, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is
       set, or huggingface.co does not answer within 2 s.
     * ``source="offline"``: prose passages from Python's bundled documentation
-      (``accord.envs.offline_corpus``), split by hash; the same corpus serves
+      (``accord.envs.writing.corpus``), split by hash; the same corpus serves
       both variants.
     * ``source="auto"``: the Hub when it is usable, else offline; the choice is
       logged at INFO.
@@ -632,14 +544,14 @@ def load_writing_rows(
     if data_files is not None:
         if source == "offline":
             raise ValueError("source='offline' and data_files conflict; drop one of them.")
-        rows = _hash_split(_convert(variant, _read_records(data_files), "data_files"), split)
+        rows = _hash_split(_convert(variant, read_records(data_files), "data_files"), split)
         logger.info("writing/%s %s: %d rows from data_files %s", variant, split, len(rows), data_files)
     elif source == "hub":
         rows = _load_hub(variant, split)
     elif source == "offline":
         rows = _load_offline(variant, split)
     else:
-        reason = _hub_unavailable_reason()
+        reason = hub_unavailable_reason()
         rows = None
         if reason is None:
             try:

@@ -7,7 +7,7 @@ and keeps every clue counts as solved. The solved check (:func:`is_solved`) test
 and the clues; the stored ``solution`` is never used to judge an answer (the reference's check
 ignored the clues, so a valid grid unrelated to the puzzle counted).
 
-Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.puzzles.grid.PuzzleEnv`):
 
 - ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
   the sandbox with ``state.json`` = ``{"size", "box" (box side), "grid" (the current grid), "clues" (the
@@ -55,8 +55,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import TOOL_COMMON, Outcome, PuzzleEnv, check_int, generate_split, split_of, strip_fences
+from accord.envs.registry import TaskError, register_task
+from accord.envs.puzzles.grid import TOOL_COMMON, Outcome, PuzzleEnv, check_int, generate_split, split_of, strip_fences
 
 EDIT_COST, INVALID_GRID, OUT_OF_RANGE = -0.01, -0.5, -1.0
 SOLVED_BONUS, EFFICIENT_BONUS, PROGRESS_W, UNITS_W = 2.0, 0.5, 0.5, 0.02

@@ -1,7 +1,7 @@
 """Experiment trackers as metric sinks: Weights & Biases and MLflow (``logging.report_to``).
 
 Both packages are optional extras (``pip install 'accord[wandb]'``, ``pip install 'accord[mlflow]'``).
-Each sink receives what every sink receives (see :class:`accord.logging.sinks.MetricsSink`): the
+Each sink receives what every sink receives (see :class:`accord.tracking.sinks.MetricsSink`): the
 metrics of each step and the completion tables; at the start it records the run's resolved config
 as the run's parameters.
 
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging as _logging  # absolute import: the stdlib module, not accord.logging
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from accord.config import Config, ConfigError
-from accord.logging.sinks import (
+from accord.tracking.sinks import (
     _COMPLETION_COLUMNS,
     MetricsSink,
     MultiSink,
@@ -44,7 +44,7 @@ from accord.logging.sinks import (
 
 __all__ = ["TRACKERS_FILENAME", "MlflowSink", "WandbSink", "check_report_to", "run_sinks"]
 
-_logger = _logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 TRACKERS_FILENAME = "trackers.json"
 
@@ -265,7 +265,7 @@ def tracker_sinks(cfg: Config, run_dir: Path, *, resume: bool) -> list[MetricsSi
 
 def run_sinks(cfg: Config, run_dir: Path, *, start_step: int = 0) -> MultiSink:
     """All sinks of a training run: metrics.jsonl, the console (``logging.console``) and the sinks of
-    ``logging.report_to``. ``start_step > 0`` is a resume (see :func:`accord.logging.make_sinks`)."""
+    ``logging.report_to``. ``start_step > 0`` is a resume (see :func:`accord.tracking.make_sinks`)."""
     trackers = tracker_sinks(cfg, Path(run_dir), resume=start_step > 0)
     try:
         return make_sinks(run_dir, total_steps=cfg.run.steps, start_step=start_step,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging as _logging  # absolute import: the stdlib module, not accord.logging
+import logging
 import math
 import numbers
 import os
@@ -62,11 +62,11 @@ __all__ = [
     "register_sink",
 ]
 
-_logger = _logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 COMPLETIONS_DIRNAME = "completions"
-EVAL_COMPLETIONS_DIRNAME = "eval_completions"  # written by accord.logging.eval_completions
+EVAL_COMPLETIONS_DIRNAME = "eval_completions"  # written by accord.tracking.eval_completions
 TENSORBOARD_DIRNAME = "tb"
 
 _COMPLETIONS_RE = re.compile(r"^step_(\d+)\.jsonl$")
@@ -540,7 +540,7 @@ class ConsoleSink(_SinkBase):
         self._step_end = self._last_line = time.monotonic()
         self.activity = ""
         if self._logged % self.every == 0 or completed >= self.total_steps:
-            level = _logging.DEBUG if self.live else _logging.INFO  # in a terminal the bar shows these values
+            level = logging.DEBUG if self.live else logging.INFO  # in a terminal the bar shows these values
             _logger.log(level, "step %d/%d  %s", completed, self.total_steps, self._values_text())
 
     def log_completions(self, step: int, rows: list[dict]) -> None:

@@ -21,7 +21,6 @@ increases it, ``L`` decreases the column, ``R`` increases it.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import random
@@ -29,8 +28,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from accord.data import canonical_json, digest, hash_bucket
 from accord.envs import tool_programs
-from accord.envs.base import TaskError
+from accord.envs.registry import TaskError
 from accord.envs.protocol import StepResult, check_step_actions
 
 logger = logging.getLogger(__name__)
@@ -125,12 +125,12 @@ def render_grid(rows: Sequence[str]) -> str:
 
 def content_hash(obj: Any) -> str:
     """sha1 of the canonical JSON of ``obj`` (plain lists, strings and numbers)."""
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return digest(canonical_json(obj))
 
 
 def split_of(key: Any, eval_every: int = 5) -> str:
     """``'eval'`` for one content key in ``eval_every`` (by hash), else ``'train'``."""
-    return "eval" if int(content_hash(key), 16) % eval_every == 0 else "train"
+    return "eval" if hash_bucket(canonical_json(key), eval_every, algorithm="sha1") == 0 else "train"
 
 
 DEFAULT_LIMIT = {"train": 1000, "eval": 100}
@@ -205,7 +205,6 @@ class Outcome:
 # the tool agent's programs
 
 WORKFLOWS = ("tool_planner", "direct")
-TOOL_FAILED = frozenset({"error", "syntax_error", "timeout", "memory", "output_limit", "killed"})
 NO_CODE = "no_code"
 _SHOW_OUTPUT, _SHOW_ERROR = 600, 400
 
@@ -221,9 +220,9 @@ class ToolRun:
 
 def run_tool(text: str, state_json: str, timeout_s: float) -> ToolRun:
     """Run the program in the tool agent's reply ``text`` (its last ```python block, see
-    :func:`accord.envs.math_env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
+    :func:`accord.envs.maths.env.extract_code`) in the sandbox, with ``state.json`` (``state_json``) in its
     working directory; never raises. Cached per (program, state, timeout): :mod:`accord.envs.tool_programs`."""
-    from accord.envs.math_env import extract_code
+    from accord.envs.maths.env import extract_code
 
     code = extract_code(text)
     if code is None:

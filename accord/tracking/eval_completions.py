@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from accord.logging.sinks import EVAL_COMPLETIONS_DIRNAME, _atomic_write_text, _check_step, _json_default
+from accord.tracking.sinks import EVAL_COMPLETIONS_DIRNAME, _atomic_write_text, _check_step, _json_default
 
 __all__ = ["EVAL_COMPLETIONS_DIRNAME", "eval_completions_path", "write_eval_completions", "joint_completion_rows",
            "episode_completion_rows"]

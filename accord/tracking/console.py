@@ -2,7 +2,7 @@
 
 :func:`configure_logging` makes the log lines and the progress bar share one console: in a terminal
 (stdout and stderr both terminals) the lines go through rich's logging handler on rich's console,
-the one the :class:`~accord.logging.sinks.ConsoleSink` bar draws on, so each line prints above the
+the one the :class:`~accord.tracking.sinks.ConsoleSink` bar draws on, so each line prints above the
 live bar instead of into it. Elsewhere (a pipe, a file, CI) they are plain timestamped lines on
 stderr.
 
@@ -13,7 +13,7 @@ agent's own return where it differs from the team's (multi-turn environments) an
 
 from __future__ import annotations
 
-import logging as _logging  # the standard library's logging, not accord.logging
+import logging
 import math
 import re
 import sys
@@ -22,7 +22,7 @@ PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 TIME_FORMAT = "%H:%M:%S"
 
 
-def configure_logging(level: int = _logging.INFO) -> _logging.Handler:
+def configure_logging(level: int = logging.INFO) -> logging.Handler:
     """Install one root handler (rich's in a terminal, plain stderr lines elsewhere); return it."""
     from rich import get_console
 
@@ -30,13 +30,13 @@ def configure_logging(level: int = _logging.INFO) -> _logging.Handler:
     if console.is_terminal and sys.stderr.isatty():
         from rich.logging import RichHandler
 
-        handler: _logging.Handler = RichHandler(console=console, show_path=False, markup=False,
+        handler: logging.Handler = RichHandler(console=console, show_path=False, markup=False,
                                                 log_time_format=f"[{TIME_FORMAT}]")
-        handler.setFormatter(_logging.Formatter("%(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     else:
-        handler = _logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_logging.Formatter(PLAIN_FORMAT, datefmt=TIME_FORMAT))
-    _logging.basicConfig(level=level, handlers=[handler])
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(PLAIN_FORMAT, datefmt=TIME_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])
     return handler
 
 

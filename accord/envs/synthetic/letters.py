@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accord.envs.base import Messages, register_task
+from accord.envs.registry import Messages, register_task
 
 AGENTS = ("e", "o")
 

@@ -1,6 +1,6 @@
 """Offline English prose corpus built from the Python standard library.
 
-The writing task (``accord.envs.writing``) needs a few hundred English passages
+The writing task (``accord.envs.writing.core``) needs a few hundred English passages
 to summarise when the Hugging Face Hub cannot be reached.  CPython ships the
 text of its language reference in ``pydoc_data.topics.topics`` (a dict from
 topic name to a plain-text documentation page), so every Python install has a

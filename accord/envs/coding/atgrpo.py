@@ -1,12 +1,12 @@
 """``code``: AT-GRPO's coding task -- a ``coder`` writes the solution, a ``tester`` writes unit tests.
 
 A turn-based environment (agents ``("coder", "tester")``, in that order) over one problem of
-:mod:`accord.envs.code_data` (HumanEval, MBPP or local files; the problem needs a canonical solution,
+:mod:`accord.envs.coding.data` (HumanEval, MBPP or local files; the problem needs a canonical solution,
 so CoopHumanEval, which has none, is refused). The reference tests stay hidden from both agents.
 
 Options (``task.options``): ``dataset`` (``humaneval`` | ``mbpp``; ``coophumaneval`` only with
 ``data_files`` whose records carry a canonical solution), ``source``, ``data_files`` (see
-:mod:`accord.envs.code_data`), ``max_turns`` (3), ``single_agent`` (false), ``max_tests`` (20: tests of
+:mod:`accord.envs.coding.data`), ``max_turns`` (3), ``single_agent`` (false), ``max_tests`` (20: tests of
 the tester counted), ``timeout_s`` (3.0: the sandbox's wall-clock limit per program run).
 
 Turn ``t``: the coder sees the problem, its previous code and the tester's latest tests with their
@@ -15,7 +15,7 @@ results on that code, and writes a solution; the tester sees the problem and the
 
 Reading the outputs (static, nothing executed in the trainer)
 -------------------------------------------------------------
-Both go through :func:`~accord.envs.code_common.extract_code`. The **coder's** code is normalised
+Both go through :func:`~accord.envs.coding.common.extract_code`. The **coder's** code is normalised
 (top-level imports, ``def``/``class`` and assignments kept) and must define the entry point at the top
 level; the program run is ``preamble + code``. A coder output without the entry point is not run: it
 passes nothing. The **tester's** tests (:func:`read_tests`): its top-level asserts that pin a value,
@@ -72,8 +72,8 @@ import ast
 import logging
 from typing import Any
 
-from accord.envs.base import TaskError, register_task
-from accord.envs.code_common import (
+from accord.envs.registry import TaskError, register_task
+from accord.envs.coding.common import (
     CodeRun,
     TestCache,
     case_sources,
@@ -83,7 +83,7 @@ from accord.envs.code_common import (
     safe_parse,
     shorten,
 )
-from accord.envs.code_data import DATASETS, SOURCES, load_problems, suite_of
+from accord.envs.coding.data import DATASETS, SOURCES, load_problems, suite_of
 from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import SandboxConfig, TestPlan
 from accord.sandbox.harness import literal_parts, literal_plan
@@ -190,7 +190,7 @@ class CodeEnv:
 
     # --- data ------------------------------------------------------------------------------------
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        """Problems of ``split`` that have a canonical solution (see :mod:`accord.envs.code_data`)."""
+        """Problems of ``split`` that have a canonical solution (see :mod:`accord.envs.coding.data`)."""
         problems = load_problems(self.dataset, split, source=self.source, data_files=self.data_files, seed=seed)
         usable = [p for p in problems if p.get("canonical")]
         if len(usable) < len(problems):

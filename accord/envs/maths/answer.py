@@ -1,6 +1,6 @@
 r"""Final answers in model text: extraction, normalisation and equivalence checking.
 
-    from accord.envs.math_answer import extract_answer, answers_equal, check_answer
+    from accord.envs.maths.answer import extract_answer, answers_equal, check_answer
 
     extract_answer(r"... so the result is \boxed{\dfrac{3}{4}}.")   # '\\dfrac{3}{4}'
     answers_equal("0.75", r"\frac34")                               # True

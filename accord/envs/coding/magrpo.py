@@ -1,20 +1,20 @@
 """``humaneval``: MAGRPO's coding task -- a ``helper`` writes ``aux``, a ``main`` agent writes the entry point.
 
 Two agents see the same problem (imports, given helper functions, the entry point's signature and
-docstring; data in :mod:`accord.envs.code_data`). ``helper`` writes one function named ``aux``;
+docstring; data in :mod:`accord.envs.coding.data`). ``helper`` writes one function named ``aux``;
 ``main`` writes the entry-point function, which may call ``aux`` and must not define it. The program
 that is tested is ``preamble + helper's code + main's code`` (the preamble holds the problem's imports
 and given helper functions).
 
 Options (``task.options``): ``dataset`` (``humaneval`` | ``coophumaneval`` | ``mbpp``), ``source``
-(``auto`` | ``hub`` | ``package``) and ``data_files`` (see :mod:`accord.envs.code_data`), ``multi_turn``
+(``auto`` | ``hub`` | ``package``) and ``data_files`` (see :mod:`accord.envs.coding.data`), ``multi_turn``
 (false), ``max_turns`` (2) and ``feedback`` (``tests`` | ``passfail`` | ``revise``) for the multi-turn
 variant, ``timeout_s`` (3.0: the sandbox's wall-clock limit per program run).
 
 Reading the outputs (static, in the trainer process; nothing is executed)
 ------------------------------------------------------------------------
-Each output goes through :func:`accord.envs.code_common.extract_code` (Markdown fences, prose
-stripped, cut-off code dropped) and :func:`~accord.envs.code_common.normalise` (only imports,
+Each output goes through :func:`accord.envs.coding.common.extract_code` (Markdown fences, prose
+stripped, cut-off code dropped) and :func:`~accord.envs.coding.common.normalise` (only imports,
 ``def``/``class`` and assignments kept at the top level: example calls and ``__main__`` blocks never run).
 
 Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
@@ -37,7 +37,7 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
 - Collaboration bonuses, only when ``aux`` is defined, main calls it and at least one test passes
   (the reference's "at least one test passes" gate): **+1.0** ``aux`` is called by main (a call
   ``aux(...)`` anywhere in main's body, static); **+1.0** main is not a trivial wrapper
-  (:func:`~accord.envs.code_common.is_trivial_wrapper`: main's body, docstring removed, is only
+  (:func:`~accord.envs.coding.common.is_trivial_wrapper`: main's body, docstring removed, is only
   ``return aux(ARGS)`` or ``r = aux(ARGS); return r`` with every argument a bare parameter of main or a
   constant); **-0.5** aux's return value is ignored (some call ``aux(...)`` is a whole expression
   statement, its value thrown away).
@@ -61,8 +61,8 @@ status and 0 passes for the affected tests, not an exception.
 Single-model baseline (``single_agent: true``): :class:`SingleCoderTask`
 -------------------------------------------------------------------------
 MAGRPO's single-model baseline: one agent, ``coder``, writes both functions in one completion. The
-completion is read like an agent's output (:func:`~accord.envs.code_common.extract_code`,
-:func:`~accord.envs.code_common.normalise`) and split by :func:`split_single`: the top-level ``def aux``
+completion is read like an agent's output (:func:`~accord.envs.coding.common.extract_code`,
+:func:`~accord.envs.coding.common.normalise`) and split by :func:`split_single`: the top-level ``def aux``
 is the helper's part, the entry-point function main's part, and the completion's top-level imports go
 with both; any other top-level statement is dropped. The parts get the team reward above unchanged (a
 missing function is an empty part: the format gate gives 0), so the rows of a run read like the
@@ -99,8 +99,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from accord.envs.base import Messages, TaskError, register_task
-from accord.envs.code_common import (
+from accord.envs.registry import Messages, TaskError, register_task
+from accord.envs.coding.common import (
     CodeRun,
     TestCache,
     binds_name,
@@ -115,7 +115,7 @@ from accord.envs.code_common import (
     safe_parse,
     shorten,
 )
-from accord.envs.code_data import DATASETS, SOURCES, load_problems, suite_of
+from accord.envs.coding.data import DATASETS, SOURCES, load_problems, suite_of
 from accord.envs.protocol import StepResult, check_step_actions
 from accord.sandbox import SandboxConfig
 
@@ -361,7 +361,7 @@ class HelperMainTask:
         self.cache = TestCache(SandboxConfig(timeout_s=timeout_s), max_entries=0)
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        """Problems of ``split`` (see :func:`accord.envs.code_data.load_problems`)."""
+        """Problems of ``split`` (see :func:`accord.envs.coding.data.load_problems`)."""
         return load_problems(self.dataset, split, source=self.source, data_files=self.data_files, limit=limit,
                              seed=seed)
 
@@ -494,7 +494,7 @@ class HelperMainEnv:
         self._feedback = {a: "" for a in AGENTS}
 
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        """Problems of ``split`` (see :func:`accord.envs.code_data.load_problems`)."""
+        """Problems of ``split`` (see :func:`accord.envs.coding.data.load_problems`)."""
         return load_problems(self.dataset, split, source=self.source, data_files=self.data_files, limit=limit,
                              seed=seed)
 

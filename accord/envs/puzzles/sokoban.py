@@ -12,7 +12,7 @@ The player moves with ``U D L R`` and pushes a box by walking into it if the cel
 free; a move into a wall, or a push into a wall or another box, is *blocked* (nothing moves, the move
 still counts). Solved when every box is on a goal.
 
-Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.puzzles.grid.PuzzleEnv`):
 
 - ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
   the sandbox with ``state.json`` = ``{"size", "rows" (the room in the notation below), "walls", "goals",
@@ -59,8 +59,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
+from accord.envs.registry import TaskError, register_task
+from accord.envs.puzzles.grid import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
                                      generate_split, parse_moves, render_grid, show_moves, split_of)
 
 STEP_COST, BLOCKED_COST = -0.01, -0.05
@@ -334,7 +334,7 @@ class SokobanEnv(PuzzleEnv):
 def make_sokoban(size: int = 6, num_boxes: int = 1, wall_frac: float = 0.1, max_turns: int = 5,
                  max_moves_per_turn: int = 40, max_moves: int = 200, single_agent: bool = False,
                  workflow: str = "tool_planner", tool_timeout_s: float = 3.0) -> SokobanEnv:
-    """Sokoban environment (puzzles by reverse play; see :mod:`accord.envs.sokoban`); ``workflow``:
+    """Sokoban environment (puzzles by reverse play; see :mod:`accord.envs.puzzles.sokoban`); ``workflow``:
     ``tool_planner`` (tool -> planner, the paper's) or ``direct`` (planner -> executor)."""
     return SokobanEnv(size=size, num_boxes=num_boxes, wall_frac=wall_frac, max_turns=max_turns,
                       max_moves_per_turn=max_moves_per_turn, max_moves=max_moves, single_agent=single_agent,

@@ -42,7 +42,7 @@ Sources
   are two or more) is eval.
 
 The hub is used only when ``datasets`` is installed, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are
-unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing`); a hub
+unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing.core`); a hub
 dataset asked for when the hub is unusable raises :class:`CodeDataUnavailable`, naming the offline
 alternatives (``dataset: humaneval`` or ``data_files=``). Nothing falls back silently to other data.
 """
@@ -53,7 +53,6 @@ import ast
 import copy
 import functools
 import gzip
-import hashlib
 import importlib.util
 import json
 import logging
@@ -64,9 +63,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accord.envs.base import TaskError
-from accord.envs.code_common import safe_parse, split_tests
-from accord.envs.writing import _hub_load_errors, _hub_unavailable_reason, _read_records
+from accord.envs.registry import TaskError
+from accord.envs.coding.common import safe_parse, split_tests
+from accord.data import digest, load_hub_dataset, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -168,8 +167,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
     it lacks a field or its code does not parse."""
     rid = record.get("task_id")
     if rid is None:  # local files may omit ids: a stable one from the content
-        digest = hashlib.sha1(json.dumps(dict(record), sort_keys=True, default=str).encode("utf-8")).hexdigest()
-        rid = f"problem-{digest[:12]}"
+        rid = f"problem-{digest(json.dumps(dict(record), sort_keys=True, default=str))[:12]}"
     if "test_list" in record:
         tests = [t for t in (record.get("test_list") or []) if isinstance(t, str)]
         code = _text(record.get("code"))
@@ -210,7 +208,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
 
 
 def suite_of(problem: dict[str, Any]) -> tuple[str, str, str | None, str | None]:
-    """The problem's reference tests as a suite for :class:`~accord.envs.code_common.TestCache`: its entry
+    """The problem's reference tests as a suite for :class:`~accord.envs.coding.common.TestCache`: its entry
     point is the function under test; the canonical solution (when there is one) plans the tests that are
     not simple asserts and the preamble is trusted setup."""
     return (problem["test"], problem["entry_point"], problem.get("canonical") or None,
@@ -275,18 +273,8 @@ def _unavailable(dataset: str, reason: str) -> CodeDataUnavailable:
 
 
 def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
-    reason = _hub_unavailable_reason()
-    if reason:
-        raise _unavailable(dataset, reason)
-    import datasets  # optional dependency, presence checked above
-
-    try:
-        if dataset == "mbpp":
-            splits = datasets.load_dataset(HUB_IDS[dataset], MBPP_CONFIG)
-        else:
-            splits = datasets.load_dataset(HUB_IDS[dataset])
-    except _hub_load_errors() as exc:
-        raise _unavailable(dataset, f"loading failed ({exc})") from exc
+    splits = load_hub_dataset(HUB_IDS[dataset], MBPP_CONFIG if dataset == "mbpp" else None,
+                              error=lambda reason: _unavailable(dataset, reason))
     if dataset == "mbpp":
         train = _convert(splits["train"], dataset, "hub")
         seen = {p["id"] for p in train}
@@ -300,7 +288,7 @@ def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
 
 
 def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[str, str]]]:
-    records = _read_records(str(path))
+    records = read_records(path)
     tagged = [r for r in records if isinstance(r, Mapping)]
     if len(tagged) != len(records):
         raise ValueError(f"data_files={str(path)!r}: every record must be a JSON object")
@@ -313,7 +301,7 @@ def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[st
         out["eval"] = [p for p in out["eval"] if p["id"] not in seen]
         return out
     problems = _convert(tagged, dataset, "data_files")
-    ranked = sorted(problems, key=lambda p: hashlib.sha256(p["id"].encode("utf-8")).hexdigest())
+    ranked = sorted(problems, key=lambda p: digest(p["id"], "sha256"))
     n_eval = 0 if len(ranked) < 2 else max(1, round(len(ranked) / 4))
     eval_ids = {p["id"] for p in ranked[:n_eval]}
     return {"train": [p for p in problems if p["id"] not in eval_ids],

@@ -5,7 +5,7 @@ A ``size`` x ``size`` grid with about ``wall_frac`` of its cells walls (exact co
 start is at least 2 steps from the goal). Agents move ``P`` with ``U D L R``; a move into a wall or off
 the grid is *blocked*: ``P`` stays and the move still counts.
 
-Roles (turn order), by ``workflow`` (see :class:`accord.envs.grid_common.PuzzleEnv`):
+Roles (turn order), by ``workflow`` (see :class:`accord.envs.puzzles.grid.PuzzleEnv`):
 
 - ``tool_planner`` (default, the AT-GRPO paper's): the **tool** agent writes a Python program; it runs in
   the sandbox with ``state.json`` = ``{"size", "grid" (rows of '#' and '.'), "rows" (the same with P and
@@ -60,8 +60,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from accord.envs.base import TaskError, register_task
-from accord.envs.grid_common import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
+from accord.envs.registry import TaskError, register_task
+from accord.envs.puzzles.grid import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, ParsedMoves, PuzzleEnv, check_int,
                                      generate_split, parse_moves, render_grid, show_moves, split_of)
 
 STEP_COST, BLOCKED_COST = -0.01, -0.10

@@ -7,14 +7,14 @@ Roles, in turn order (``agents = ("tool", "reasoner")``):
   :class:`accord.sandbox.Sandbox` -- a separate, contained process with the standard library only,
   no input, no network, ``code_timeout_s`` seconds (default 5) -- never in the trainer. Its answer is
   the last non-empty line of the program's stdout (an ``Answer: 42`` or ``\boxed{42}`` line is read
-  through :func:`accord.envs.math_answer.tool_answer`); a program that fails (exception, syntax error,
+  through :func:`accord.envs.maths.answer.tool_answer`); a program that fails (exception, syntax error,
   timeout, memory, output flood, signal) has no answer.
 - **reasoner**: sees the problem, the tool agent's program, its output (stdout tail, or the failure
   and the last lines of the traceback, truncated) and answer, and gives a final answer in
-  ``\boxed{}`` (:func:`accord.envs.math_answer.extract_answer`).
+  ``\boxed{}`` (:func:`accord.envs.maths.answer.extract_answer`).
 
 An episode ends as soon as both agents' latest answers exist and agree
-(:func:`accord.envs.math_answer.answers_equal`), checked after every step, or after ``max_turns``
+(:func:`accord.envs.maths.answer.answers_equal`), checked after every step, or after ``max_turns``
 turns (default 4), as in the paper. ``single_agent=True``: one ``reasoner`` alone (no tool, no
 program); its episode ends at its first readable answer, or after ``max_turns`` turns of unreadable
 ones. Nobody is told whether an answer is correct: the observations carry the other agent's work and
@@ -48,10 +48,10 @@ its output depends on its text only; the cache makes branching on clones and rep
 cheap and keeps the answer to a given program the same within a run. Sandbox failures
 (``sandbox_error``) are not cached.
 
-Data: :mod:`accord.envs.math_data` (``source`` = ``auto``, ``reasoning_gym``, ``gsm8k``, ``math``,
+Data: :mod:`accord.envs.maths.data` (``source`` = ``auto``, ``reasoning_gym``, ``gsm8k``, ``math``,
 ``aime``; ``data_files``; ``datasets`` for reasoning-gym). Tasks are ``{"id", "question", "answer",
 "source", ...}`` rows; an optional ``check`` selects the answer check
-(:func:`accord.envs.math_answer.check_answer`).
+(:func:`accord.envs.maths.answer.check_answer`).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from accord.envs import tool_programs
-from accord.envs.base import TaskError, register_task
-from accord.envs.math_answer import CHECK_MODES, answers_equal, check_answer, extract_answer, tool_answer
-from accord.envs.math_data import DEFAULT_RG_DATASETS, SOURCES, load_math_rows
+from accord.envs.registry import TaskError, register_task
+from accord.envs.maths.answer import CHECK_MODES, answers_equal, check_answer, extract_answer, tool_answer
+from accord.envs.maths.data import DEFAULT_RG_DATASETS, SOURCES, load_math_rows
 from accord.envs.protocol import StepResult, check_step_actions
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class MathEnv:
 
     # data ------------------------------------------------------------------------------------------
     def tasks(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-        """Problems of ``split`` (see :mod:`accord.envs.math_data`); ``source=auto`` is pinned to the source
+        """Problems of ``split`` (see :mod:`accord.envs.maths.data`); ``source=auto`` is pinned to the source
         of the first call, so train and eval come from one corpus."""
         try:
             rows = load_math_rows(split, source=self.source, limit=limit, seed=seed, data_files=self.data_files,
@@ -239,7 +239,7 @@ class MathEnv:
         if not isinstance(question, str) or not question.strip() or not isinstance(reference, str) \
                 or not reference.strip():
             raise TaskError(f"math: task {task.get('id')!r} needs non-empty 'question' and 'answer' strings "
-                            "(rows from MathEnv.tasks or accord.envs.math_data.load_math_rows)")
+                            "(rows from MathEnv.tasks or accord.envs.maths.data.load_math_rows)")
         check = task.get("check", "math")
         if check not in CHECK_MODES:
             raise TaskError(f"math: task {task.get('id')!r} has check={check!r}; use one of {list(CHECK_MODES)}")
@@ -342,6 +342,6 @@ class MathEnv:
 @register_task("math", "AT-GRPO math: a tool agent's Python (run in the sandbox) and a reasoner's \\boxed{} answer")
 def make_math(source: str = "auto", data_files: Any = None, max_turns: int = 4, single_agent: bool = False,
               datasets: Sequence[Any] = DEFAULT_RG_DATASETS, code_timeout_s: float = 5.0) -> MathEnv:
-    """Math environment (see :mod:`accord.envs.math_env`); ``code_timeout_s`` limits each tool program."""
+    """Math environment (see :mod:`accord.envs.maths.env`); ``code_timeout_s`` limits each tool program."""
     return MathEnv(source=source, data_files=data_files, max_turns=max_turns, single_agent=single_agent,
                    datasets=datasets, code_timeout_s=code_timeout_s)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from accord.envs.base import register_task
+from accord.envs.registry import register_task
 from accord.envs.protocol import StepResult, check_step_actions
 
 

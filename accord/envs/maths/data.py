@@ -2,7 +2,7 @@
 
 Every loader returns rows ``{"id", "question", "answer", "source", ...}`` (plain JSON values; extra keys:
 ``dataset`` for reasoning-gym, ``subject``/``level`` for MATH, ``year`` for AIME, ``check`` when the
-answer needs more than value equality -- see :func:`accord.envs.math_answer.check_answer`). The ``id``
+answer needs more than value equality -- see :func:`accord.envs.maths.answer.check_answer`). The ``id``
 is ``f"{source}-{sha1(question)[:16]}"``, so a question has one id wherever it comes from, and the
 ``train`` and ``eval`` splits never share a question (checked on the whitespace-normalised text).
 
@@ -48,20 +48,16 @@ reasoning-gym rows come in generation order, which the seed already decides.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import random
 import re
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from accord.envs.hub import HUB_PROBE_S
-from accord.envs.hub import hub_reachable as _hub_reachable
-from accord.envs.math_answer import extract_boxed
+from accord.data import digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset, read_records
+from accord.envs.maths.answer import extract_boxed
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +66,7 @@ __all__ = [
     "HUB_DATASETS",
     "SOURCES",
     "MathDataUnavailable",
-    "hub_unavailable_reason",
     "load_math_rows",
-    "read_records",
     "reasoning_gym_rows",
     "record_to_row",
 ]
@@ -89,8 +83,6 @@ RG_DEFAULT_LIMIT = {"train": 1000, "eval": 100}
 _RG_SEED_STRIDE, _RG_EVAL_OFFSET = 10_000_000, 5_000_000
 _RG_CHECKS = {"fraction_simplification": "reduced_fraction"}
 _EVAL_EVERY = 5
-_HUB_PROBE_S = HUB_PROBE_S
-_TRUE = {"1", "ON", "YES", "TRUE"}
 _OFFLINE_HINT = ("use task.options.source=reasoning_gym (offline procedural problems) or "
                  "task.options.data_files=<local JSON/JSONL in the Hub format>")
 
@@ -108,13 +100,12 @@ def _canonical(question: str) -> str:
 
 
 def _digest(question: str) -> str:
-    return hashlib.sha1(_canonical(question).encode("utf-8")).hexdigest()
+    return digest(_canonical(question))
 
 
 def _is_eval(question: str) -> bool:
     """The content split: one question in five (by a salted hash of its text) is ``eval``."""
-    digest = hashlib.sha256(b"accord-math-split:" + _canonical(question).encode("utf-8")).hexdigest()
-    return int(digest[:12], 16) % _EVAL_EVERY == 0
+    return hash_bucket(_canonical(question), _EVAL_EVERY, salt="accord-math-split:", digits=12) == 0
 
 
 def _row(source: str, question: str, answer: str, **extra: Any) -> dict[str, Any]:
@@ -203,7 +194,7 @@ def _convert(fmt: str, records: Iterable[Any], source: str) -> list[dict[str, An
 
 
 def _hash_split(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
-    return [r for r in rows if _is_eval(r["question"]) == (split == "eval")]
+    return hash_split(rows, split, lambda r: _is_eval(r["question"]))
 
 
 def _minus(rows: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -220,34 +211,6 @@ def _finish(rows: list[dict[str, Any]], limit: int | None, seed: int) -> list[di
 # ---------------------------------------------------------------------------------------------------
 # local files
 # ---------------------------------------------------------------------------------------------------
-
-def read_records(path: str | os.PathLike) -> list[Any]:
-    """Records of a local JSON (list, or ``{"data": [...]}``/``{"rows": [...]}``) or JSONL file."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"task.options.data_files: {str(path)!r} is not a file; give the path of a local "
-                                "JSON or JSONL file (relative paths are read from the working directory)")
-    text = file.read_text(encoding="utf-8")
-    if file.suffix.lower() in (".jsonl", ".ndjson"):
-        records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{lineno} is not valid JSON ({err.msg}); write one JSON object "
-                                     "per line") from err
-        return records
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}); use a JSON list of records or a .jsonl file") from err
-    if isinstance(data, dict):
-        data = data.get("data", data.get("rows"))
-    if not isinstance(data, list):
-        raise ValueError(f"{path} must hold a JSON list of records (or {{'data': [...]}})")
-    return data
-
 
 def _file_rows(data_files: Any, split: str, fmt: str) -> list[dict[str, Any]]:
     if isinstance(data_files, Mapping):
@@ -269,9 +232,9 @@ def _file_rows(data_files: Any, split: str, fmt: str) -> list[dict[str, Any]]:
 
 def _records_of(paths: Any) -> list[Any]:
     if isinstance(paths, (str, os.PathLike)):
-        return read_records(paths)
+        return read_records(paths, "task.options.data_files")
     if isinstance(paths, Sequence) and paths and all(isinstance(p, (str, os.PathLike)) for p in paths):
-        return [rec for p in paths for rec in read_records(p)]
+        return [rec for p in paths for rec in read_records(p, "task.options.data_files")]
     raise ValueError(f"task.options.data_files={paths!r}: give a path, a list of paths, or {{train: path, eval: path}}")
 
 
@@ -360,39 +323,9 @@ def reasoning_gym_rows(split: str, limit: int | None = None, seed: int = 0,
 # ---------------------------------------------------------------------------------------------------
 
 
-def hub_unavailable_reason() -> str | None:
-    """Why the Hub cannot be used now (None: it can): offline variables, no ``datasets``, no answer in 2 s."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").strip().upper() in _TRUE:
-            return f"{var}={os.environ[var]} is set"
-    if importlib.util.find_spec("datasets") is None:
-        return "the 'datasets' package is not installed (pip install 'accord[hub]')"
-    if not _hub_reachable():
-        return f"huggingface.co did not answer within {_HUB_PROBE_S:g} s"
-    return None
-
-
-def _hub_errors() -> tuple[type[BaseException], ...]:
-    """What a failed Hub read raises: OSError (requests' errors, missing files and datasets derive from it)
-    and httpx's transport errors, which do not."""
-    errors: list[type[BaseException]] = [OSError]
-    if importlib.util.find_spec("httpx") is not None:
-        base = getattr(importlib.import_module("httpx"), "HTTPError", None)
-        if isinstance(base, type) and issubclass(base, BaseException):
-            errors.append(base)
-    return tuple(errors)
-
-
 def _hub_load(name: str, config: str | None = None) -> Any:
-    reason = hub_unavailable_reason()
-    if reason:
-        raise MathDataUnavailable(f"cannot load {name!r} from the Hugging Face Hub: {reason}; {_OFFLINE_HINT}")
-    import datasets  # optional dependency, presence checked above
-
-    try:
-        return datasets.load_dataset(name, config) if config else datasets.load_dataset(name)
-    except _hub_errors() as err:
-        raise MathDataUnavailable(f"loading {name!r} from the Hugging Face Hub failed ({err}); {_OFFLINE_HINT}") from err
+    return load_hub_dataset(name, config, error=lambda reason: MathDataUnavailable(
+        f"cannot load {name!r} from the Hugging Face Hub: {reason}; {_OFFLINE_HINT}"))
 
 
 def _hub_rows(source: str, split: str) -> list[dict[str, Any]]:

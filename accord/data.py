@@ -1,0 +1,154 @@
+"""Data helpers shared by the tasks: the Hugging Face Hub, local JSON/JSONL files, hash-based splits.
+
+- **Hub**: :func:`hub_unavailable_reason` says why the Hub cannot be used now (offline variables, no
+  ``datasets`` package, no answer within :data:`HUB_PROBE_S` seconds) and :func:`load_hub_dataset`
+  loads a dataset with ``datasets.load_dataset``, turning every failure into the caller's own error, so a
+  loader with an offline fallback never waits for transformers' retries;
+- **files**: :func:`read_records` reads the records of a local JSON (a list, or ``{"data": [...]}`` /
+  ``{"rows": [...]}``) or JSONL file;
+- **splits and ids**: :func:`digest`, :func:`canonical_json`, :func:`hash_bucket` and :func:`hash_split`
+  give content-derived ids and train/eval membership that depend on the content only (not on order,
+  seed or machine), so the two splits never overlap and stay the same across runs and versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+HUB_PROBE_S = 2.0
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+# --- the Hub -----------------------------------------------------------------------------------------
+
+def hub_reachable(timeout: float = HUB_PROBE_S) -> bool:
+    """Whether the Hub endpoint (``$HF_ENDPOINT``, default huggingface.co) accepts a TCP connection
+    within ``timeout`` seconds. The probe runs in a daemon thread, so a stalled DNS lookup cannot hold
+    the caller longer than that."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    answer: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, name="accord-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(answer and answer[0])
+
+
+def hub_unavailable_reason() -> str | None:
+    """Why the Hub cannot be used for datasets now (None: it can): an offline variable is set, the
+    ``datasets`` package is missing, or the Hub did not answer within :data:`HUB_PROBE_S` seconds."""
+    for var in OFFLINE_VARS:
+        if os.environ.get(var, "").strip().upper() in _TRUE:
+            return f"{var}={os.environ[var]} is set (offline mode)"
+    if importlib.util.find_spec("datasets") is None:
+        return "the 'datasets' package is not installed (pip install datasets, or pip install 'accord[hub]')"
+    if not hub_reachable():
+        return f"the Hugging Face Hub did not answer within {HUB_PROBE_S:g} s"
+    return None
+
+
+def hub_load_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions meaning "the Hub could not be read" (network, HTTP, missing data).
+
+    Most derive from OSError; the transport errors of the httpx-style clients that huggingface_hub uses
+    do not, so their base class is added when present.
+    """
+    errors: list[type[BaseException]] = [OSError]
+    for module_name in ("httpx", "httpx2"):
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        base = getattr(importlib.import_module(module_name), "HTTPError", None)
+        if isinstance(base, type) and issubclass(base, BaseException):
+            errors.append(base)
+    return tuple(errors)
+
+
+def load_hub_dataset(name: str, config: str | None = None, *, error: Callable[[str], Exception]) -> Any:
+    """``datasets.load_dataset(name[, config])``; when the Hub cannot be used or the load fails, raises
+    ``error(reason)`` (the caller's exception, whose message names its offline alternatives)."""
+    reason = hub_unavailable_reason()
+    if reason:
+        raise error(reason)
+    import datasets  # optional dependency, presence checked above
+
+    try:
+        return datasets.load_dataset(name, config) if config else datasets.load_dataset(name)
+    except hub_load_errors() as exc:
+        raise error(f"loading failed ({exc})") from exc
+
+
+# --- local files -------------------------------------------------------------------------------------
+
+def read_records(path: str | os.PathLike, what: str = "data_files") -> list[Any]:
+    """Records of a local JSON (a list, or ``{"data": [...]}`` / ``{"rows": [...]}``) or JSONL file
+    (``.jsonl`` / ``.ndjson``: one JSON value per line, blank lines skipped). ``what`` names the option
+    the path came from, for the error messages."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{what}={str(path)!r} is not a file; give the path of a local JSON or JSONL file "
+                                "(relative paths are read from the working directory)")
+    text = file.read_text(encoding="utf-8")
+    if file.suffix.lower() in (".jsonl", ".ndjson"):
+        records = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{lineno} is not valid JSON ({err.msg}); write one JSON object "
+                                     "per line") from err
+        return records
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg}); use a JSON list of records or a .jsonl file") from err
+    if isinstance(data, dict):
+        data = data.get("data", data.get("rows"))
+    if not isinstance(data, list):
+        raise ValueError(f"{path} must hold a JSON list of records (or {{'data': [...]}}), got {type(data).__name__}")
+    return data
+
+
+# --- content hashes: ids and splits ------------------------------------------------------------------
+
+def digest(text: str, algorithm: str = "sha1", salt: str = "") -> str:
+    """Hex digest of ``salt + text`` (UTF-8) with ``algorithm`` (a :mod:`hashlib` name)."""
+    return hashlib.new(algorithm, (salt + text).encode("utf-8")).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """``obj`` as compact JSON with sorted keys: the same text for equal plain data."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def hash_bucket(key: str, buckets: int, *, salt: str = "", algorithm: str = "sha256", digits: int | None = None) -> int:
+    """Bucket ``0 .. buckets-1`` of ``key``: the digest of ``salt + key`` (its first ``digits`` hex digits,
+    or all of it) as an integer, modulo ``buckets``."""
+    hexdigest = digest(key, algorithm, salt)
+    return int(hexdigest[:digits] if digits else hexdigest, 16) % buckets
+
+
+def hash_split(rows: list[dict[str, Any]], split: str, in_eval: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The rows of ``split`` (``"eval"``: those ``in_eval`` holds for; anything else: the others), in
+    their order."""
+    want_eval = split == "eval"
+    return [row for row in rows if in_eval(row) == want_eval]

@@ -1,0 +1,7 @@
+"""Code tasks, run in the sandbox.
+
+- :mod:`.common`: code extraction and normalisation, test splitting, the cached test runs;
+- :mod:`.data`: HumanEval, CoopHumanEval and MBPP problems (package, Hub or local files) and their splits;
+- :mod:`.magrpo`: ``humaneval``, helper + main writing one function (single-turn, or multi-turn with feedback);
+- :mod:`.atgrpo`: ``code``, the coder + tester environment of AT-GRPO.
+"""

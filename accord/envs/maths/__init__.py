@@ -1,0 +1,6 @@
+"""The math task (``math``): reasoner + tool agent on GSM8K, MATH, AIME or reasoning-gym problems.
+
+- :mod:`.answer`: answer extraction and equivalence checks;
+- :mod:`.data`: the problems (Hub, local files, reasoning-gym) and their splits;
+- :mod:`.env`: the registered environment.
+"""
