@@ -13,6 +13,18 @@ THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
 torch.set_num_threads(THREADS)
 
 
+@pytest.fixture(autouse=True)
+def _threads_per_test():
+    """Each test starts with THREADS torch threads, whatever runs of an earlier test on this worker set."""
+    torch.set_num_threads(THREADS)
+
+
+@pytest.fixture
+def torch_threads() -> int:
+    """run.threads for a test's runs of a config that sets its own (examples): THREADS."""
+    return THREADS
+
+
 @pytest.fixture
 def restore_threads():
     """Put torch's thread count back after a test whose runs set another (``run.threads``)."""
