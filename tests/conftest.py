@@ -1,11 +1,28 @@
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-torch.set_num_threads(2)
+# torch threads per test process: 2, or 1 in each of several pytest-xdist workers (scripts/test.sh runs one
+# worker per core) so that the workers do not oversubscribe the cores
+THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
+torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True)
+def _threads_per_test():
+    """Each test starts with THREADS torch threads, whatever runs of an earlier test on this worker set."""
+    torch.set_num_threads(THREADS)
+
+
+@pytest.fixture
+def torch_threads() -> int:
+    """run.threads for a test's runs of a config that sets its own (examples): THREADS."""
+    return THREADS
 
 
 @pytest.fixture
@@ -28,8 +45,36 @@ def ray_session():
     ray.shutdown()
 
 
+# modules whose tests start Ray clusters or torchrun (its fixed rendezvous port) besides those of ray_session
+_RAY_MODULES = {"test_ray.py", "test_data_parallel.py", "test_fsdp.py"}
+
+
+def _xdist_group(item) -> str | None:
+    """The worker group of a test under ``pytest -n N --dist loadgroup`` (scripts/test.sh): every test that
+    starts Ray or torchrun in one group ("ray": one cluster at a time, ray_session set up once per module), and
+    the tests of a module that share a module-scoped fixture in one group per module (built once); None: any
+    worker."""
+    params = getattr(item, "callspec", None)
+    path = params.params.get("path") if params is not None else None  # an example's or a recipe's config
+    if (item.path.name in _RAY_MODULES or any(f.startswith("ray_session") for f in item.fixturenames)
+            or (isinstance(path, Path) and re.search(r"^\s*backend:\s*ray\b", path.read_text(), re.M))):
+        return "ray"
+    for name in item.fixturenames:
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if defs and defs[-1].scope in ("module", "class", "package"):
+            return item.path.name
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run wherever torch sees CUDA and are skipped elsewhere, with the reason."""
+    """Tests marked ``gpu`` run wherever torch sees CUDA and are skipped elsewhere, with the reason. Each test
+    gets its pytest-xdist group (:func:`_xdist_group`) under ``--dist loadgroup``."""
+    if config.getoption("dist", "no") == "loadgroup":
+        for item in items:
+            group = _xdist_group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU; torch {torch.__version__} sees none on this machine")
@@ -44,8 +89,8 @@ def tiny_cfg(tmp_path):
 
     def make(**sections):
         data = {
-            "run": {"name": "t", "run_dir": str(tmp_path / "run"), "steps": 2, "threads": 2, "eval_before": False,
-                    "eval_after": False},
+            "run": {"name": "t", "run_dir": str(tmp_path / "run"), "steps": 2, "threads": THREADS,
+                    "eval_before": False, "eval_after": False},
             "policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
             "task": {"name": "letters", "eval_size": 0},
             "algorithm": {"num_generations": 4},

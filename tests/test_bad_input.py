@@ -1,11 +1,19 @@
 """Every bad input is one line of error with exit code 2 that names the key or file, the problem and the fix
-(``--debug`` shows the traceback): the command line run in a subprocess, as a user would."""
+(``--debug`` shows the traceback): the command line run in a subprocess, as a user would.
 
+The cases of CASES share one subprocess (:data:`BATCH`): it runs each command line through
+``accord.cli.main``, as ``python -m accord.cli`` does, in the case's own directory with stdout and stderr of
+its own, so torch and transformers are imported once instead of once per case.
+``test_a_case_in_its_own_process_prints_the_same_line`` runs a train and an eval case as separate
+``python -m accord.cli`` processes and checks that they print the batch's line."""
+
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -101,13 +109,68 @@ CASES = [
 ]
 
 
+# Runs the cases of a JSON file (argv[1]) as `python -m accord.cli ARGS` would and writes each one's exit code,
+# stdout and stderr to argv[2]: a fresh root log handler on the case's own stderr, an uncaught exception's
+# traceback on its stderr with exit code 1, as the interpreter does.
+BATCH = r"""
+import contextlib, io, json, logging, os, sys, traceback
+from accord.cli import main
+results = []
+for case in json.load(open(sys.argv[1])):
+    os.chdir(case["cwd"])
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(case["args"])
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    code = 0 if code is None else code if isinstance(code, int) else 1
+    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+json.dump(results, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """Every case of CASES run in one subprocess, each in a directory of its own: {id: result}."""
+    root = tmp_path_factory.mktemp("cases")
+    cases = []
+    for cid, args, _ in CASES:
+        (root / cid).mkdir()
+        _files(root / cid)
+        cases.append({"id": cid, "args": [str(a) for a in args], "cwd": str(root / cid)})
+    (root / "cases.json").write_text(json.dumps(cases))
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", BATCH, str(root / "cases.json"), str(root / "results.json")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((root / "results.json").read_text())
+    assert len(results) == len(cases)
+    return {c["id"]: SimpleNamespace(**r) for c, r in zip(cases, results)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("args,needles", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_with_the_fix(tmp_path, args, needles):
-    _files(tmp_path)
-    line = one_line_error(accord(*args, cwd=tmp_path))
+@pytest.mark.parametrize("cid,needles", [(c[0], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_with_the_fix(batch, cid, needles):
+    line = one_line_error(batch[cid])
     for needle in needles:
         assert needle in line, (needle, line)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cid", ["lr-nan", "eval-k-zero"])
+def test_a_case_in_its_own_process_prints_the_same_line(batch, tmp_path, cid):
+    """The batch is faithful: `python -m accord.cli` of a train and an eval case prints the batch's error line
+    (the time stamp aside)."""
+    _files(tmp_path)
+    args = next(c[1] for c in CASES if c[0] == cid)
+    line = one_line_error(accord(*args, cwd=tmp_path))
+    assert line.split(" ", 1)[1] == one_line_error(batch[cid]).split(" ", 1)[1]
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -509,11 +509,23 @@ def test_run_many_order_and_concurrency():
     assert box.run_many([]) == []
 
 
-def test_temp_dirs_are_removed(box):
-    before = _sandbox_dirs()
-    box.run("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\nos.chmod('a', 0)")
-    box.run_many(["print(1)"] * 3)
-    assert _sandbox_dirs() - before == set()
+def test_temp_dirs_are_removed(box, monkeypatch):
+    # in a temporary directory of this test's own (world-writable like /tmp, for the runs' uids): the sandbox
+    # runs of tests in other pytest-xdist workers come and go in /tmp meanwhile
+    own = tempfile.mkdtemp(prefix="accord-test-tmp-")
+    os.chmod(own, 0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", own)
+    made = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **kw: made.append(mkdtemp(*a, **kw)) or made[-1])
+    try:
+        before = _sandbox_dirs()
+        box.run("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\nos.chmod('a', 0)")
+        box.run_many(["print(1)"] * 3)
+        assert _sandbox_dirs() - before == set()
+        assert len([d for d in made if Path(d).parent == Path(own)]) >= 4  # the runs' directories were there
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def test_harness_bad_return_values_fail_cleanly(quick):
