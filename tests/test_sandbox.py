@@ -237,15 +237,18 @@ def test_memory_bomb(box, code):
     "import sys\nsys.stdout.write('y' * 50_000_000)",
     "import sys\nwhile True:\n    sys.stderr.write('e' * 100_000)",
 ])
-def test_huge_output_is_cut(quick, code):
+def test_huge_output_is_cut(code):
+    # a generous timeout (another xdist worker may hold the other core): the status still shows that the
+    # output cap, not the clock, stopped the program (the loops would otherwise run until the timeout)
+    box = Sandbox(SandboxConfig(timeout_s=10.0, memory_mb=256, max_output_bytes=4096))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = quick.run(code)
+    result = box.run(code)
     assert result.status == "output_limit" and result.truncated, result.status
     assert len(result.stdout) <= 4096 and len(result.stderr) <= 4096
     assert max(len(result.stdout), len(result.stderr)) == 4096
-    assert result.duration_s < 1.5
+    assert result.duration_s < 10.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # KiB
-    _assert_alive(quick)
+    _assert_alive(box)
 
 
 def test_cannot_write_outside_workdir(box, tmp_path):
