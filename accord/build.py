@@ -69,22 +69,17 @@ class Run:
 def check_registered(cfg: Config) -> None:
     """``algorithm.advantage``, ``algorithm.loss`` and ``rollout.generation_backend`` name registered
     functions and backends (after ``imports:``)."""
-    for key, registry, register in (("advantage", ADVANTAGE_ESTIMATORS, "register_advantage"),
-                                    ("loss", POLICY_LOSSES, "register_loss")):
-        name = getattr(cfg.algorithm, key)
+    for key, name, registry, register in (
+            ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS,
+             "accord.algorithms.register_advantage"),
+            ("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES, "accord.algorithms.register_loss"),
+            ("rollout.generation_backend", cfg.rollout.generation_backend, GENERATION_BACKENDS,
+             "accord.generation.backends.register_backend")):
         if name not in registry:
             close = difflib.get_close_matches(name, list(registry), n=1)
             hint = f" did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"algorithm.{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. "
-                              f"Register your own with accord.algorithms.{register} in a module listed under "
-                              "imports:")
-    name = cfg.rollout.generation_backend
-    if name not in GENERATION_BACKENDS:
-        close = difflib.get_close_matches(name, list(GENERATION_BACKENDS), n=1)
-        hint = f" did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"rollout.generation_backend={name!r} is not registered;{hint} registered: "
-                          f"{sorted(GENERATION_BACKENDS)}. Register your own with "
-                          "accord.generation.backends.register_backend in a module listed under imports:")
+            raise ConfigError(f"{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. Register "
+                              f"your own with {register} in a module listed under imports:")
 
 
 def build_env(cfg: Config):
