@@ -20,6 +20,13 @@ what to expect, not a bound. The name ``default`` is the job ``accord train`` ru
 quickstart's). An example with an ``sft:`` section (``sft_planpath.yaml``) first runs ``accord sft`` on it,
 timed whole, and its RL step starts from the exported checkpoint, as its header says. The GPU recipes under
 ``examples/gpu/`` are not listed: they need CUDA.
+
+``--set KEY=VALUE`` applies a config override to every example measured (and to its estimate).
+``--isa avx2`` estimates an AVX2-only CPU (an older AMD EPYC, where ``training.bf16: auto`` picks fp32)
+on a newer one: torch's kernels, oneDNN and MKL are limited to AVX2 through their environment variables
+and the updates run in fp32. The limits are the libraries' own, so the result is close to, not equal to,
+an AVX2-only machine of the same clock (on the EPYC Zen 4 the old default job's step took 75.8 s so
+limited, against about 70 s reported from an AVX2-only EPYC).
 """
 
 from __future__ import annotations
@@ -57,9 +64,15 @@ def schedule(cfg) -> tuple[int, int]:
     return evals, ckpts
 
 
-def _run(cmd: list[str]) -> tuple[float, str | None]:
+# What `--isa avx2` sets: torch's kernels, oneDNN and MKL limited to AVX2 (an AVX2-only CPU such as an
+# older AMD EPYC), with the updates in fp32 as `training.bf16: auto` picks there.
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+AVX2_OVERRIDES = ["training.bf16=false"]
+
+
+def _run(cmd: list[str], extra_env: dict[str, str]) -> tuple[float, str | None]:
     """Run ``cmd`` from the repository; (wall seconds, the last line of its output if it failed)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **extra_env)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -69,23 +82,27 @@ def _run(cmd: list[str]) -> tuple[float, str | None]:
     return wall, None
 
 
-def measure(example: Path | None, out: Path) -> dict:
-    """Time one step of ``example`` (None: the default job) and extrapolate its full run."""
+def measure(example: Path | None, out: Path, overrides: list[str] = (),
+            extra_env: dict[str, str] | None = None) -> dict:
+    """Time one step of ``example`` (None: the default job) with ``overrides`` (and ``extra_env`` in the
+    environment of its commands) and extrapolate its full run."""
+    extra_env = dict(extra_env or {})
     name = example.stem if example is not None else DEFAULT
     label = example.name if example is not None else f"{DEFAULT} (`accord train`)"
-    cfg = load_config(example, [])
+    overrides = list(overrides)
+    cfg = load_config(example, overrides)
     config_arg = [str(example)] if example is not None else []
     base = [f"run.output_dir={out}", f"run.name={name}"]
     sft_s, extra = 0.0, []
     if example is not None and "sft" in (yaml.safe_load(example.read_text()) or {}):
         sft_s, error = _run([sys.executable, "-m", "accord.cli", "sft", *config_arg, f"run.output_dir={out}",
-                             f"run.name={name}-sft"])
+                             f"run.name={name}-sft", *overrides], extra_env)
         if error:
             return {"example": label, "error": f"accord sft: {error}"}
         extra = [f"policies.{p}.model={out / (name + '-sft') / 'sft' / p}" for p in cfg.policies]
-    cmd = [sys.executable, "-m", "accord.cli", "train", *config_arg, "run.steps=1", "run.eval_every=0",
+    cmd = [sys.executable, "-m", "accord.cli", "train", *config_arg, *overrides, "run.steps=1", "run.eval_every=0",
            "run.eval_after=false", *base, "logging.console=false", *extra, "--overwrite"]
-    wall, error = _run(cmd)
+    wall, error = _run(cmd, extra_env)
     if error:
         return {"example": label, "error": error}
     rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
@@ -112,7 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", help="example names (file stems of examples/*.yaml, or `default` for the "
                    "job `accord train` runs without a config); default: all of them")
     p.add_argument("--json", dest="json_path", help="also write the results to this file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every example measured (repeatable), e.g. --set run.steps=10; the "
+                   "full run is estimated with it too")
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: limit torch, oneDNN and MKL to AVX2 and run the updates in fp32 (--set "
+                   "training.bf16=false), to estimate an AVX2-only CPU on a newer one (default: native)")
     args = p.parse_args(argv)
+    overrides = list(args.overrides)
+    extra_env: dict[str, str] = {}
+    if args.isa == "avx2":
+        extra_env = dict(AVX2_ENV)
+        overrides = AVX2_OVERRIDES + overrides
     examples: list[Path | None] = [None, *sorted((REPO / "examples").glob("*.yaml"))]
     if args.names:
         known = {(e.stem if e is not None else DEFAULT): e for e in examples}
@@ -123,11 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="example_times.") as tmp:
         for example in examples:
-            res = measure(example, Path(tmp))
+            res = measure(example, Path(tmp), overrides, extra_env)
             results.append(res)
             print(json.dumps(res), flush=True)
     load = os.getloadavg()
-    print(f"\nmachine: {os.cpu_count()} CPUs; load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"\nmachine: {os.cpu_count()} CPUs; load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+          f"isa: {args.isa}; overrides: {overrides or 'none'}")
     print("| example | model | steps | one step | one evaluation | start-up (+ `accord sft`) | expected full run |")
     print("|---|---|---|---|---|---|---|")
     for r in results:

@@ -72,3 +72,22 @@ def test_readme_commands_in_sequence_never_share_a_run_directory():
         assert run_dir not in written, f"`{' '.join(words)}` writes {run_dir}, which an earlier command wrote"
         written[run_dir] = cfg.run.steps
     assert resumed == 1 and len(written) >= 5
+
+
+def test_magrpo_writing_example_is_the_default_job():
+    """examples/magrpo_writing.yaml says it is the job `accord train` runs without a config: keep it so."""
+    import dataclasses
+
+    import inspect
+
+    from accord.envs.writing.task import WritingTask
+
+    example = dataclasses.asdict(load_config(REPO / "examples" / "magrpo_writing.yaml", []))
+    default = dataclasses.asdict(load_config(None, []))
+    # the example spells out the task's options; the default job leaves them at the task's own defaults
+    params = inspect.signature(WritingTask).parameters
+    assert all(params[k].default == v for k, v in example["task"]["options"].items()), example["task"]["options"]
+    example["task"]["options"] = default["task"]["options"]
+    differ = {section: {k: (v, default[section][k]) for k, v in values.items() if default[section][k] != v}
+              for section, values in example.items() if isinstance(values, dict) and values != default[section]}
+    assert not differ, f"examples/magrpo_writing.yaml differs from the default job: {differ}"
