@@ -4,6 +4,7 @@ MAGRPO, single-agent GRPO and independent learners, at the same generated-token 
 
     python bench/planpath_compare.py --json .bench/planpath_compare.json        # the defaults: ~50-60 min on 2 cores
     python bench/planpath_compare.py --model tiny-qwen2 --seeds 0 1 --eval-size 4 --budget 400 --sft-steps 3
+    python bench/planpath_compare.py --merge s0.json s1.json s2.json --json all.json   # seeds run apart, one table
 
 Per seed:
 
@@ -440,7 +441,12 @@ def main() -> int:
     p.add_argument("--work-dir", type=Path, help="keep warm starts and runs here (default: a temporary directory)")
     p.add_argument("--plot", type=Path, default=REPO / ".bench" / "planpath_compare.png")
     p.add_argument("--json", type=Path)
+    p.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                   help="run nothing: summarise the --json outputs of earlier runs of one setting (for example "
+                   "one per seed, run at different times) as one comparison; --plot and --json as usual")
     args = p.parse_args()
+    if args.merge:
+        return merge(args.merge, args.plot, args.json, p.error)
     if args.max_new_tokens is None:
         args.max_new_tokens = 320 if args.workflow == "tool_planner" else 48
     if args.budget < 1 or args.eval_size < 1 or args.sft_steps < 0:
@@ -456,19 +462,58 @@ def main() -> int:
             before: dict[str, dict] = {}
             for method in args.methods:
                 runs.append(run_method(args, method, seed, root, warm, before))
-    summary = summarise(runs, args.methods)
-    total_s = round(time.perf_counter() - t0, 1)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "merge"}
+    report(config, runs, warm_starts, round(time.perf_counter() - t0, 1), args.plot, args.json)
+    return 0
+
+
+def report(config: dict, runs: list[dict], warm_starts: dict, total_s: float, plot_path: Path,
+           json_path: Path | None) -> dict:
+    """Print the table, draw the plot, write and print the JSON of one comparison."""
+    summary = summarise(runs, config["methods"])
     print(table(summary))
-    title = (f"Plan-Path {args.size}x{args.size}, {args.workflow}, {args.model}, seeds {args.seeds}, "
-             f"{args.eval_size} puzzles/seed, budget {args.budget} tokens, warm start {args.sft_steps} steps")
-    plot(summary, args.plot, title)
-    print(f"plot: {args.plot}; total {total_s:.0f}s")
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    title = (f"Plan-Path {config['size']}x{config['size']}, {config['workflow']}, {config['model']}, seeds "
+             f"{config['seeds']}, {config['eval_size']} puzzles/seed, budget {config['budget']} tokens, warm start "
+             f"{config['sft_steps']} steps")
+    plot(summary, plot_path, title)
+    print(f"plot: {plot_path}; total {total_s:.0f}s")
     out = {"config": config, "total_s": total_s, "warm_starts": warm_starts, "summary": summary, "runs": runs}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(out, indent=2))
     print(json.dumps(out))
+    return out
+
+
+# settings that may differ between runs that are merged: where they ran and wrote, and their seeds
+_MERGE_FREE = {"seeds", "json", "plot", "work_dir", "threads"}
+
+
+def merge(paths: list[Path], plot_path: Path, json_path: Path | None, error) -> int:
+    """One comparison from the JSON outputs of several runs of one setting (``--merge``)."""
+    runs, warm_starts, seeds, total_s = [], {}, [], 0.0
+    first: tuple[Path, dict] | None = None
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            config, these = data["config"], data["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            error(f"--merge {path}: not a --json output of this script ({exc}); give the files its --json wrote")
+        if first is None:
+            first = (path, config)
+        for key in sorted((set(config) | set(first[1])) - _MERGE_FREE):
+            if config.get(key) != first[1].get(key):
+                error(f"--merge {path}: {key}={config.get(key)!r}, but {first[0]} has {first[1].get(key)!r}; "
+                      "merge only runs of one setting (they may differ in --seeds)")
+        again = sorted(set(config["seeds"]) & set(seeds))
+        if again:
+            error(f"--merge {path}: seed(s) {again} are already in an earlier file; give each seed once")
+        seeds += config["seeds"]
+        runs += these
+        warm_starts.update(data.get("warm_starts", {}))
+        total_s += data.get("total_s", 0.0)
+    config = dict(first[1], seeds=seeds, merged_from=[str(p) for p in paths])
+    report(config, runs, warm_starts, round(total_s, 1), plot_path, json_path)
     return 0
 
 

@@ -56,6 +56,51 @@ def test_summary_pairs_puzzles():
     assert [p["seed"] for p in s["per_seed"]] == [0, 1]
 
 
+def _fake_output(path: Path, seeds: list[int], **config) -> None:
+    """A --json output of the script with one grpo run per seed (no model involved)."""
+    before = {"a": {"success": 0.0, "return": -1.0}, "b": {"success": 1.0, "return": 2.0}}
+    after = {"a": {"success": 1.0, "return": 1.5}, "b": {"success": 1.0, "return": 2.0}}
+    runs = [{"method": "grpo", "seed": s, "layout": "solver", "steps": 2, "train_tokens": 10, "train_s": 1.0,
+             "flat_group_frac": 0.5, "before": before, "after": after} for s in seeds]
+    cfg = {"model": "tiny-qwen2", "methods": ["grpo"], "seeds": seeds, "budget": 100, "workflow": "direct",
+           "size": 4, "eval_size": 2, "sft_steps": 2, "lr": 2e-5, "json": str(path), "plot": "x.png",
+           "work_dir": None, "threads": 2, **config}
+    path.write_text(json.dumps({"config": cfg, "total_s": 60.0, "warm_starts": {str(s): {"nll": 1.0} for s in seeds},
+                                "summary": {}, "runs": runs}))
+
+
+@pytest.mark.slow
+def test_merge_summarises_runs_of_one_setting_made_apart(tmp_path):
+    """--merge: per-seed outputs become one comparison; a file of another setting or a repeated seed is refused."""
+    _fake_output(tmp_path / "s0.json", [0])
+    _fake_output(tmp_path / "s12.json", [1, 2])
+    out_path, plot = tmp_path / "all.json", tmp_path / "all.png"
+    cmd = [sys.executable, str(SCRIPT), "--plot", str(plot), "--json", str(out_path), "--merge"]
+    proc = subprocess.run(cmd + [str(tmp_path / "s0.json"), str(tmp_path / "s12.json")], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(out_path.read_text())
+    assert out["config"]["seeds"] == [0, 1, 2] and out["total_s"] == 120.0   # the two files' times, summed
+    s = out["summary"]["grpo"]
+    assert s["seeds"] == 3 and s["episodes"] == 6 and [p["seed"] for p in s["per_seed"]] == [0, 1, 2]
+    assert s["return_change"]["mean"] == pytest.approx(1.25)
+    assert set(out["warm_starts"]) == {"0", "1", "2"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    _fake_output(tmp_path / "lr.json", [3], lr=1e-4)
+    bad = subprocess.run(cmd + [str(tmp_path / "s0.json"), str(tmp_path / "lr.json")], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "lr=0.0001" in bad.stderr and "merge only runs of one setting" in bad.stderr
+    again = subprocess.run(cmd + [str(tmp_path / "s0.json"), str(tmp_path / "s0.json")], capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert again.returncode == 2 and "seed(s) [0] are already in an earlier file" in again.stderr
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    junk = subprocess.run(cmd + [str(tmp_path / "junk.json")], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert junk.returncode == 2 and "not a --json output of this script" in junk.stderr
+    assert "Traceback" not in bad.stderr + again.stderr + junk.stderr
+
+
 @pytest.mark.slow
 def test_tiny_end_to_end(tmp_path):
     """The real script in a subprocess: 2 seeds x 5 methods on a tiny model; table, JSON line and PNG."""
