@@ -496,7 +496,7 @@ def merge(paths: list[Path], plot_path: Path, json_path: Path | None, error) -> 
     for path in paths:
         try:
             data = json.loads(path.read_text())
-            config, these = data["config"], data["runs"]
+            config, these, their_seeds = data["config"], data["runs"], list(data["config"]["seeds"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             error(f"--merge {path}: not a --json output of this script ({exc}); give the files its --json wrote")
         if first is None:
@@ -505,10 +505,10 @@ def merge(paths: list[Path], plot_path: Path, json_path: Path | None, error) -> 
             if config.get(key) != first[1].get(key):
                 error(f"--merge {path}: {key}={config.get(key)!r}, but {first[0]} has {first[1].get(key)!r}; "
                       "merge only runs of one setting (they may differ in --seeds)")
-        again = sorted(set(config["seeds"]) & set(seeds))
+        again = sorted(set(their_seeds) & set(seeds))
         if again:
             error(f"--merge {path}: seed(s) {again} are already in an earlier file; give each seed once")
-        seeds += config["seeds"]
+        seeds += their_seeds
         runs += these
         warm_starts.update(data.get("warm_starts", {}))
         total_s += data.get("total_s", 0.0)

@@ -1,7 +1,10 @@
-"""The README as a newcomer follows it: the YAML it shows is the file, and its commands do not collide."""
+"""The README as a newcomer follows it: the YAML it shows is the file, its commands do not collide, and the
+example it calls the default job is that job."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 import shlex
 from pathlib import Path
@@ -9,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from accord.config import load_config
+from accord.envs.writing.task import WritingTask
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -76,12 +80,6 @@ def test_readme_commands_in_sequence_never_share_a_run_directory():
 
 def test_magrpo_writing_example_is_the_default_job():
     """examples/magrpo_writing.yaml says it is the job `accord train` runs without a config: keep it so."""
-    import dataclasses
-
-    import inspect
-
-    from accord.envs.writing.task import WritingTask
-
     example = dataclasses.asdict(load_config(REPO / "examples" / "magrpo_writing.yaml", []))
     default = dataclasses.asdict(load_config(None, []))
     # the example spells out the task's options; the default job leaves them at the task's own defaults
