@@ -38,6 +38,9 @@ def test_wilson_and_mean_intervals():
     assert b.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert b.wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
     assert b.wilson(3, 10) == pytest.approx((0.1078, 0.6032), abs=1e-4)
+    for n in range(1, 200):   # the ends hold the proportion exactly, also where rounding would cross it
+        assert b.wilson(0, n)[0] == 0.0 and b.wilson(n, n)[1] == 1.0
+        assert all(b.wilson(k, n)[0] <= k / n <= b.wilson(k, n)[1] for k in range(n + 1))
     m, lo, hi = b.mean_ci([1.0, 2.0, 3.0, 4.0])   # mean 2.5, sd 1.291, t(3) = 3.1824
     assert (m, lo, hi) == pytest.approx((2.5, 2.5 - 3.1824 * 1.291 / 2, 2.5 + 3.1824 * 1.291 / 2), abs=1e-3)
     assert b.mean_ci([-1.0, -1.0]) == (-1.0, -1.0, -1.0)

@@ -89,3 +89,14 @@ def test_magrpo_writing_example_is_the_default_job():
     differ = {section: {k: (v, default[section][k]) for k, v in values.items() if default[section][k] != v}
               for section, values in example.items() if isinstance(values, dict) and values != default[section]}
     assert not differ, f"examples/magrpo_writing.yaml differs from the default job: {differ}"
+
+
+def test_every_example_has_an_expected_time():
+    """Each example under examples/ (the GPU recipes under examples/gpu/ need CUDA) is named with a measured or
+    expected wall time in the README's measured numbers."""
+    rows = "\n".join(line for line in README.splitlines()
+                     if line.startswith(("| example wall times", "| SmolLM2 examples, expected wall time")))
+    assert rows.count("\n") == 1, "the README's two rows of example times were not found"
+    untimed = [f.name for f in sorted((REPO / "examples").glob("*.yaml"))
+               if not re.search(rf"`{re.escape(f.name)}` (?:\d[\d.]* (?:s|min|h)\b|the same)", rows)]
+    assert not untimed, f"examples without a time in the README's measured numbers: {untimed}"
