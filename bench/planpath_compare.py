@@ -2,7 +2,7 @@
 """Learning comparison on Plan-Path after a warm start: AT-GRPO (shared and per-role policies), multi-turn
 MAGRPO, single-agent GRPO and independent learners, at the same generated-token budget, over several seeds.
 
-    python bench/planpath_compare.py --json .bench/planpath_compare.json        # the defaults: ~50-60 min on 2 cores
+    python bench/planpath_compare.py --json .bench/planpath_compare.json        # the defaults: about 52 min on 2 cores
     python bench/planpath_compare.py --model tiny-qwen2 --seeds 0 1 --eval-size 4 --budget 400 --sft-steps 3
     python bench/planpath_compare.py --merge s0.json s1.json s2.json --json all.json   # seeds run apart, one table
 
