@@ -513,7 +513,10 @@ def merge(paths: list[Path], plot_path: Path, json_path: Path | None, error) -> 
         runs += these
         warm_starts.update(data.get("warm_starts", {}))
         total_s += data.get("total_s", 0.0)
-    config = dict(first[1], seeds=seeds, merged_from=[str(p) for p in paths])
+    # where the merge wrote; the runs' own threads and work dirs may differ, so they are not kept
+    config = {k: v for k, v in first[1].items() if k not in _MERGE_FREE}
+    config.update(seeds=seeds, plot=str(plot_path), json=None if json_path is None else str(json_path),
+                  merged_from=[str(p) for p in paths])
     report(config, runs, warm_starts, round(total_s, 1), plot_path, json_path)
     return 0
 
