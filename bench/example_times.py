@@ -25,8 +25,7 @@ timed whole, and its RL step starts from the exported checkpoint, as its header 
 ``--isa avx2`` estimates an AVX2-only CPU (an older AMD EPYC, where ``training.bf16: auto`` picks fp32)
 on a newer one: torch's kernels, oneDNN and MKL are limited to AVX2 through their environment variables
 and the updates run in fp32. The limits are the libraries' own, so the result is close to, not equal to,
-an AVX2-only machine of the same clock (on the EPYC Zen 4 the old default job's step took 75.8 s so
-limited, against about 70 s reported from an AVX2-only EPYC).
+an AVX2-only machine of the same clock (bench/README.md compares the two).
 """
 
 from __future__ import annotations

@@ -432,7 +432,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--bf16", action="store_true", help="training.bf16=true (autocast over fp32 weights), SFT too")
     p.add_argument("--eval-size", type=int, default=16, help="held-out puzzles per seed")
-    p.add_argument("--sft-steps", type=int, default=8, help="warm-start steps (SmolLM2: ~3.5 s per demonstration on 2 cores)")
+    p.add_argument("--sft-steps", type=int, default=8,
+                   help="warm-start steps (SmolLM2: about 2 s per demonstration on 2 cores)")
     p.add_argument("--sft-batch", type=int, default=8, help="demonstrations per SFT step")
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--sft-noise", type=float, default=0.2, help="share of imperfect demonstrations")

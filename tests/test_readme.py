@@ -86,8 +86,9 @@ def test_magrpo_writing_example_is_the_default_job():
     params = inspect.signature(WritingTask).parameters
     assert all(params[k].default == v for k, v in example["task"]["options"].items()), example["task"]["options"]
     example["task"]["options"] = default["task"]["options"]
-    differ = {section: {k: (v, default[section][k]) for k, v in values.items() if default[section][k] != v}
-              for section, values in example.items() if isinstance(values, dict) and values != default[section]}
+    differ = {section: ({k: (v, default[section].get(k)) for k, v in value.items() if default[section].get(k) != v}
+                        if isinstance(value, dict) else (value, default[section]))
+              for section, value in example.items() if value != default[section]}
     assert not differ, f"examples/magrpo_writing.yaml differs from the default job: {differ}"
 
 
