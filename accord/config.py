@@ -444,8 +444,14 @@ class SftConfig:
     eval_size: int = _f(16, "`accord sft` with the oracle: eval-split instances of the held-out NLL (0: none).")
     noise: float = _f(0.0, "`accord sft` with the oracle: share of training answers made deliberately imperfect "
                       "(half suboptimal, half wrong; code answers are wrong), so that RL has room to improve.")
-    steps: int = _f(50, "`accord sft`: optimizer steps of each policy.")
+    steps: int = _f(50, "`accord sft`: optimizer steps of each policy (sft.epochs, when set, decides instead).")
+    epochs: float | None = _f(None, "`accord sft`: passes over the demonstrations instead of a step count: each "
+                              "policy takes ceil(epochs x its demonstrations / batch_size) steps, in a fresh "
+                              "seeded order every pass (null: sft.steps).")
     batch_size: int = _f(16, "`accord sft`: demonstrations per optimizer step of each policy.")
+    eval_success: bool = _f(True, "`accord sft` on a multi-turn environment or a task with a success check: play the "
+                            "sft.eval_size held-out instances greedily with the fine-tuned policies, as `accord train` "
+                            "evaluates, and report the success rate and team return.")
     lr: float = _f(1e-4, "`accord sft`: AdamW learning rate (constant; betas, weight decay, clipping, micro-batches "
                    "and bf16 from `training`).")
     output_dir: str | None = _f(None, "`accord sft`: where the fine-tuned models go, one Hugging Face directory per "
@@ -454,6 +460,8 @@ class SftConfig:
 
     def __post_init__(self) -> None:
         _positive("sft", "steps", self.steps)
+        if self.epochs is not None and not self.epochs > 0:
+            raise ConfigError(f"sft.epochs={self.epochs} must be > 0 (or null to use sft.steps)")
         _positive("sft", "batch_size", self.batch_size)
         _positive("sft", "instances", self.instances)
         _positive("sft", "eval_size", self.eval_size, 0)
