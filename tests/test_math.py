@@ -337,6 +337,26 @@ def test_failing_program_shows_a_clean_traceback():
     assert res.info["tool_status"] == "syntax_error"
 
 
+@pytest.mark.parametrize("unit", ["/", 'File "/', "/accord-sbx-", "accord-sbx-/", "a/", 'File "a/accord-sbx-b/'])
+def test_clean_error_is_linear_in_hostile_stderr(unit):
+    """A program picks its stderr: a run of ``/`` made the old regular expression quadratic (20-33 s of the
+    trainer per program at the sandbox's 64 KiB cap). Time must grow like the input: 4x the text, ~4x the
+    time (quadratic would be 16x); the best of 5 CPU times, against noise from other processes."""
+    from accord.envs.tool_programs import clean_error
+
+    def cost(n: int) -> float:
+        text = "Traceback:\n  " + unit * (n // len(unit)) + "\nValueError: x\n"
+        best = float("inf")
+        for _ in range(5):
+            start = time.process_time()  # CPU time of this process: other processes' load counts less
+            clean_error(text, "ValueError")
+            best = min(best, time.process_time() - start)
+        return best
+
+    small, large = cost(20_000), cost(80_000)
+    assert large < 0.5 and large / max(small, 1e-4) < 10, (small, large)
+
+
 def test_reduced_fraction_task_and_single_agent():
     env = MathEnv()
     env.reset(FRACTION_TASK)
