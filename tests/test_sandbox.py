@@ -143,6 +143,43 @@ def test_site_packages_only_when_asked(box):
     assert Sandbox(SandboxConfig(site_packages=True)).run("import yaml\nprint('ok')").stdout == "ok\n"
 
 
+_VENV_PROGRAM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from accord.sandbox import Sandbox, SandboxConfig, probe_isolation
+if not probe_isolation().mount_namespace:
+    print("no-own-root")
+else:
+    for site in (False, True):
+        r = Sandbox(SandboxConfig(site_packages=site, timeout_s=20)).run("import venv_probe; print(venv_probe.X)")
+        print(site, r.status, r.exception, r.stdout.strip(), r.stderr.strip()[-300:].replace(chr(10), " | "))
+"""
+
+
+def test_a_virtual_environment_under_tmp_is_mounted_over_the_private_tmp(tmp_path):
+    """A trainer whose interpreter and site-packages live under /tmp (a checkout or venv there): with
+    ``site_packages=True`` its packages are importable in the sandbox (they were hidden by the sandbox's own
+    /tmp), and still not without it."""
+    base = Path(tempfile.mkdtemp(prefix="accord-venv-", dir="/tmp"))
+    try:
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
+                        str(base / "venv")], check=True, capture_output=True, timeout=120)
+        python = base / "venv" / "bin" / "python"
+        site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+        assert site.startswith("/tmp/")
+        Path(site, "venv_probe.py").write_text("X = 'from the venv'\n")
+        out = subprocess.run([python, "-c", _VENV_PROGRAM, str(REPO)], capture_output=True, text=True, timeout=120,
+                             cwd=base).stdout
+        if out.strip() == "no-own-root":
+            pytest.skip("no mount namespace here: the sandbox sees the host's /tmp anyway")
+        lines = out.splitlines()
+        assert lines[0].startswith("False error ModuleNotFoundError"), out
+        assert lines[1].startswith("True ok None from the venv"), out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------------ hostile code
 def test_infinite_loop_times_out(quick):
     start = time.monotonic()

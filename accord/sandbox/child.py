@@ -26,7 +26,8 @@ hidden). Into it are bound, read-only, only the directories the interpreter need
 the interpreter binary, ``/usr`` for shared libraries), with every ``site-packages``/``dist-packages``
 under them covered by an empty read-only tmpfs; ``/dev`` holds only ``null``, ``zero``, ``full``,
 ``random`` and ``urandom``; ``/proc`` is the pid namespace's own; ``/tmp`` and ``/dev/shm`` are small
-private tmpfs; the working directory ``/sandbox`` is a size-capped tmpfs holding the program and the
+private tmpfs (an interpreter path under them, e.g. a venv in ``/tmp``, is bound on top, read-only);
+the working directory ``/sandbox`` is a size-capped tmpfs holding the program and the
 caller's files.
 
 Reports go to two inherited pipes, one line per event, tagged with a per-run nonce (see :func:`main`):
@@ -292,21 +293,28 @@ def build_root(job):
     m = _Mounter()
     new = spec["dir"]
     m.tmpfs(new, "mode=755,size=1m")
-    for path, is_dir in spec["binds"]:
-        target = new + path
-        _make_target(target, is_dir)
-        m.bind_ro(path, target)
-    for path in spec["covers"]:  # site-packages and the like under the bound trees: empty and read-only
-        m.tmpfs(new + path, "mode=755,size=4k", readonly=True)
+    # The interpreter's own paths may lie under /tmp or /dev/shm (a checkout or venv in /tmp): those are
+    # bound (and covered) after the private tmpfs mounts, on top of them, or the tmpfs would hide them.
+    private = ("/tmp/", "/dev/shm/")
+    for late in (False, True):
+        if late:
+            for path in ("/tmp", "/dev/shm"):
+                os.makedirs(new + path, 0o755, exist_ok=True)
+                m.tmpfs(new + path, "mode=1777,size=%dm,nr_inodes=4096" % job["tmpfs_mb"])
+        for path, is_dir in spec["binds"]:
+            if path.startswith(private) == late:
+                target = new + path
+                _make_target(target, is_dir)
+                m.bind_ro(path, target)
+        for path in spec["covers"]:  # site-packages and the like under the bound trees: empty and read-only
+            if path.startswith(private) == late:
+                m.tmpfs(new + path, "mode=755,size=4k", readonly=True)
     for link, dest in spec["links"]:
         os.symlink(dest, new + link)
     for name in DEVICES:
         _make_target(new + "/dev/" + name, False)
         m.mount("/dev/" + name, new + "/dev/" + name, None, MS_BIND)
     os.symlink("/proc/self/fd", new + "/dev/fd")
-    for path in ("/tmp", "/dev/shm"):
-        os.makedirs(new + path, 0o755, exist_ok=True)
-        m.tmpfs(new + path, "mode=1777,size=%dm,nr_inodes=4096" % job["tmpfs_mb"])
     os.makedirs(new + "/proc", 0o755, exist_ok=True)
     m.mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # runner hidden
     work = new + WORKDIR
