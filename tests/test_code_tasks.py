@@ -4,6 +4,8 @@ and multi-turn) and AT-GRPO's coder + tester environment. Model code only ever r
 from __future__ import annotations
 
 import ast
+import json
+import logging
 import sys
 import time
 import types
@@ -176,6 +178,23 @@ def test_mbpp_and_coophumaneval_fixtures():
     assert all(p["canonical"] == "" for p in coop_train)
     cube = next(p for p in coop_train if p["entry_point"] == "cube_of_min")
     assert len(case_sources(cube["test"], "candidate")) == 3  # `assert True, ...` dropped
+
+
+def test_records_without_a_canonical_solution(tmp_path, caplog):
+    """Tolerance checks need no reference (judged by replay, not failed for every program); a test that
+    only a reference can plan is refused when the data is read, with the record's id."""
+    prompt = "def half(x):\n    \"\"\"Half of x.\"\"\"\n"
+    records = [{"task_id": "T/1", "prompt": prompt, "entry_point": "half", "split": "train",
+                "test": "def check(candidate):\n    assert abs(candidate(3) - 1.5) < 1e-9\n    assert candidate(4) == 2\n"},
+               {"task_id": "T/2", "prompt": prompt, "entry_point": "half", "split": "train",
+                "test": "def check(candidate):\n    for x in range(3):\n        assert candidate(2 * x) == x\n"}]
+    path = tmp_path / "coop.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with caplog.at_level(logging.WARNING, logger="accord.envs.coding.data"):
+        rows = load_problems("coophumaneval", "train", data_files=path)
+    assert [p["id"] for p in rows] == ["T/1"] and "T/2" in caplog.text and "canonical" in caplog.text
+    run = TestCache().run([("def half(x):\n    return x / 2\n", suite_of(rows[0]))])[0]
+    assert (run.passed, run.total) == (2, 2)
 
 
 def test_hub_datasets_offline_name_the_alternatives():

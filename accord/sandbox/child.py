@@ -18,7 +18,8 @@ A run has two processes in the sandbox's pid namespace:
   ``calls``  run the program, then call its function on each input (plain data) and report each return
              value as plain data, or the exception it raised -- the only thing a candidate hands back;
   ``plan``   (trusted code only) run reference tests against the reference program and record the inputs
-             of every call of the function under test, and the expected values of simple asserts;
+             of every call of the function under test, and the expected values of simple asserts
+             (without a reference: evaluate the arguments of the calls, see ``harness.static_calls``);
   ``judge``  (trusted code only) replay reference tests against one candidate's recorded return values.
 
 File system: a fresh tmpfs becomes the root (``pivot_root``; the host's tree is detached, not just
@@ -582,7 +583,10 @@ def _plan(job, report):
         namespace[binding] = recorder
         event = {"e": "stmt", "i": index}
         try:
-            if kind == "simple":
+            if kind == "static":  # no reference: the calls' arguments, in call order (harness.static_calls)
+                for args, kwargs in eval(compile(args_src, "<args %d>" % index, "eval", dont_inherit=True), namespace):
+                    recorded.append(encode((list(args), kwargs)))
+            elif kind == "simple":
                 args, kwargs = eval(compile(args_src, "<args %d>" % index, "eval", dont_inherit=True), namespace)
                 recorded.append(encode((list(args), kwargs)))
                 event["expected"] = encode(eval(compile(expected_src, "<expected %d>" % index, "eval",
