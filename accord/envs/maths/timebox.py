@@ -29,6 +29,7 @@ logged; model text cannot make these functions raise.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -67,6 +68,7 @@ class AnswerChecker:
         self.timeouts = 0           #: checks stopped at the deadline
         self.failures = 0           #: checks that raised or lost their helper
         self._proc: subprocess.Popen | None = None
+        self._owner = 0  # pid of the process that started the helper: a forked child starts its own
         self._lock = threading.Lock()
 
     # the helper process ---------------------------------------------------------------------------
@@ -119,9 +121,9 @@ class AnswerChecker:
     def close(self) -> None:
         """Stop the helper (a later call starts a new one)."""
         with self._lock:
-            if self._proc is not None:
+            if self._proc is not None and self._owner == os.getpid():
                 self._kill(self._proc)
-                self._proc = None
+            self._proc = None
 
     # calls ------------------------------------------------------------------------------------------
     def call(self, op: str, *args: Any, default: Any, timeout_s: float | None = None) -> Any:
@@ -131,8 +133,8 @@ class AnswerChecker:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         request = (json.dumps([op, list(args)]) + "\n").encode()
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = self._start()
+            if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+                self._proc, self._owner = self._start(), os.getpid()
             proc = self._proc
             lost: str | None = None
             try:
@@ -174,6 +176,7 @@ def _default() -> AnswerChecker:
     with _checker_lock:
         if _checker is None:
             _checker = AnswerChecker()
+            atexit.register(_checker.close)
         return _checker
 
 
