@@ -606,7 +606,8 @@ class HelperMainEnv:
 
 
 @register_task("humaneval", "MAGRPO coding: helper writes aux(), main writes the entry point (HumanEval, "
-                            "CoopHumanEval, MBPP); multi_turn=true for test feedback")
+                            "CoopHumanEval, MBPP); multi_turn=true for turns with feedback on the statement's "
+                            "examples")
 def make_humaneval(dataset: str = "humaneval", source: str = "auto", data_files: str | None = None,
                    multi_turn: bool = False, max_turns: int = 2, feedback: str = "tests",
                    timeout_s: float = 3.0, single_agent: bool = False):
