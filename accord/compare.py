@@ -548,7 +548,8 @@ def verdicts(results: list[dict], methods: list[str]) -> list[dict]:
             continue
         after = {m: {} for m in methods}
         for r in results:
-            after[r["method"]].update(units(r["after"], r["seed"], field))
+            if r["method"] in after:
+                after[r["method"]].update(units(r["after"], r["seed"], field))
         for i, a in enumerate(methods):
             for b in methods[i + 1:]:
                 if set(after[a]) != set(after[b]):
