@@ -6,7 +6,7 @@
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
-    accord compare examples/compare_relay.yaml          # methods at an equal token budget, seeds, verdicts
+    accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
     accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
     accord report runs/writing-tldr
@@ -246,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(the input format of sft.data) and exit")
     p.set_defaults(func=_sft)
     p = sub.add_parser("compare", help="train several methods at an equal budget of generated tokens over several "
-                       "seeds; held-out before/after with paired 95 % intervals and a win/tie/loss verdict per pair",
+                       "seeds; held-out before/after with paired 95 %% intervals and a win/tie/loss verdict per pair",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  accord compare examples/compare_relay.yaml\n"
+                       epilog="examples:\n  accord compare examples/compare/relay.yaml\n"
                        "  accord compare a.yaml b.yaml compare.seeds=[0,1] compare.budget_tokens=4000\n"
                        "  accord compare --merge s0/compare.json s1/compare.json --out merged\n"
                        "(docs/compare.md)\n\ncompare keys:\n" + "\n".join(

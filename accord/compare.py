@@ -296,7 +296,8 @@ def settings_of(plan: Plan) -> dict:
     for m, data in plan.methods.items():
         flat = _flat(config_from_dict(copy.deepcopy(data)).to_dict())
         methods[m] = {k: v for k, v in flat.items() if not _covered(k, FREE_KEYS + ("compare",))}
-    return {"format": FORMAT, "compare": compare, "methods": methods}
+    # as JSON has them (lists, not tuples), so that settings read back from settings.json compare equal
+    return json.loads(json.dumps({"format": FORMAT, "compare": compare, "methods": methods}))
 
 
 def first_difference(a: dict, b: dict, free: tuple[str, ...] = ()) -> tuple[str, Any, Any] | None:

@@ -382,3 +382,18 @@ def test_bad_input_is_one_line_before_any_model_loads(batch, cid, needles):
         assert needle in errors[0], (needle, errors[0])
     assert "policy main on" not in result["stderr"]   # refused before a model was built
     assert not (cwd / "runs").exists()   # and before the output directory was claimed
+
+
+def test_help_lists_compare_and_its_keys(capsys):
+    """`accord --help` names the command (its help is %-formatted by argparse: "95 %" must be escaped), and
+    `accord compare --help` lists the compare keys."""
+    from accord.cli import main
+
+    for argv, needles in ((["--help"], ["compare", "win/tie/loss verdict"]),
+                          (["compare", "--help"], ["compare.budget_tokens (default None)", "compare.knobs",
+                                                   "--merge", "examples/compare/relay.yaml"])):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert all(n in out for n in needles), out
