@@ -56,7 +56,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``train``/``eval``/``compare``: take ``key=value`` overrides out of argv wherever they stand (after ``--k 1 4`` too)."""
+    """``train``/``eval``/``compare``: take ``key=value`` overrides out of argv wherever they stand (after
+    ``--k 1 4`` too)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if cmd is None or argv[cmd] not in ("train", "eval", "compare"):
         return argv, []

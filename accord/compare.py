@@ -204,7 +204,8 @@ def check_comparable(cfgs: dict[str, Config], knobs: list[str]) -> None:
                 raise CompareError(_differ(ref, other, key, a, b))
     if _covered("policies", knobs):
         return
-    rows = [(m, p, _flat(pol, f"policies.{p}")) for m, cfg in cfgs.items() for p, pol in cfg.to_dict()["policies"].items()]
+    rows = [(m, p, _flat(pol, f"policies.{p}"))
+            for m, cfg in cfgs.items() for p, pol in cfg.to_dict()["policies"].items()]
     m0, p0, first = rows[0]
     for m, p, row in rows[1:]:
         for field in sorted({k.split(".", 2)[2] for k in (*first, *row)}):
@@ -671,7 +672,7 @@ def plot(data: dict, path: Path) -> None:
         ax.axvline(0, color="black", linewidth=0.6)
         ax.set_yticks(list(range(len(mine))), [f"{p['a']} - {p['b']}" for p in mine], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(f"after: A - B, paired 95 % (green: A wins, red: B wins)", fontsize=9)
+        ax.set_title("after: A - B, paired 95 % (green: A wins, red: B wins)", fontsize=9)
     fig.suptitle(f"seeds {data['seeds']}, budget {data['settings']['compare']['budget_tokens']} generated tokens",
                  fontsize=9)
     fig.tight_layout()

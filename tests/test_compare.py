@@ -320,7 +320,8 @@ CASES = [
     ("warm-start", ["compare", "base.yaml", "compare.warm_start=nowhere/sft"],
      ["compare.warm_start: nowhere/sft does not exist", "accord sft"]),
     ("single-turn-independent", ["compare", "base.yaml", "task.name=letters", "task.options={}",
-                                 "compare.methods={x: [algorithm.name=magrpo], y: [algorithm.name=magrpo, algorithm.baseline=independent]}"],
+                                 "compare.methods={x: [algorithm.name=magrpo], "
+                                 "y: [algorithm.name=magrpo, algorithm.baseline=independent]}"],
      ["method 'y'", "baseline=independent"]),
     ("merge-without-out", ["compare", "--merge", "a.json"], ["--merge needs --out DIR"]),
     ("method-name", ["compare", "base.yaml", "compare.methods={a/b: []}"], ["'a/b' cannot name a method"]),
