@@ -1,4 +1,4 @@
-"""Command line: ``accord train | sft | plan | eval | report | envs``.
+"""Command line: ``accord train | sft | compare | plan | eval | report | export | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
@@ -6,6 +6,8 @@
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
+    accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
     accord report runs/writing-tldr
     accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
@@ -54,9 +56,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``train``/``eval``: take ``key=value`` overrides out of argv wherever they stand (after ``--k 1 4`` too)."""
+    """``train``/``eval``/``compare``: take ``key=value`` overrides out of argv wherever they stand (after
+    ``--k 1 4`` too)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if cmd is None or argv[cmd] not in ("train", "eval"):
+    if cmd is None or argv[cmd] not in ("train", "eval", "compare"):
         return argv, []
     rest = argv[cmd + 1:]
     head = [a for a in rest if not _OVERRIDE.match(a)]
@@ -124,6 +127,23 @@ def _eval(args: argparse.Namespace) -> int:
                    compare_base=not args.no_base, out=args.out, pipeline=args.pipeline)
     sys.stdout.write((out / "eval.md").read_text())
     sys.stdout.write(f"\n{out / 'eval.json'}\n")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from accord.compare import CompareError, compare_main, merge
+
+    if args.merge:
+        if args.args:
+            raise CompareError(f"--merge combines finished comparisons; drop {args.args[0]!r} (configs and overrides "
+                               "are for running one)")
+        if not args.out:
+            raise CompareError("--merge needs --out DIR: where the merged compare.json, compare.md and compare.png go")
+        data = merge(args.merge, args.out)
+    else:
+        data = compare_main(args.args, out=args.out, overwrite=args.overwrite)
+    sys.stdout.write(Path(data["files"]["markdown"]).read_text())
+    sys.stdout.write(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
     return 0
 
 
@@ -226,6 +246,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-demos", metavar="FILE.jsonl", help="only write the training demonstrations as JSONL "
                    "(the input format of sft.data) and exit")
     p.set_defaults(func=_sft)
+    p = sub.add_parser("compare", help="train several methods at an equal budget of generated tokens over several "
+                       "seeds; held-out before/after with paired 95 %% intervals and a win/tie/loss verdict per pair",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  accord compare examples/compare/relay.yaml\n"
+                       "  accord compare a.yaml b.yaml compare.seeds=[0,1] compare.budget_tokens=4000\n"
+                       "  accord compare --merge s0/compare.json s1/compare.json --out merged\n"
+                       "(docs/compare.md)\n\ncompare keys:\n" + "\n".join(
+                           line for line in _config_help().splitlines() if line.startswith("  compare.")))
+    p.add_argument("args", nargs="*", help="CONFIG.yaml with compare.methods, or one CONFIG.yaml per method; then "
+                   "key.sub=value overrides for all of them")
+    p.add_argument("--out", metavar="DIR", help="output directory (default compare.output_dir); with --merge: where "
+                   "the merged comparison goes (required)")
+    p.add_argument("--overwrite", action="store_true", help="delete an earlier comparison in the output directory "
+                   "and start over (without it, other settings there are an error; the same settings resume)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: combine the compare.json files (or output "
+                   "directories) of comparisons of one setting run apart, e.g. one per seed")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+    p.set_defaults(func=_compare)
     p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights)")
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--prompt-tokens", type=int, help="typical prompt length (default rollout.max_prompt_tokens)")

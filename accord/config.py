@@ -474,6 +474,84 @@ class SftConfig:
                               "used as written: set sft.noise=0 or drop sft.data")
 
 
+def _default_seeds() -> list:
+    return [0]
+
+
+@dataclass
+class CompareConfig:
+    methods: dict = _f(help="`accord compare`: method name -> the key=value overrides that make it from this config, "
+                       "e.g. {atgrpo: [algorithm.name=atgrpo], grpo: [algorithm.name=atgrpo, "
+                       "algorithm.baseline=single_agent], roles: [algorithm.name=atgrpo, specialization=separate]} "
+                       "([] = this config as it is). Empty: each config file given to `accord compare` is one method, "
+                       "named by its file name.", factory=dict)
+    seeds: list = _f(help="`accord compare`: the seeds (run.seed of each method's run), each once; the held-out "
+                     "instances of a seed are the same for every method.", factory=_default_seeds)
+    budget_tokens: int | None = _f(None, "`accord compare`: generated training tokens per method and seed: each "
+                                   "method trains until the completions it generated for training reach this many "
+                                   "tokens, and the step that crosses it is its last. It must exceed every method's "
+                                   "first step.")
+    max_steps: int = _f(10_000, "`accord compare`: a method still short of budget_tokens after this many steps stops "
+                        "there; its result is marked as short of the budget.")
+    knobs: list = _f(help="`accord compare`: config keys besides the method keys (algorithm.name, algorithm.baseline, "
+                     "algorithm.joint_mode, algorithm.norm_scope, algorithm.parse_penalty, specialization, agents, "
+                     "policy names, lora) that the methods may set differently, e.g. [training.lr] to compare learning "
+                     "rates on purpose; a section name covers its keys. Any other difference is an error.",
+                     factory=list)
+    eval: str = _f("greedy", "`accord compare`: held-out evaluation before and after training: 'greedy' (one "
+                   "episode per instance) or 'sampled' (eval_samples episodes per instance at eval_temperature).")
+    eval_samples: int = _f(4, "`accord compare`, eval=sampled: episodes per held-out instance.")
+    eval_temperature: float | None = _f(None, "`accord compare`, eval=sampled: the temperature (null: "
+                                        "rollout.eval_temperature if > 0, else rollout.temperature).")
+    warm_start: str | None = _f(None, "`accord compare`: every policy of every method starts from this model: a "
+                                "Hugging Face model directory, or an `accord sft` output directory (its one model, or "
+                                "the one named like the policy); {seed} in it is replaced by the seed. null: the "
+                                "policies' own models.")
+    output_dir: str | None = _f(None, "`accord compare`: where its runs, results, table, plot and JSON go (null: "
+                                "run.output_dir/compare-<run.name>).")
+    keep_checkpoints: bool = _f(False, "`accord compare`: keep each finished run's checkpoints (its trained "
+                                "weights); false deletes them once the run's result is stored (they only serve to "
+                                "resume it), so that 6 methods x 5 seeds do not keep 30 models on disk.")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.methods, dict):
+            raise ConfigError(f"compare.methods={self.methods!r} must map method names to lists of key=value "
+                              "overrides, e.g. {grpo: [algorithm.baseline=single_agent], atgrpo: []}")
+        for name, overrides in list(self.methods.items()):
+            if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"compare.methods: {name!r} cannot name a method (it names its directories); use "
+                                  "letters, digits, '_' or '-'")
+            if overrides is None:
+                overrides = []
+            if isinstance(overrides, str):
+                overrides = [overrides]
+            if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) and "=" in o for o in overrides):
+                raise ConfigError(f"compare.methods.{name}={overrides!r} must be a list of key=value overrides, e.g. "
+                                  "[algorithm.name=atgrpo, specialization=separate] ([] for the config as it is)")
+            self.methods[name] = list(overrides)
+        if not isinstance(self.seeds, (list, tuple)) or not self.seeds:
+            raise ConfigError(f"compare.seeds={self.seeds!r} must be a non-empty list of seeds, e.g. [0, 1, 2]")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise ConfigError(f"compare.seeds: {seed!r} is not a seed; give integers in [0, {MAX_SEED}]")
+        again = sorted({s for s in self.seeds if list(self.seeds).count(s) > 1})
+        if again:
+            raise ConfigError(f"compare.seeds={list(self.seeds)} gives seed(s) {again} more than once; give each seed "
+                              "once (a seed's runs are the same every time)")
+        self.seeds = list(self.seeds)
+        if self.budget_tokens is not None:
+            _positive("compare", "budget_tokens", self.budget_tokens)
+        _positive("compare", "max_steps", self.max_steps)
+        _choice("compare", "eval", self.eval, ("greedy", "sampled"))
+        _positive("compare", "eval_samples", self.eval_samples)
+        if self.eval_temperature is not None and self.eval_temperature <= 0:
+            raise ConfigError(f"compare.eval_temperature={self.eval_temperature} must be > 0 (greedy evaluation: "
+                              "compare.eval=greedy)")
+        if not isinstance(self.knobs, (list, tuple)) or not all(isinstance(k, str) and k for k in self.knobs):
+            raise ConfigError(f"compare.knobs={self.knobs!r} must be a list of config keys, e.g. [training.lr]")
+        self.knobs = list(self.knobs)
+
+
 def _default_policies() -> dict:
     return {"main": PolicyConfig()}
 
@@ -498,6 +576,8 @@ class Config:
                         factory=RayConfig)
     sft: SftConfig = _f(help="`accord sft`: the warm start's demonstrations and fine-tuning (`accord train` does not "
                         "read it).", factory=SftConfig)
+    compare: CompareConfig = _f(help="`accord compare`: methods, seeds, token budget and evaluation of a comparison "
+                                "(`accord train` does not read it).", factory=CompareConfig)
 
     def __post_init__(self) -> None:
         _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))

@@ -28,6 +28,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -237,10 +238,15 @@ class Trainer:
             self.run.close()
 
     # --- the loop ----------------------------------------------------------------------------------
-    def train(self, stop_after: int | None = None) -> dict[str, float]:
+    def train(self, stop_after: int | None = None,
+              stop_when: Callable[[int, dict[str, float]], bool] | None = None) -> dict[str, float]:
         """Run to ``run.steps`` (or stop after ``stop_after`` total steps, for tests of resume).
 
-        Returns the last step's metrics merged with the final evaluation.
+        ``stop_when(step, metrics)`` is called after each training step with a copy of its metrics (before
+        that step's evaluation); True makes that step the last one, as step ``run.steps`` would be: it is
+        evaluated (``run.eval_after``), its completions written and a checkpoint saved (``accord compare``
+        stops each method at its token budget this way). Returns the last step's metrics merged with the
+        final evaluation.
         """
         cfg = self.cfg
         self.sinks = run_sinks(cfg, self.run_dir, start_step=self.start_step)
@@ -255,7 +261,8 @@ class Trainer:
             for step in range(self.start_step, end):
                 metrics, table = self.train_step(step)
                 n = step + 1
-                final = n == cfg.run.steps
+                stop = stop_when is not None and bool(stop_when(n, dict(metrics)))
+                final = n == cfg.run.steps or stop
                 if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
                     evaluation = self.evaluate(step=n)
                     self._callback("on_evaluate", n, dict(evaluation))
@@ -263,7 +270,7 @@ class Trainer:
                 ce = cfg.logging.completions_every
                 if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
                     self.sinks.log_completions(n, table)
-                if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end:
+                if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or stop:
                     t = time.perf_counter()
                     tmp = write_checkpoint(self.run_dir, n, self.policies,
                                            {"data_position": n * cfg.rollout.batch_size})
@@ -278,6 +285,8 @@ class Trainer:
                     self.sinks.log(n, metrics)
                 self._callback("on_step_end", n, dict(metrics))
                 last = metrics
+                if stop:
+                    break
             self._callback("on_train_end", dict(last))
         finally:
             self.sinks.close()
