@@ -13,10 +13,12 @@ What this script adds to ``accord compare``:
 
 1. **The warm start of each seed** (the comparison's ``compare.warm_start``). The task's oracle (BFS shortest
    paths, a share ``--sft-noise`` of them imperfect: a detour or a wrong move) plays ``--sft-instances``
-   training puzzles twice, once in the two-role layout and once as the single-agent ``solver``, with the very
-   prompts RL will show (:func:`accord.sft.collect_demos`); one model is fine-tuned on both sets together for
+   training puzzles three times, in the two-role layout, as the single-agent ``solver`` and as the centralized
+   ``central`` agent (every role's answer in one completion), with the very prompts RL will show
+   (:func:`accord.sft.collect_demos`); one model is fine-tuned on the three sets together for
    ``--sft-steps`` steps (:func:`accord.sft.sft_step`) and exported to ``WARM/warm-<seed>``. ``accord sft``
-   trains on one layout, and the single-agent method needs the solver's demonstrations too, hence this step.
+   trains on one layout, and the single-agent and centralized methods need their own demonstrations too, hence
+   this step.
    An existing warm start of the same settings is reused (a resumed run does not fine-tune again).
 2. **The methods as config overrides** of one AT-GRPO config (``METHODS``) with the same K, B, lr
    (constant), temperature, max_new_tokens, turns, grid, walls and alpha; ``accord compare`` then trains each
@@ -58,8 +60,11 @@ METHODS = {
     "atgrpo_roles": ["specialization=separate"],
     "magrpo": ["algorithm.name=magrpo", "algorithm.joint_mode=aligned"],
     "grpo": ["algorithm.baseline=single_agent"],
+    "centralized": ["algorithm.baseline=centralized"],
     "independent": ["algorithm.baseline=independent"],
 }
+# the agent layouts of the warm start: every method's layout (independent and MAGRPO share the two roles')
+LAYOUTS = ("none", "single_agent", "centralized")
 LOG = logging.getLogger("planpath_compare")
 
 
@@ -84,7 +89,7 @@ def base_data(args: argparse.Namespace) -> dict:
                       "gamma": 1.0},
         "rollout": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
                     "temperature": args.temperature, "history_turns": args.history_turns, "max_prompt_tokens": 1536},
-        "training": {"lr": args.lr, "micro_batch_size": 8, "warmup_steps": 0, "max_grad_norm": 1.0,
+        "training": {"lr": args.lr, "micro_batch_size": args.micro_batch, "warmup_steps": 0, "max_grad_norm": 1.0,
                      "schedule": "constant", "bf16": args.bf16},
         "sft": {"instances": args.sft_instances, "eval_size": args.sft_eval_size, "noise": args.sft_noise,
                 "steps": max(1, args.sft_steps), "batch_size": args.sft_batch, "lr": args.sft_lr},
@@ -102,7 +107,7 @@ def warm_dir(args: argparse.Namespace) -> Path:
 # --- the warm start ---------------------------------------------------------------------------------------
 
 def warm_start(args: argparse.Namespace, seed: int) -> dict:
-    """Fine-tune one model on the oracle's demonstrations of both layouts and export it to WARM/warm-<seed>
+    """Fine-tune one model on the oracle's demonstrations of every layout and export it to WARM/warm-<seed>
     (or reuse the one there, made with the same settings); returns its summary."""
     import copy
 
@@ -129,7 +134,7 @@ def warm_start(args: argparse.Namespace, seed: int) -> dict:
         return done["summary"]
     t0 = time.perf_counter()
     cfgs = []
-    for baseline in ("none", "single_agent"):   # the two-role layout, then the solver's
+    for baseline in LAYOUTS:   # the two-role layout, the solver's, the centralized one
         d = copy.deepcopy(data)
         d.pop("compare")
         d["algorithm"]["baseline"] = baseline
@@ -137,7 +142,7 @@ def warm_start(args: argparse.Namespace, seed: int) -> dict:
     torch.set_num_threads(args.threads)
     seed_everything(seed)
     train, held = [], []
-    for cfg in cfgs:   # the same puzzles in both layouts
+    for cfg in cfgs:   # the same puzzles in every layout
         tr, ev = collect_demos(cfg)
         train += tr
         held += ev
@@ -195,12 +200,14 @@ def main() -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default 48 (direct) or 320 (tool_planner): the oracle's answers must fit")
+                   help="default 136 (direct: the centralized answer, both roles' sections, is up to 130 tiny-tokenizer "
+                   "tokens) or 320 (tool_planner): the oracle's answers must fit")
     p.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team weight (independent: 0 by definition)")
     p.add_argument("--temperature", type=float, default=1.0, help="training sampling temperature")
     p.add_argument("--history-turns", type=int, default=0,
                    help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")
     p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward (SFT and RL updates)")
     p.add_argument("--bf16", action="store_true", help="training.bf16=true (autocast over fp32 weights), SFT too")
     p.add_argument("--eval-size", type=int, default=16, help="held-out puzzles per seed")
     p.add_argument("--sft-steps", type=int, default=8,
@@ -232,7 +239,7 @@ def main() -> int:
             data = merge(args.merge, args.out)
         else:
             if args.max_new_tokens is None:
-                args.max_new_tokens = 320 if args.workflow == "tool_planner" else 48
+                args.max_new_tokens = 320 if args.workflow == "tool_planner" else 136
             if args.sft_steps < 0:
                 p.error("--sft-steps must be >= 0")
             plan = load_plan([("planpath", base_data(args))])

@@ -283,3 +283,22 @@ def test_epochs_decide_each_policys_steps():
     assert step_counts(cfg, {"a": 100, "b": 3}) == {"a": 16, "b": 3}
     with pytest.raises(Exception, match="sft.epochs=0"):
         config_from_dict({"sft": {"epochs": 0}})
+
+
+def test_centralized_demos_answer_every_role_and_solve(tmp_path):
+    cfg = config_from_dict({**planpath_cfg(tmp_path, max_new_tokens=200),
+                            "algorithm": {"name": "atgrpo", "num_generations": 2, "baseline": "centralized"}})
+    train, _ = collect_demos(cfg)
+    assert {d.agent for d in train} == {"central"}
+    from accord.build import build_task
+
+    env = build_task(cfg)
+    # the first turn's demonstrations come first, one per puzzle in order
+    for demo, row in zip(train, env.tasks("train", limit=cfg.sft.instances, seed=cfg.run.seed)):
+        assert demo.where.endswith("turn 1") and row["id"] in demo.where
+        assert demo.completion.index("<planner>") < demo.completion.index("<executor>")
+        env.reset(row)
+        res = env.step({"central": demo.completion})
+        assert res.info["parse_failures"] == 0
+        if not demo.noisy:
+            assert res.info["success"], demo.completion
