@@ -60,7 +60,7 @@ class DataParallelPolicy(Policy):
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                 stream: str | None = None) -> list[Generation]:
+                 stream: str | None = None, sampling: list | None = None) -> list[Generation]:
         """This rank's share of the prompts, each sampled from its own stream; the whole list is returned."""
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
@@ -73,12 +73,18 @@ class DataParallelPolicy(Policy):
             rows = [make_generator(self.device, row_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
             out = self.backend.generate(self.model, self.tokenizer, prompts[mine], greedy=greedy,
                                         temperature=temperature, generator=None, name=self.name,
-                                        row_generators=rows)
+                                        row_generators=rows, sampling=None if sampling is None else sampling[mine])
         return self._gather(out)
 
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
         mine = samples[part(len(samples), self.rank, self.world)]
         return self._gather(super().kl_rewards(mine) if mine else [])
+
+    def sampler_mismatch(self) -> str | None:
+        """Policy's reasons, and data-parallel ranks: a sample may be generated on one rank and learned on
+        another."""
+        reasons = [r for r in (super().sampler_mismatch(), "data-parallel ranks" if self.world > 1 else None) if r]
+        return "; ".join(reasons) or None
 
     # --- update hooks (see Policy.update) ------------------------------------------------------
     def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
