@@ -317,6 +317,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     n = len(prompts)
     eos_ids = torch.tensor(eos, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
+    caps = None if sampler.caps is None else sampler.caps.to(device)
     tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     position = positions[:, -1:]
     # generated tokens (pads after EOS included) are attended, like in generate
@@ -328,8 +329,8 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
         token = sampler.draw(logits.float()).squeeze(1).masked_fill_(finished, pad)
         tokens[:, t] = token
         finished |= torch.isin(token, eos_ids)
-        if sampler.caps is not None:   # rows with their own length cap end there
-            finished |= sampler.caps.to(device) <= t + 1
+        if caps is not None:   # rows with their own length cap end there
+            finished |= caps <= t + 1
         if t + 1 == max_new_tokens or bool(finished.all()):
             return tokens[:, :t + 1]
         position = position + 1
