@@ -234,8 +234,9 @@ class AlgorithmConfig:
     tis: str = _f("auto", "Sampler/learner mismatch correction: the learner's old log-probs (computed once before the "
                   "update) are the ratio's denominator and each token is weighted by r = pi_learner / pi_sampler, "
                   "'truncate'd at tis_cap or 'mask'ed (weight 0) beyond it; 'off'; 'auto': on (truncate) where the "
-                  "sampler can differ from the learner (bf16 updates, a generation backend other than hf, "
-                  "data-parallel ranks, dropout in training mode), off where both are the same fp32 computation.")
+                  "sampler can differ from the learner (bf16 updates, a generation backend other than hf, dropout "
+                  "in training mode), off where both are the same fp32 computation on the same weights (also across "
+                  "data-parallel ranks, whose weights are identical).")
     tis_cap: float = _f(2.0, "C of the mismatch correction: the cap of the importance weight (>= 1).")
     alternate_every: int = _f(0, "Train the trainable agents in turns of N steps each, in the order of `agents` "
                               "(the task's turn order): steps 0..N-1 the first, N..2N-1 the second, ...; the others "

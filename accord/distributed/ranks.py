@@ -80,12 +80,6 @@ class DataParallelPolicy(Policy):
         mine = samples[part(len(samples), self.rank, self.world)]
         return self._gather(super().kl_rewards(mine) if mine else [])
 
-    def sampler_mismatch(self) -> str | None:
-        """Policy's reasons, and data-parallel ranks: a sample may be generated on one rank and learned on
-        another."""
-        reasons = [r for r in (super().sampler_mismatch(), "data-parallel ranks" if self.world > 1 else None) if r]
-        return "; ".join(reasons) or None
-
     # --- update hooks (see Policy.update) ------------------------------------------------------
     def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
         return mini_batch[part(len(mini_batch), self.rank, self.world)]
