@@ -11,7 +11,8 @@ for one epoch (fresh samples: the learner's old log-probs are the current forwar
 adds elementwise work) and for ``--epochs`` epochs (the learner's old log-probs take one extra no-grad forward
 over the batch before the first optimizer step). The rest of a step (generation, rewards, advantages) does not
 change with the setting, so the update's extra time is the step's. Best of ``--rounds`` updates per setting,
-the settings alternating within each round; the ratio on/off is printed per epoch count.
+the settings alternating within each round, in wall time and in this process's CPU time (which other jobs
+on a shared machine disturb less); the ratios on/off are printed per epoch count.
 """
 
 from __future__ import annotations
@@ -40,11 +41,17 @@ def main() -> None:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 20000, (args.prompt_tokens + 10 * i,), generator=g).tolist()
-               for i in range(args.prompts)]
-    completions = [torch.randint(100, 20000, (int(torch.randint(30, 96, (1,), generator=g)),), generator=g).tolist()
-                   for _ in range(args.prompts * args.k)]
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+
+    def make_ids(vocab: int) -> None:
+        """Random prompt and completion ids below ``min(vocab, 20000)`` (the same for every setting)."""
+        g = torch.Generator().manual_seed(0)
+        top = min(vocab, 20000)
+        prompts[:] = [torch.randint(100, top, (args.prompt_tokens + 10 * i,), generator=g).tolist()
+                      for i in range(args.prompts)]
+        completions[:] = [torch.randint(100, top, (int(torch.randint(30, 96, (1,), generator=g)),),
+                                        generator=g).tolist() for _ in range(args.prompts * args.k)]
 
     def samples(stored: list[list[float]]) -> list[Sample]:
         out = []
@@ -57,7 +64,8 @@ def main() -> None:
 
     print(f"{args.model}: {args.prompts} prompts of ~{args.prompt_tokens} tokens x K={args.k} completions of 30-95 "
           f"tokens, micro-batches of {args.micro_batch_size}, fp32, {args.threads} threads, best of {args.rounds}")
-    print(f"{'ppo_epochs':>10} {'tis off s':>10} {'tis on s':>10} {'on/off':>7}")
+    print(f"{'ppo_epochs':>10} {'tis off s':>10} {'tis on s':>10} {'on/off':>7} {'off CPU s':>10} {'on CPU s':>10} "
+          f"{'on/off CPU':>10}")
     results = []
     for epochs in (1, args.epochs):
         pols = {}
@@ -67,6 +75,7 @@ def main() -> None:
                                     "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6, "bf16": False}})
             pols[tis] = Policy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
                                total_optimizer_steps=100, seed=0)
+        make_ids(pols["off"].model.config.vocab_size)
         # stored log-probs: the learner's own, perturbed (a sampler that differs a little)
         with torch.no_grad():
             base = samples([[0.0] * len(c) for c in completions])
@@ -77,17 +86,22 @@ def main() -> None:
         for pol in pols.values():
             pol.update(samples(stored_lists), 0)   # warm-up
         best = {"off": float("inf"), "truncate": float("inf")}
+        cpu = dict(best)
         stats: dict = {}
         for r in range(args.rounds):
             for tis in (("off", "truncate") if r % 2 == 0 else ("truncate", "off")):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 out = pols[tis].update(samples(stored_lists), r + 1)
                 best[tis] = min(best[tis], time.perf_counter() - start)
+                cpu[tis] = min(cpu[tis], time.process_time() - start_cpu)
                 stats = out if tis == "truncate" else stats
         row = {"ppo_epochs": epochs, "off_s": best["off"], "on_s": best["truncate"],
-               "ratio": best["truncate"] / best["off"], "tis_capped": stats.get("tis_capped")}
+               "ratio": best["truncate"] / best["off"], "off_cpu_s": cpu["off"], "on_cpu_s": cpu["truncate"],
+               "cpu_ratio": cpu["truncate"] / cpu["off"], "tis_capped": stats.get("tis_capped"),
+               "tis_weight": stats.get("tis_weight")}
         results.append(row)
-        print(f"{epochs:>10} {row['off_s']:10.2f} {row['on_s']:10.2f} {row['ratio']:6.2f}x", flush=True)
+        print(f"{epochs:>10} {row['off_s']:10.2f} {row['on_s']:10.2f} {row['ratio']:6.2f}x {row['off_cpu_s']:10.2f} "
+              f"{row['on_cpu_s']:10.2f} {row['cpu_ratio']:9.2f}x", flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "results": results}, fh, indent=2)
