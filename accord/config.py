@@ -123,10 +123,49 @@ class PolicyConfig:
             _positive("policies.<name>", "replicas", self.replicas)
 
 
+def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens) -> None:
+    """The rules of the sampling settings, shared by ``rollout`` and ``agents[].sampling`` (None: not set)."""
+    if temperature is not None and temperature <= 0:
+        raise ConfigError(f"{where}temperature={temperature} must be > 0 for training (sampling log-probs are needed); "
+                          "use rollout.eval_temperature=0 for greedy evaluation")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"{where}top_p={top_p} must be in (0, 1]")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"{where}top_k={top_k} must be >= 0 (0: off)")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"{where}max_new_tokens={max_new_tokens} must be >= 1")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float | None = _f(None, "This agent's sampling temperature (null: rollout.temperature); its training "
+                                   "log-probs use it.")
+    top_p: float | None = _f(None, "This agent's nucleus (null: rollout.top_p); its training log-probs renormalise "
+                             "over it.")
+    top_k: int | None = _f(None, "This agent's top-k (0: off; null: rollout.top_k); its training log-probs "
+                           "renormalise over it.")
+    max_new_tokens: int | None = _f(None, "This agent's completion length cap (null: rollout.max_new_tokens); must "
+                                    "fit the model's context with the prompt.")
+
+
 @dataclass
 class AgentConfig:
     name: str = _f(dataclasses.MISSING, "Agent (role) name; must be one of the task's agents.")
     policy: str = _f("main", "Name of the policy (under `policies`) that acts for this agent.")
+    trainable: bool = _f(True, "false: the agent acts with its policy but its samples never reach an optimizer (its "
+                         "weights stay as loaded); a policy acting for a frozen and a trained agent is an error.")
+    sampling: SamplingConfig = _f(help="This agent's sampling, overriding rollout's: {temperature, top_p, top_k, "
+                                  "max_new_tokens}; generation applies it per row of a batch and the learner applies "
+                                  "the same logit processing to this agent's samples.", factory=SamplingConfig)
+    advantage: str | None = _f(None, "This agent's advantage estimator (a registered name; null: "
+                               "algorithm.advantage), for agents that need different baselines.")
+
+    def __post_init__(self) -> None:
+        s = self.sampling
+        _check_sampling(f"agent {self.name!r}: sampling.", s.temperature, s.top_p, s.top_k, s.max_new_tokens)
+        if self.advantage is not None and (not isinstance(self.advantage, str) or not self.advantage.isidentifier()):
+            raise ConfigError(f"agent {self.name!r}: advantage={self.advantage!r} must be the name of a registered "
+                              "advantage estimator (e.g. mean, rloo) or null for algorithm.advantage")
 
 
 @dataclass
@@ -143,7 +182,24 @@ class TaskConfig:
 
 
 ADVANTAGES = ("mean", "rloo", "max", "raw")
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
+LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")   # built in (accord.algorithms.losses); ``clip`` = grpo
+TIS_MODES = ("auto", "off", "truncate", "mask")
+
+
+@dataclass
+class OverlongConfig:
+    window: int = _f(0, "DAPO's soft overlong penalty: tokens before a completion's length cap (its agent's "
+                     "max_new_tokens) over which a penalty ramps from 0 to -penalty (0: off). Added to the sample's "
+                     "return before advantages.")
+    penalty: float = _f(1.0, "The overlong penalty at the length cap (DAPO: 1).")
+    mask_truncated: bool = _f(False, "Leave completions that hit their length cap (finish_reason length) out of the "
+                              "loss; they still count in their group's baseline.")
+
+    def __post_init__(self) -> None:
+        _positive("algorithm.overlong", "window", self.window, 0)
+        if self.penalty < 0:
+            raise ConfigError(f"algorithm.overlong.penalty={self.penalty} is subtracted; give a value >= 0")
 
 
 @dataclass
@@ -165,9 +221,29 @@ class AlgorithmConfig:
     epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
     epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
-    loss: str = _f("clip", "Policy loss: 'clip' (the clipped-ratio surrogate of PPO/GRPO), or a loss registered with "
+    loss: str = _f("grpo", "Policy loss (formulas and papers: docs/loss-controls.md): 'grpo' (the clipped token "
+                   "surrogate of PPO/GRPO; 'clip' is its older name), 'dapo' (the same, token-level aggregation, "
+                   "decoupled epsilon/epsilon_high), 'dr_grpo' (token sums divided by the length cap, no std "
+                   "normalisation), 'gspo' (sequence-level ratio, clipped per sequence), 'cispo' (clipped stop-gradient "
+                   "importance weight on a REINFORCE token loss), or a loss registered with "
                    "accord.algorithms.register_loss (in a module under imports:).")
-    loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
+    loss_agg: str | None = _f(None, f"Loss aggregation: {list(LOSS_AGGS)} (seq_sum_norm: a sequence's token sum "
+                              "divided by its length cap, mean over sequences); null: the loss's own (dapo token_mean, "
+                              "dr_grpo seq_sum_norm, gspo seq_mean_token_mean; grpo and cispo token_mean). A loss "
+                              "defined with one aggregation refuses another.")
+    tis: str = _f("auto", "Sampler/learner mismatch correction: the learner's old log-probs (computed once before the "
+                  "update) are the ratio's denominator and each token is weighted by r = pi_learner / pi_sampler, "
+                  "'truncate'd at tis_cap or 'mask'ed (weight 0) beyond it; 'off'; 'auto': on (truncate) where the "
+                  "sampler can differ from the learner (bf16 updates, a generation backend other than hf, dropout "
+                  "in training mode), off where both are the same fp32 computation on the same weights (also across "
+                  "data-parallel ranks, whose weights are identical).")
+    tis_cap: float = _f(2.0, "C of the mismatch correction: the cap of the importance weight (>= 1).")
+    alternate_every: int = _f(0, "Train the trainable agents in turns of N steps each, in the order of `agents` "
+                              "(the task's turn order): steps 0..N-1 the first, N..2N-1 the second, ...; the others "
+                              "act but are not updated (0: all agents train every step). Checkpoints carry the "
+                              "position in the schedule.")
+    overlong: OverlongConfig = _f(help="DAPO's overlong reward shaping and the masking of truncated completions.",
+                                  factory=OverlongConfig)
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
     kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
                            "at the sampling temperature): 'k3' (e^-x + x - 1 in the loss; its gradient is that of "
@@ -210,7 +286,16 @@ class AlgorithmConfig:
             if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)!r} must be the name of a registered "
                                   f"{'advantage estimator' if key == 'advantage' else 'policy loss'}")
-        _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
+        if self.loss_agg is not None:
+            _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
+        _choice("algorithm", "tis", self.tis, TIS_MODES)
+        if self.tis_cap < 1:
+            raise ConfigError(f"algorithm.tis_cap={self.tis_cap} caps an importance weight; give a value >= 1 (2 is "
+                              "the usual choice)")
+        _positive("algorithm", "alternate_every", self.alternate_every, 0)
+        if self.loss == "dr_grpo" and self.normalize_std:
+            raise ConfigError("algorithm.loss=dr_grpo drops the std normalisation of advantages (Dr. GRPO); set "
+                              "algorithm.normalize_std=false, or use loss=grpo")
         _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         _positive("algorithm", "ppo_epochs", self.ppo_epochs)
         if not 0 < self.epsilon < 1:
@@ -234,6 +319,11 @@ class RolloutConfig:
     max_turns: int | None = _f(None, "Multi-turn environments: turns per episode (null: the environment's max_turns).")
     history_turns: int | None = _f(None, "Earlier (observation, action) exchanges kept in an agent's prompt (null: all).")
     max_tree_generations: int = _f(2048, "Refuse a MAGRPO tree that would sample more completions than this per step.")
+    drop_flat_groups: bool = _f(False, "Dynamic sampling (DAPO): drop advantage groups whose returns are all equal (no "
+                                "signal) and roll out more task instances until the step holds as many informative "
+                                "groups as its first round held groups, or max_extra_rounds is reached; logged as "
+                                "rollout/flat_groups_dropped and rollout/extra_rounds.")
+    max_extra_rounds: int = _f(3, "drop_flat_groups: most extra rounds of batch_size instances per step.")
     generation_backend: str = _f("hf", "Generation backend: 'hf' (transformers generate) or 'vllm' (optional extra: "
                                  "pip install 'accord[vllm]'; same sampling semantics and stored log-probs, weights "
                                  "and LoRA adapters synced after each update; see accord/generation/vllm_backend.py).")
@@ -247,14 +337,8 @@ class RolloutConfig:
         _positive("rollout", "max_new_tokens", self.max_new_tokens)
         _positive("rollout", "max_prompt_tokens", self.max_prompt_tokens)
         _positive("rollout", "generation_batch_size", self.generation_batch_size)
-        if self.temperature <= 0:
-            raise ConfigError(
-                f"rollout.temperature={self.temperature} must be > 0 for training (sampling log-probs are "
-                "needed); use rollout.eval_temperature=0 for greedy evaluation"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
-        _positive("rollout", "top_k", self.top_k, 0)
+        _check_sampling("rollout.", self.temperature, self.top_p, self.top_k, None)
+        _positive("rollout", "max_extra_rounds", self.max_extra_rounds, 0)
         _positive("rollout", "eval_temperature", self.eval_temperature, 0)
         if self.max_turns is not None:
             _positive("rollout", "max_turns", self.max_turns)
@@ -611,6 +695,42 @@ class Config:
         self._check_policies()
         self._check_ray()
         self._check_fsdp()
+        self._check_agents()
+        if self.rollout.drop_flat_groups and self.algorithm.norm_scope == "agent":
+            raise ConfigError("rollout.drop_flat_groups=true drops advantage groups with equal returns, but "
+                              "algorithm.norm_scope=agent pools all of an agent's samples of a step into one group; "
+                              "use norm_scope=group or prompt, or drop_flat_groups=false")
+
+    def _check_agents(self) -> None:
+        """Frozen agents, the alternation schedule and per-agent length caps (again once the task has filled
+        ``agents``: see :meth:`resolve_agents`)."""
+        window = self.algorithm.overlong.window
+        for a in self.agents:
+            cap = a.sampling.max_new_tokens or self.rollout.max_new_tokens
+            if window and window >= cap:
+                key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens
+                       else "rollout.max_new_tokens")
+                raise ConfigError(f"algorithm.overlong.window={window} is not shorter than {key}={cap}, the length cap "
+                                  "it ends at; give a window below the cap (DAPO: a quarter of it)")
+        if not self.agents:
+            return
+        trained = [a.name for a in self.agents if a.trainable]
+        if not trained:
+            raise ConfigError(f"every agent ({[a.name for a in self.agents]}) has trainable=false, so nothing would be "
+                              "trained; set trainable=true for at least one agent (or evaluate with `accord eval`)")
+        by_policy: dict[str, set[bool]] = {}
+        for a in self.agents:
+            by_policy.setdefault(a.policy, set()).add(a.trainable)
+        for policy, flags in sorted(by_policy.items()):
+            if len(flags) > 1:
+                frozen = [a.name for a in self.agents if a.policy == policy and not a.trainable]
+                trained_here = [a.name for a in self.agents if a.policy == policy and a.trainable]
+                raise ConfigError(f"policy {policy!r} acts for frozen agents {frozen} and trained agents "
+                                  f"{trained_here}: training it would change the frozen ones too; give the frozen "
+                                  "agents a policy of their own (specialization=separate or lora)")
+        if self.algorithm.alternate_every and len(trained) < 2:
+            raise ConfigError(f"algorithm.alternate_every={self.algorithm.alternate_every} trains agents in turns, but "
+                              f"only {trained} is trainable; set alternate_every=0 or make another agent trainable")
 
     def _check_fsdp(self) -> None:
         """training.fsdp shards a policy across its replicas: every policy needs at least two."""
@@ -676,6 +796,7 @@ class Config:
                 base = next(iter(self.policies.values()))
                 self.policies = {n: self.policies.get(n, dataclasses.replace(base)) for n in task_agents}
                 self.agents = [AgentConfig(name=n, policy=n) for n in task_agents]
+            self._check_agents()
             return
         names = [a.name for a in self.agents]
         if sorted(names) != sorted(task_agents):
@@ -685,6 +806,7 @@ class Config:
             )
         order = {n: i for i, n in enumerate(task_agents)}
         self.agents.sort(key=lambda a: order[a.name])
+        self._check_agents()
 
     def validate_sizes(self, num_agents_per_policy: dict[str, int]) -> None:
         """Check that each policy's samples split evenly into mini-batches."""

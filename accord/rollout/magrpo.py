@@ -107,6 +107,7 @@ def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_
                     finish_reason=g.finish_reason, prompt_text=prompt_texts[a][b], completion_text=texts[a][b][s],
                     reward=ret, ret=ret,
                     extra={"sample": s, "joint": b * len(gens[a][b]) + s if aligned else None},
+                    sampling=getattr(g, "sampling", None),
                 ))
                 if components and aligned:
                     out[-1].extra["components"] = components[b * len(gens[a][b]) + s]

@@ -106,7 +106,7 @@ def _sample(agent: str, policy: str, turn: int, group: int, instance: int, msgs:
     return Sample(agent=agent, policy=policy, turn=turn, group=group, instance=instance,
                   prompt_ids=comp.prompt_ids, completion_ids=comp.ids, logprobs=comp.logprobs,
                   finish_reason=comp.finish_reason, prompt_text=msgs[-1]["content"], completion_text=comp.text,
-                  reward=reward, ret=reward)
+                  reward=reward, ret=reward, sampling=getattr(comp, "sampling", None))
 
 
 # --------------------------------------------------------------------------------------------------
