@@ -1,5 +1,6 @@
 """``accord sft``: oracles, demonstrations (oracle and JSONL), the prompts RL shows, the warm start through the CLI."""
 
+import collections
 import json
 import os
 import random
@@ -153,7 +154,7 @@ def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
     trainer = Trainer(cfg)
     policy = trainer.policies["main"]
     rows = trainer.batch_rows(0)
-    samples = trainer.rollout(0, rows, MetricAccumulator())
+    samples, _ = trainer.rollout(0, rows, MetricAccumulator(), collections.defaultdict(float))
     row = rows[0]
     demos, _ = collect_demos_for(cfg, [row])
     planner_demo = next(d for d in demos if d.agent == "planner" and "turn 1" in d.where)
