@@ -93,6 +93,37 @@ def test_ray_policies_asking_for_cuda_must_reserve_a_gpu(tiny_cfg):
     assert actor_device("auto", "run.device", []) == torch.device("cpu")
 
 
+def _vllm(cfg, **rollout):
+    """``cfg`` with the vllm backend (set after validation: vLLM is not installed here, and the layout check
+    does not need it)."""
+    cfg.rollout.generation_backend = "vllm"
+    for key, value in rollout.items():
+        setattr(cfg.rollout, key, value)
+    return cfg
+
+
+def test_vllm_engines_are_refused_where_vllm_would_misplace_them(tiny_cfg):
+    """Checked before any model loads: an engine for a policy on cuda:1 (vLLM's worker in this process takes
+    cuda:0), two CUDA engines in one process, sleep mode for a CPU engine; the working layouts pass."""
+    cfg = _vllm(config_from_dict(_separate(tiny_cfg, e="cuda:1", o="cpu")))
+    with pytest.raises(ConfigError, match=r"policies.e.device=cuda:1, but rollout.generation_backend=vllm starts the "
+                                          r"engine of policy 'e' on the first GPU of its process \(cuda:0\); use "
+                                          r"run.backend=ray with one GPU per policy"):
+        policy_devices(cfg, ["e", "o"], cuda_count=2)
+    cfg = _vllm(config_from_dict(_separate(tiny_cfg, e="cuda:0", o="cuda:0")))
+    with pytest.raises(ConfigError, match=r"policies \['e', 'o'\] would each start a vLLM engine on a GPU in this "
+                                          r"process.*run.backend=ray.*or specialization=lora"):
+        policy_devices(cfg, ["e", "o"], cuda_count=2)
+    lora = _separate(tiny_cfg, e="cuda:0", o="cuda:0")
+    lora["specialization"] = "lora"
+    policy_devices(_vllm(config_from_dict(lora)), ["e", "o"], cuda_count=2)       # one engine for both adapters
+    policy_devices(_vllm(config_from_dict(_separate(tiny_cfg, e="cuda:0", o="cpu"))), ["e", "o"], cuda_count=2)
+    policy_devices(_vllm(config_from_dict(_separate(tiny_cfg, e="cpu", o="cpu"))), ["e", "o"], cuda_count=0)
+    with pytest.raises(ConfigError, match=r"rollout.vllm_sleep=2 needs a CUDA engine, but every policy is on the CPU"):
+        policy_devices(_vllm(config_from_dict(tiny_cfg()), vllm_sleep=2), ["main"], cuda_count=0)
+    policy_devices(_vllm(config_from_dict(tiny_cfg()), vllm_sleep="auto"), ["main"], cuda_count=0)
+
+
 def test_cpu_generator_is_the_one_accord_always_used():
     a, b = make_generator(torch.device("cpu"), 7), torch.Generator().manual_seed(7)
     assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
