@@ -122,8 +122,15 @@ def test_fsdp_with_vllm_and_on_devices_torch_cannot_shard(tiny_cfg, tmp_path, mo
     with pytest.raises(ConfigError, match=r"training.fsdp=true on run.device=cuda needs NCCL, which this torch build "
                                           r"lacks \(available: gloo on cpu\); set run.device=cpu"):
         check_fsdp_support(cfg, ["main"], cuda_count=2)
-    monkeypatch.setattr(torch, "__version__", "2.5.1")
-    with pytest.raises(ConfigError, match=r"needs torch >= 2.6 .*this is torch 2.5.1"):
+    cfg = config_from_dict(_fsdp(tiny_cfg, tmp_path, "r", run={"device": "cpu"}))
+    check_fsdp_support(cfg, ["main"], cuda_count=0)  # this torch has every FSDP2 method used
+    # a torch whose FSDPModule lacks a method the sharding calls (torch 2.7 lacks three): refused by the method
+    # it lacks, whatever its version number says
+    from torch.distributed.fsdp import FSDPModule
+
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    with pytest.raises(ConfigError, match=r"training.fsdp=true needs FSDP2's FSDPModule.set_force_sum_reduction_for_"
+                                          r"comms, which torch .* lacks \(torch >= 2.8 has them\)"):
         check_fsdp_support(cfg, ["main"], cuda_count=0)
 
 
