@@ -124,6 +124,32 @@ def test_vllm_engines_are_refused_where_vllm_would_misplace_them(tiny_cfg):
     policy_devices(_vllm(config_from_dict(tiny_cfg()), vllm_sleep="auto"), ["main"], cuda_count=0)
 
 
+def test_torchrun_sets_the_cuda_device_before_creating_nccl_groups(tiny_cfg, monkeypatch):
+    """torchrun process 1 of 2, a policy with 2 replicas on CUDA: the process's GPU (cuda:<local rank>) is made
+    current before its NCCL group is created, and the group is bound to it (device_id). No GPU here: torch.cuda's
+    device calls, the group constructor and the rank's build are recorded stand-ins (a real check needs two
+    GPUs: tests/test_gpu.py runs the CLI under torchrun with NCCL)."""
+    import accord.distributed.data_parallel as dp
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: events.append(("set_device", str(torch.device(d)))))
+
+    def new_group(ranks, backend=None, timeout=None, **kw):
+        events.append(("new_group", backend, str(kw.get("device_id"))))
+        return object()
+
+    monkeypatch.setattr(dp.dist, "new_group", new_group)
+    monkeypatch.setattr(dp, "build_rank", lambda *a, **kw: events.append(("build", str(kw["device"]))) or "rank")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    pol = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}, "replicas": 2}
+    cfg = config_from_dict(tiny_cfg(run={"device": "cuda"}, policies={"main": pol}))
+    assert dp._groups(cfg, ["main"], {"main": 2}, 2, 1, rank=1) == {"main": "rank"}
+    assert events == [("set_device", "cuda:1"), ("new_group", "nccl", "cuda:1"), ("new_group", "gloo", "None"),
+                      ("build", "cuda:1")]
+
+
 def test_cpu_generator_is_the_one_accord_always_used():
     a, b = make_generator(torch.device("cpu"), 7), torch.Generator().manual_seed(7)
     assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
