@@ -251,14 +251,30 @@ def test_gpu_two_step_atgrpo_lora_run(tiny_cfg, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_vllm_colocated_with_the_learner(tiny_cfg):
-    """vLLM on the learner's GPU (gpu_memory_utilization leaves the rest to the learner): two steps, the
-    weights pushed after each update, the stored log-probs the learner's."""
+    """vLLM on the learner's GPU (fp32 engine, asleep during each update): three steps; the engine was woken and
+    the weights pushed before each generation after an update, and its weights are then the learner's (read
+    from the engine's own tensors); the stored log-probs are the learner's."""
     pytest.importorskip("vllm")
     cfg = config_from_dict(tiny_cfg(
-        run={"device": "cuda"}, policies={"main": {"model": "tiny-qwen2", "model_kwargs": {
+        run={"device": "cuda", "steps": 3}, policies={"main": {"model": "tiny-qwen2", "model_kwargs": {
             "hidden_size": 64, "num_heads": 2, "num_layers": 2}}},
         rollout={"generation_backend": "vllm", "vllm_gpu_memory_utilization": 0.2,
-                 "vllm_kwargs": {"enforce_eager": True, "max_model_len": 256}}))
-    metrics = Trainer(cfg).train()
+                 "vllm_kwargs": {"dtype": "float32", "enforce_eager": True, "max_model_len": 256}}))
+    trainer = Trainer(cfg)
+    try:
+        metrics = trainer.train()
+        pol = trainer.policies["main"]
+        engine = pol.backend.engine
+        assert engine.sleeps == 3 and engine.asleep  # asleep since the last update
+        assert engine.syncs == 2  # before the generations of steps 2 and 3
+        pol.generate([pol.encode_chat([{"role": "user", "content": "hi"}])], greedy=True, temperature=0.0)
+        assert engine.syncs == 3 and not engine.asleep
+        name = "model.embed_tokens.weight"
+        vocab = pol.model.config.vocab_size
+        pushed = engine.llm.apply_model(lambda m: dict(m.named_parameters())[name][:vocab].detach().cpu().clone())[0]
+        assert torch.equal(pushed, pol.model.get_parameter(name).detach().cpu())
+    finally:
+        trainer.policies["main"].backend.close()   # the next engine of this process needs vLLM's allocator free
+        trainer.close()
     assert metrics["perf/samples"] > 0
     assert metrics["loss/main/logp_diff"] < 1e-2

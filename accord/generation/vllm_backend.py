@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -200,6 +201,18 @@ def _preserve_process_state():
         torch.set_num_threads(threads)
 
 
+def engine_multiprocessing() -> bool:
+    """Whether a new engine runs in its own process: vLLM's view of ``VLLM_ENABLE_V1_MULTIPROCESSING``, which
+    it freezes once an engine of this process has started (``vllm.envs`` caches the environment then), so a
+    later change of the variable does not count."""
+    try:
+        from vllm import envs
+
+        return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+    except (ImportError, AttributeError):   # a vLLM without the variable: the environment as it is
+        return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() not in ("0", "false", "False")
+
+
 def sleep_level(setting, device: torch.device, peft: bool) -> int | None:
     """vLLM sleep level of an engine for a policy on ``device`` (``rollout.vllm_sleep``), None: no sleep mode.
 
@@ -275,7 +288,7 @@ class VLLMGenerator:
         self.sleep_level = sleep_level(sleep, self.device, self.peft)
         self.asleep = False
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"].strip() in ("0", "false", "False")
+        self.in_process = not engine_multiprocessing()
         self.directory = Path(tempfile.mkdtemp(prefix=f"accord-vllm-{name.replace('/', '_')}-", dir=workdir))
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.directory), True)
         self._base_dir = self.directory / "base"
@@ -489,6 +502,10 @@ class VLLMGenerator:
                         engine.llm_engine.engine_core.shutdown()
                 if self.in_process:
                     _PARKED.clear()
+                del llm, engines, engine
+                if self.device.type == "cuda":  # free the engine's tensors now: vLLM's sleep-mode allocator serves
+                    gc.collect()                # one engine per process, and the next engine measures free memory
+                    torch.cuda.empty_cache()
         self._finalizer()
 
 
