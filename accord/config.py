@@ -185,11 +185,33 @@ class AlgorithmConfig:
                          "drawn from identical prompt tokens; in turn-based MAGRPO trees a later agent's K samples "
                          "at a node come from K different states, which 'group' pools and 'prompt' separates).")
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
+    credit: str = _f("team", "MAGRPO's per-agent return: 'team' (every agent gets the team return) or "
+                     "'counterfactual' (each agent's Shapley credit: the team reward's change when its action is "
+                     "swapped for its siblings' with the others fixed; costs reward calls or environment replays, "
+                     "about K x (2^N - 2) per joint action, never generation; aligned joint actions; see "
+                     "docs/credit.md).")
+    credit_orderings: int = _f(8, "credit=counterfactual with N >= 3 agents: agent orderings of the sampled Shapley "
+                               "value (all N! orderings, i.e. the exact value, when N! is at most this).")
 
     def __post_init__(self) -> None:
         _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
         _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
+        _choice("algorithm", "credit", self.credit, ("team", "counterfactual"))
+        _positive("algorithm", "credit_orderings", self.credit_orderings)
+        if self.credit == "counterfactual":
+            if self.name == "atgrpo":
+                raise ConfigError("algorithm.credit=counterfactual is MAGRPO's: AT-GRPO's groups already compare one "
+                                  "agent's K candidates from one state with the others' actions fixed; set "
+                                  "algorithm.credit=team or algorithm.name=magrpo")
+            if self.joint_mode == "cross":
+                raise ConfigError("algorithm.credit=counterfactual works on aligned joint actions; cross mode already "
+                                  "credits each sample with its mean over all partners: set algorithm.joint_mode="
+                                  "aligned or algorithm.credit=team")
+            if self.baseline in ("independent", "centralized", "single_agent"):
+                raise ConfigError(f"algorithm.credit=counterfactual splits a team reward among agents; "
+                                  f"algorithm.baseline={self.baseline} has no team reward to split among several "
+                                  "agents: set algorithm.credit=team")
         _choice("algorithm", "group_std", self.group_std, ("population", "sample"))
         if self.group_std != "population" and not self.normalize_std:
             raise ConfigError(f"algorithm.group_std={self.group_std} only matters with algorithm.normalize_std=true; "

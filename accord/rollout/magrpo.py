@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from accord.algorithms.advantages import cross_marginals
+from accord.algorithms.credit import counterfactual_credit, credit_rng
 from accord.config import ConfigError
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.envs.single_turn import RewardError, SingleTurnEnv, call_reward, call_reward_components  # noqa: F401
@@ -133,6 +134,9 @@ class JointRollout(Rollout):
         for a in self.agents:
             per_policy[self.agent_policy[a]] = per_policy.get(self.agent_policy[a], 0) + 1
         cfg.validate_sizes(per_policy)
+        if algo.credit == "counterfactual" and len(self.agents) < 2:
+            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; task "
+                              f"{cfg.task.name!r} has one agent ({self.agents[0]!r}): set algorithm.credit=team")
         if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
             raise ConfigError(
                 f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, "
@@ -164,9 +168,16 @@ class JointRollout(Rollout):
         with phase("reward"):
             joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
-            samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
-                                    aligned=algo.joint_mode == "aligned", components=joint.components)
         metrics: dict[str, list[float]] = {"team/reward": list(joint.rewards)}
+        if algo.credit == "counterfactual":
+            with phase("credit"):
+                returns, credit_metrics = self.counterfactual(rows, texts, prompt_texts, joint, k, step)
+            metrics.update(credit_metrics)
+        samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
+                                aligned=algo.joint_mode == "aligned", components=joint.components)
+        if algo.joint_mode == "aligned":
+            for s in samples:   # the joint action's team reward, whatever credit the sample's return carries
+                s.extra["team_reward"] = joint.rewards[s.extra["joint"]]
         for key, value in joint.component_means().items():
             metrics[f"reward/{key}"] = [value]
         by_inst: dict[int, list[float]] = {}
@@ -174,6 +185,28 @@ class JointRollout(Rollout):
             by_inst.setdefault(b, []).append(r)
         metrics["team/reward_best"] = [max(rs) for rs in by_inst.values()]
         return RolloutResult(samples, metrics)
+
+    def counterfactual(self, rows: list[dict], texts: dict, prompts: dict, joint: JointBatch, k: int,
+                       step: int) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        """(B, N, K) counterfactual credits of the step's aligned joint actions (see
+        :mod:`accord.algorithms.credit`): every swapped joint action of every instance scored in one reward
+        call, and the credit diagnostics."""
+        agents = self.agents
+
+        def evaluate(requests: list[tuple[int, tuple[int, ...]]]) -> list[float]:
+            completions = {a: [texts[a][b][c[i]] for b, c in requests] for i, a in enumerate(agents)}
+            prompt_cols = {a: [prompts[a][b] for b, _ in requests] for a in agents}
+            rewards, _ = self.env.score([rows[b] for b, _ in requests], prompt_cols, completions,
+                                        [str(rows[b].get("id", b)) for b, _ in requests], agents=agents)
+            return rewards
+
+        recorded = [joint.rewards[b * k:(b + 1) * k] for b in range(len(rows))]
+        labels = [f"instance {rows[b].get('id', b)!r}" for b in range(len(rows))]
+        result = counterfactual_credit(agents, k, recorded, labels, evaluate,
+                                       orderings=self.cfg.algorithm.credit_orderings,
+                                       rng=credit_rng(self.cfg.run.seed, step))
+        returns = torch.tensor(result.credits, dtype=torch.float64).permute(0, 2, 1).contiguous()
+        return returns, result.metrics
 
     def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
              success: bool = True) -> Played:

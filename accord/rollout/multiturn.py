@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
 from accord.config import ConfigError
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
@@ -159,8 +161,12 @@ class _Node:
 def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *, agent_policy: dict[str, str],
                 k: int, turns: int, mode: str = "aligned", gamma: float = 1.0, reward_mode: str = "team",
                 early_stop_reward: float | None = None, history_turns: int | None = None, seed: int = 0,
-                group_offset: int = 0) -> tuple[list[Sample], dict[str, list[float]]]:
-    """Roll out one MAGRPO tree per row; return its samples (returns credited) and raw metrics."""
+                group_offset: int = 0, credit_orderings: int | None = None,
+                credit_rng: random.Random | None = None) -> tuple[list[Sample], dict[str, list[float]]]:
+    """Roll out one MAGRPO tree per row; return its samples (returns credited) and raw metrics.
+
+    ``credit_orderings`` (``algorithm.credit: counterfactual``): each node's team increments are replaced,
+    per agent, by the agent's counterfactual credit (:func:`_tree_credit`) before the returns are summed."""
     roots = [_Node(ep, b) for b, ep in enumerate(start_episodes(make_env, rows, seed))]
     agents = roots[0].ep.env.agents
     simultaneous = roots[0].ep.env.simultaneous
@@ -192,6 +198,10 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
                 else:
                     nxt.append(child)
         frontier = nxt
+    if credit_orderings is not None:
+        for key, values in _tree_credit(all_nodes, agents, k, simultaneous, rows, credit_orderings,
+                                        credit_rng or random.Random(seed)).items():
+            metrics.setdefault(key, []).extend(values)
     # returns, leaves first
     returns: dict[int, list[dict[str, float]]] = {}
     for node in reversed(all_nodes):
@@ -211,21 +221,56 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
         for i, a in enumerate(agents):
             credit: dict[int, list[float]] = {}
             immediate: dict[int, list[float]] = {}
+            team: dict[int, list[float]] = {}
             for j, choice in enumerate(node.joint):
                 credit.setdefault(choice[i], []).append(per_joint[j][a])
                 immediate.setdefault(choice[i], []).append(node.rewards[j][a])
+                team.setdefault(choice[i], []).append(node.team[j])
             for s_idx, s in enumerate(node.samples[a]):
                 if s is None:
                     continue   # the chain ended before this agent's turn: nothing was sampled
                 s.group = gid
                 s.ret = sum(credit[s_idx]) / len(credit[s_idx])
                 s.reward = sum(immediate[s_idx]) / len(immediate[s_idx])
+                s.extra["team_reward"] = sum(team[s_idx]) / len(team[s_idx])
                 # aligned: the j-th samples of the node's agents form joint action node * K + j of the step
                 s.extra.update(sample=s_idx, joint=n_idx * len(node.samples[a]) + s_idx if mode == "aligned" else None)
                 samples.append(s)
             gid += 1
         metrics.setdefault("team/reward", []).extend(node.team)
     return samples, metrics
+
+
+def _tree_credit(nodes: list[_Node], agents: Sequence[str], k: int, simultaneous: bool, rows: Sequence[dict],
+                 orderings: int, rng: random.Random) -> dict[str, list[float]]:
+    """Counterfactual credit of every node's aligned joint actions (:mod:`accord.algorithms.credit`): a
+    swapped joint action is replayed on a clone of the node's environment (simultaneous: one step with the
+    mixed actions; turn-based: the agents' turns in order, each with its chosen sample's text, until the
+    episode ends). ``node.rewards[j][a]`` becomes agent a's credit for joint action j. A node where a chain
+    ended before a later agent's turn (that agent has no sample there) has no complete joint actions to
+    swap: it keeps the team reward and is counted in ``credit/skipped_groups``."""
+    full = [n for n in nodes if all(s is not None for a in agents for s in n.samples[a])]
+
+    def replay(node: _Node, c: tuple[int, ...]) -> float:
+        env = node.ep.env.clone()
+        texts = {a: node.samples[a][c[i]].completion_text for i, a in enumerate(agents)}
+        if simultaneous:
+            return float(env.step(texts).team_reward)
+        total = 0.0
+        for a in agents:
+            res = env.step({a: texts[a]})
+            total += float(res.team_reward)
+            if res.done:
+                break
+        return total
+
+    labels = [f"instance {rows[n.instance].get('id', n.instance)!r}, turn {n.ep.turn}" for n in full]
+    result = counterfactual_credit(agents, k, [n.team for n in full], labels,
+                                   lambda reqs: [replay(full[g], c) for g, c in reqs], orderings=orderings, rng=rng)
+    for node, credits in zip(full, result.credits):
+        node.rewards = [{a: credits[j][i] for i, a in enumerate(agents)} for j in range(len(node.joint))]
+    result.metrics["credit/skipped_groups"] = [float(len(nodes) - len(full))]
+    return result.metrics
 
 
 def _step_clone(ep: Episode, actions: dict[str, str]) -> tuple[Episode, StepResult]:
@@ -425,6 +470,9 @@ class TreeRollout(_EpisodeRollout):
         if algo.joint_mode == "cross" and not self.env.simultaneous:
             raise ConfigError("algorithm.joint_mode=cross needs a simultaneous environment (in a turn-based "
                               "one later agents see earlier actions); use joint_mode=aligned")
+        if algo.credit == "counterfactual" and len(self.agents) < 2:
+            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; "
+                              f"{self.env.name!r} has one agent: set algorithm.credit=team")
         check_tree_size(self.cfg.rollout.batch_size, len(self.agents), algo.num_generations, self.turns,
                         algo.joint_mode, self.cfg.rollout.max_tree_generations)
 
@@ -436,7 +484,9 @@ class TreeRollout(_EpisodeRollout):
                 turns=self.turns, mode=algo.joint_mode, gamma=algo.gamma,
                 reward_mode="local" if algo.baseline == "independent" else "team",
                 early_stop_reward=algo.early_stop_reward, history_turns=r.history_turns,
-                seed=self.seed(step, len(rows)))
+                seed=self.seed(step, len(rows)),
+                credit_orderings=algo.credit_orderings if algo.credit == "counterfactual" else None,
+                credit_rng=step_credit_rng(self.cfg.run.seed, step))
         return RolloutResult(samples, raw)
 
 
