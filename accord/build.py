@@ -25,6 +25,7 @@ import torch
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import POLICY_LOSSES
+from accord.audit import AuditRecorder
 from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
@@ -185,6 +186,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     agent_policy = {a.name: a.policy for a in cfg.agents}
     make_env_fn = functools.partial(build_env, cfg)
     rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+    if cfg.training.audit != "off":
+        rollout.recorder = AuditRecorder()
     train_rows, eval_rows = split_data(cfg, env)
     policies, backend = build_policies(cfg, per_policy)
     run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies, AgentGenerator(policies, agent_policy),

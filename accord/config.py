@@ -319,6 +319,10 @@ class TrainingConfig:
                                         "completion length) so that each holds at most this many padded "
                                         "prompt+completion tokens (a longer sequence runs alone); replaces "
                                         "micro_batch_size. null: micro_batch_size sequences each.")
+    audit: str = _f("record", "Rollout integrity audit (docs/audit.md): 'record' writes RUN_DIR/audit/step_N.jsonl "
+                    "(prompt-token hashes, the state each action was scored on, the scored texts and rewards) for "
+                    "`accord audit RUN_DIR`; 'strict' also checks every step and stops on the first violation; "
+                    "'off' records nothing.")
     fsdp: bool = _f(False, "Shard each policy's parameters, gradients and AdamW state across its data-parallel "
                     "ranks (torch FSDP2 fully_shard per decoder layer, gloo on CPU, NCCL on CUDA): every policy "
                     "needs replicas >= 2; not with specialization=lora or generation_backend=vllm. Generation and "
@@ -332,6 +336,7 @@ class TrainingConfig:
             raise ConfigError(f"training.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
         self.betas = tuple(float(b) for b in self.betas)
         _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
+        _choice("training", "audit", self.audit, ("off", "record", "strict"))
         _positive("training", "warmup_steps", self.warmup_steps, 0)
         if self.bf16 not in (True, False, "auto"):
             raise ConfigError(f"training.bf16={self.bf16!r} must be true, false or auto")

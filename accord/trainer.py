@@ -33,6 +33,7 @@ import torch
 
 from accord.algorithms.advantages import group_advantages
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
+from accord.audit import audit_step
 from accord.build import Run, build_run
 from accord.callbacks import check_callbacks
 from accord.checkpoint import commit_checkpoint, write_checkpoint
@@ -136,6 +137,9 @@ class Trainer:
         self.run.generate.tokens = 0
         per_step_peak = reset_peak_memory()
         samples = self.rollout(step, rows, acc)
+        if self.run.rollout.recorder is not None:
+            with self._phase(acc, "audit"):   # training.audit: records (and, strict, checks) the step's groups
+                audit_step(self.run, step + 1, samples, rows, acc)
         if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
             with self._phase(acc, "kl"):
                 self._kl_reward_penalty(samples, acc)
