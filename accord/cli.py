@@ -35,6 +35,7 @@ _USER_ERRORS = {
     "accord.config": ("ConfigError",),
     "accord.checkpoint": ("CheckpointError",),
     "accord.envs.registry": ("TaskError",),
+    "accord.envs.external.base": ("ReplayError", "TextObservationError"),
     "accord.envs.check": ("EnvCheckError",),
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
@@ -176,7 +177,10 @@ def _envs(args: argparse.Namespace) -> int:
 
         for name in args.check:
             task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
-            check_env(lambda: make_env(name))  # a single-turn task is checked as a one-turn environment
+            # a single-turn task is checked as a one-turn environment; adapters of other libraries' games offer
+            # example moves (legal ones, so that the checker gets past the first turn)
+            examples = getattr(make_env(name), "example_actions", ())
+            check_env(lambda: make_env(name), actions=examples)
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}
@@ -193,7 +197,9 @@ def _envs(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
     for name, err in sorted(failed.items()):
         sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
-    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
+    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n"
+                     "other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
+                     "(pip install 'accord[envs]'; see docs/pettingzoo.md)\n")
     return 0
 
 

@@ -104,17 +104,17 @@ def main() -> None:
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    fps = fingerprint_costs()
+    print("state fingerprint vs clone, median of 200 (microseconds)")
+    for name, v in fps.items():
+        print(f"  {name:10s} clone {v['clone_us']:9.1f}   fingerprint {v['fingerprint_us']:9.1f}   "
+              f"ratio {v['fingerprint_us'] / v['clone_us']:.2f}", flush=True)
     times = step_times(args)
     print(f"step time, median of {args.steps * args.rounds} steps (ratio to its group's baseline)")
     medians = {name: statistics.median(v) for name, v in times.items()}
     for name, m in medians.items():
         base = medians[BASELINE[name.split(",")[0]]]
         print(f"  {name:44s} {m * 1000:8.1f} ms   x{m / base:.3f}")
-    fps = fingerprint_costs()
-    print("state fingerprint vs clone, median of 200 (microseconds)")
-    for name, v in fps.items():
-        print(f"  {name:10s} clone {v['clone_us']:9.1f}   fingerprint {v['fingerprint_us']:9.1f}   "
-              f"ratio {v['fingerprint_us'] / v['clone_us']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"step_s": times, "median_s": medians, "fingerprints": fps}, indent=2))
 

@@ -76,6 +76,7 @@ def test_a_shuffled_reward_stops_a_strict_run_in_one_line(tiny_cfg):
     assert cls.swapped and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_shuffled_reward_is_found_after_the_fact(tiny_cfg, tmp_path):
     cls = _with_shuffle(ATGRPORollout)
     cfg = config_from_dict(tiny_cfg(task={"name": "relay", "eval_size": 0}, algorithm={"name": "atgrpo"},

@@ -15,12 +15,12 @@ from accord.trainer import train
 
 def _run(tiny_cfg, tmp_path, seed):
     return train(config_from_dict(tiny_cfg(
-        run={"seed": seed, "run_dir": str(tmp_path / f"seed{seed}"), "steps": 2},
+        run={"seed": seed, "run_dir": str(tmp_path / f"seed{seed}"), "steps": 1},
         specialization="separate",
         policies={"e": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}},
                   "o": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
         agents=[{"name": "e", "policy": "e"}, {"name": "o", "policy": "o"}],
-        task={"name": "letters", "eval_size": 4}, rollout={"eval_temperature": 1.0})))
+        task={"name": "letters", "eval_size": 3}, rollout={"eval_temperature": 1.0, "batch_size": 1})))
 
 
 @pytest.mark.slow
@@ -57,6 +57,7 @@ def test_bootstrap_interval():
     assert bootstrap_ci([2.0] * 5) == (2.0, 2.0)
 
 
+@pytest.mark.slow
 def test_crossplay_needs_a_checkpoint(tiny_cfg, tmp_path):
     cfg = config_from_dict(tiny_cfg(run={"steps": 1}))
     (cfg.run_dir).mkdir(parents=True)

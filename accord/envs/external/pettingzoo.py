@@ -146,6 +146,9 @@ def resolve(env_id: str, parallel: bool, env_kwargs: dict) -> tuple[Callable[[],
             if err.name and not path.startswith(err.name) and err.name not in path:
                 raise TaskError(f"pettingzoo:{env_id} needs the package {err.name!r}: pip install "
                                 f"'pettingzoo[{family or 'classic'}]' (or {err.name})") from err
+        except ImportError as err:   # a family that moved or needs more (pettingzoo.mpe -> mpe2)
+            if family:
+                raise TaskError(f"pettingzoo:{env_id} does not import ({err}); install what it names") from err
     if module is None:
         close = difflib.get_close_matches(name, _known_ids(), n=1)
         hint = f" did you mean {close[0]!r}?" if close else ""
