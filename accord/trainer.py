@@ -8,6 +8,7 @@ timed into ``time/<phase>``:
    every agent's prompt sampled K times, one generate call per policy) and ``reward`` (joint actions
    built, aligned or cross, and scored in one team-reward call); multi-turn environments ``rollout`` (a
    MAGRPO tree or AT-GRPO's turn-wise candidates; generation batched per policy at every level);
+   then ``audit`` (``training.audit``: the step's groups recorded and, strict, checked; :mod:`accord.audit`);
 2. ``kl`` (with a k1 KL penalty on the reward) and ``adv``: group-relative advantages over the group
    ids the rollout assigned (or per agent);
 3. ``update``: each policy updated on the samples of the agents it acts for (all policies' updates

@@ -13,6 +13,10 @@ named parts of that reward (the writing task's levels, the code reward's stages)
 every joint action. When it exists it is called *instead of* ``reward`` (one call, so an expensive
 reward, e.g. a sandbox run, is not paid twice); the trainer logs each part's mean as
 ``reward/<name>``. Tasks that define only ``reward`` (plain floats) are unchanged.
+
+With ``algorithm.credit: counterfactual`` a ``credit`` phase follows: every agent's sample is re-credited with
+its Shapley credit (:mod:`accord.algorithms.credit`), the swapped joint actions of the whole step scored in
+one more reward call. With ``training.audit`` on, the reward call is recorded (:mod:`accord.audit`).
 """
 
 from __future__ import annotations

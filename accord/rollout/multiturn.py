@@ -29,6 +29,10 @@ becomes the real state, so the next agent of the same turn and every later turn 
 candidate is a sample for its agent's policy. No returns across turns: the reward of the candidate's
 step is its training signal, as in the paper.
 
+Counterfactual credit (``algorithm.credit: counterfactual``, MAGRPO trees): each node's swapped joint actions
+are replayed on clones of the node's environment (:func:`_tree_credit`). With ``training.audit`` on, every
+step of a clone is recorded with the fingerprint of the state stepped (:mod:`accord.audit`).
+
 Prompts: an agent's chat is its ``instructions`` as the system message, then its earlier
 (observation, action) exchanges as user/assistant turns (the last ``history_turns`` of them; None keeps
 all), then its current observation.
