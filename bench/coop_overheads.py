@@ -13,7 +13,8 @@ Two parts:
 2. **Fingerprints.** The audit's per-step cost in multi-turn rollouts is one state fingerprint per prompt
    state and per clone stepped. For every built-in multi-turn environment: microseconds per
    :func:`accord.audit.state_fingerprint` against microseconds per ``clone()`` of the same state (both
-   are paid per candidate), median of 200.
+   are paid per candidate), median of 200. With ``--adapters``, also the verified clone (seed + replay) of
+   the adapters of other libraries' games (docs/pettingzoo.md).
 """
 
 from __future__ import annotations
@@ -96,11 +97,35 @@ def fingerprint_costs(repeats: int = 200) -> dict[str, dict[str, float]]:
     return out
 
 
+ADAPTERS = {"pettingzoo:tictactoe_v3": ["0", "3", "1", "4"], "pettingzoo:classic.connect_four_v3": ["0", "1", "2", "3"],
+            "textarena:TicTacToe-v0": ["[0]", "[3]", "[1]", "[4]"], "gymnasium:FrozenLake-v1": ["1", "1", "2", "2"]}
+
+
+def adapter_clone_costs(repeats: int = 100) -> dict[str, float]:
+    """Milliseconds per verified clone (seed + replay) of each adapter after its four moves (needs accord[envs])."""
+    out = {}
+    for name, moves in ADAPTERS.items():
+        env = make_env(name)
+        env.reset(env.tasks("train", limit=1)[0])
+        for move in moves:
+            if env.step({env.acting()[0]: move}).done:
+                break
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            env.clone()
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times) * 1e3
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=4, help="steps per setting per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--adapters", action="store_true", help="also time the PettingZoo / TextArena / Gymnasium "
+                   "adapters' clone (seed + replay), median of 100 after four moves")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -109,6 +134,9 @@ def main() -> None:
     for name, v in fps.items():
         print(f"  {name:10s} clone {v['clone_us']:9.1f}   fingerprint {v['fingerprint_us']:9.1f}   "
               f"ratio {v['fingerprint_us'] / v['clone_us']:.2f}", flush=True)
+    if args.adapters:
+        for name, ms in adapter_clone_costs().items():
+            print(f"  adapter clone {name:36s} {ms:7.2f} ms", flush=True)
     times = step_times(args)
     print(f"step time, median of {args.steps * args.rounds} steps (ratio to its group's baseline)")
     medians = {name: statistics.median(v) for name, v in times.items()}
