@@ -255,6 +255,14 @@ def write_step(run_dir: Path, step: int, samples: list[dict], scored: dict[str, 
     return path
 
 
+def prune_after(run_dir: Path, step: int) -> None:
+    """Resume: drop the records of steps after the checkpoint (they are re-run; a shorter resumed run must not
+    leave the killed run's later steps for ``accord audit``)."""
+    for path in (Path(run_dir) / AUDIT_DIR).glob("step_*.jsonl"):
+        if int(path.stem.split("_")[1]) > step:
+            path.unlink()
+
+
 def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
     step, samples, scored, instances = -1, [], {}, []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

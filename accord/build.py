@@ -25,7 +25,7 @@ import torch
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import POLICY_LOSSES
-from accord.audit import AuditRecorder
+from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
@@ -166,6 +166,7 @@ def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> int:
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
                           f"{state['path']}; resume with run.steps={step} or more")
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
+    prune_after(run_dir, step)   # audit records of the steps after the checkpoint are re-run
     logger.info("resumed %s at step %d", run_dir, step)
     return step
 
