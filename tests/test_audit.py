@@ -183,3 +183,12 @@ def test_every_builtin_rollout_passes_on_every_task(tiny_cfg, task, options, alg
         trainer.close()
     assert metrics["audit/violations"] == 0
     assert audit_run(cfg.run_dir).violations == []
+
+
+def test_a_resume_drops_the_records_after_its_checkpoint(tmp_path):
+    from accord.audit import prune_after, write_step
+
+    for step in (1, 2, 3):
+        write_step(tmp_path, step, [], {}, [])
+    prune_after(tmp_path, 2)
+    assert sorted(p.name for p in (tmp_path / "audit").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
