@@ -151,7 +151,7 @@ CASES = [
     ("letters", {}, {"name": "magrpo"}),
     ("letters", {}, {"name": "magrpo", "joint_mode": "cross"}),
     ("letters", {}, {"name": "magrpo", "credit": "counterfactual"}),
-    ("writing", {"source": "builtin"}, {"name": "magrpo"}),
+    ("writing", {"source": "offline"}, {"name": "magrpo"}),
     ("humaneval", {}, {"name": "magrpo"}),
     ("humaneval", {"multi_turn": True}, {"name": "magrpo"}),
     ("relay", {}, {"name": "magrpo"}),
@@ -174,7 +174,8 @@ CASES = [
 def test_every_builtin_rollout_passes_on_every_task(tiny_cfg, task, options, algorithm):
     cfg = config_from_dict(tiny_cfg(task={"name": task, "options": options, "eval_size": 0},
                                     algorithm={"num_generations": 2, **algorithm},
-                                    rollout={"batch_size": 1, "max_new_tokens": 8, "max_turns": 2},
+                                    rollout={"batch_size": 1, "max_new_tokens": 8, "max_turns": 2,
+                                             "max_prompt_tokens": 4096, "history_turns": 0},
                                     training={"audit": "strict"}, run={"steps": 1}))
     trainer = Trainer(cfg)
     try:
