@@ -187,9 +187,9 @@ class AlgorithmConfig:
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
     credit: str = _f("team", "MAGRPO's per-agent return: 'team' (every agent gets the team return) or "
                      "'counterfactual' (each agent's Shapley credit: the team reward's change when its action is "
-                     "swapped for its siblings' with the others fixed; costs reward calls or environment replays, never "
-                     "generation: K per joint action for two agents, 1 + (2^(N-1) - 1)(K - 1) for N; aligned joint "
-                     "actions; see docs/credit.md).")
+                     "swapped for its siblings' with the others fixed; costs reward calls or environment replays, "
+                     "never generation: K per joint action for two agents, 1 + (2^(N-1) - 1)(K - 1) for N; aligned "
+                     "joint actions; see docs/credit.md).")
     credit_orderings: int = _f(8, "credit=counterfactual with N >= 3 agents: agent orderings of the sampled Shapley "
                                "value (all N! orderings, i.e. the exact value, when N! is at most this).")
 

@@ -36,7 +36,6 @@ supported (their adapters share one base).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import random
@@ -110,7 +109,8 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
         raise ConfigError(f"--samples={samples} must be >= 0")
     loaded = [_load_run(p, list(overrides)) for p in paths]
     cfg0 = loaded[0][0]
-    temperature = temperature if temperature is not None else (cfg0.rollout.eval_temperature or cfg0.rollout.temperature)
+    if temperature is None:
+        temperature = cfg0.rollout.eval_temperature or cfg0.rollout.temperature
     if not math.isfinite(temperature) or temperature <= 0:
         raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")
     for p, (cfg, _) in zip(paths[1:], loaded[1:]):

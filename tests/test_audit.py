@@ -13,7 +13,7 @@ from accord.config import ConfigError, config_from_dict
 from accord.envs.registry import register_task
 from accord.envs.synthetic.relay import RelayEnv
 from accord.rollout.magrpo import JointRollout
-from accord.rollout.multiturn import ATGRPORollout, TreeRollout
+from accord.rollout.multiturn import ATGRPORollout
 from accord.trainer import Trainer
 
 

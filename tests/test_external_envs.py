@@ -172,7 +172,8 @@ def _tiny(tmp_path, task, algorithm, **extra):
 @pytest.mark.slow
 def test_train_tictactoe_cli_two_steps(tmp_path):
     out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "task.name=pettingzoo:tictactoe_v3",
-                          "policies.main.model=tiny-qwen2", "policies.main.model_kwargs={hidden_size: 64, num_layers: 2}",
+                          "policies.main.model=tiny-qwen2",
+                          "policies.main.model_kwargs={hidden_size: 64, num_layers: 2}",
                           "algorithm.name=atgrpo", "algorithm.num_generations=2", "rollout.batch_size=2",
                           "rollout.max_new_tokens=6", "rollout.max_turns=2", "run.steps=2", "run.threads=2",
                           "run.eval_before=false", "run.eval_after=false", "task.eval_size=0",

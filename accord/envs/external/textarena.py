@@ -123,8 +123,9 @@ class TextArenaEnv(ReplayEnv):
             info.update(illegal=f"player_{mover}", success=False)
             return {f"player_{mover}": self.illegal_reward}, True, info
         if nxt != (mover + 1) % self.num_players:
-            raise TaskError(f"{self.name}: player {nxt} acts after player {mover}, but accord's turn-based environments "
-                            f"act in the fixed order {list(self.agents)}; this game's turn order does not rotate")
+            raise TaskError(f"{self.name}: player {nxt} acts after player {mover}, but accord's turn-based "
+                            f"environments act in the fixed order {list(self.agents)}; this game's turn order does "
+                            "not rotate")
         return {}, False, info
 
 
