@@ -129,8 +129,9 @@ class ReplayEnv:
                 agent = next(a for a in self.agents if twin._obs.get(a) != self._obs.get(a))
                 raise ReplayError(f"{self.name} cannot be cloned by seed + action replay: replaying "
                                   f"{len(self._actions)} action(s) from seed {self._seed} gave agent {agent!r} "
-                                  "another observation (the environment draws randomness that reset(seed=...) does not fix); make it "
-                                  "deterministic given its seed, or wrap it in an accord environment with its own "
+                                  "another observation (the environment draws randomness that reset(seed=...) "
+                                  "does not fix); make it deterministic given its seed, or wrap it in an accord "
+                                  "environment with its own "
                                   "clone()")
         return twin
 
