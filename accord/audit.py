@@ -133,10 +133,12 @@ class AuditRecorder:
     """What a rollout scored during one step (see the module docstring); :meth:`take` empties it."""
 
     scored: dict[str, dict] = field(default_factory=dict)
+    prefix: str = ""   # set by the trainer for a dynamic-sampling round after the first (its keys start over)
 
     def score(self, key: str, texts: dict[str, str], states: dict[str, str], reward: float) -> None:
         """Record one scored unit: each agent's text as passed to the reward or step, the state each was
         scored on, and the reward."""
+        key = self.prefix + key
         if key in self.scored:
             raise RuntimeError(f"audit key {key!r} recorded twice in one step (a rollout bug)")
         self.scored[key] = {"texts": {a: text_hash(t) for a, t in texts.items()}, "states": dict(states),

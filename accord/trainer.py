@@ -153,7 +153,18 @@ class Trainer:
             rounds += 1
             more_rows = extra_rows(self.train_rows, {row.get("id") for row in rows}, r.batch_size, self.cfg.run.seed,
                                    step, rounds)
-            more = self._collect(step, more_rows, acc, phase)
+            recorder = self.run.rollout.recorder
+            if recorder is not None:   # this round's audit keys start over: keep them apart from earlier rounds'
+                recorder.prefix = f"r{rounds}:"
+            try:
+                more = self._collect(step, more_rows, acc, phase)
+            finally:
+                if recorder is not None:
+                    recorder.prefix = ""
+            if recorder is not None:
+                for s in more:
+                    if "audit_keys" in s.extra:
+                        s.extra["audit_keys"] = [f"r{rounds}:{k}" for k in s.extra["audit_keys"]]
             joints = [s.extra["joint"] for s in samples if s.extra.get("joint") is not None]
             renumber(more, max(s.group for s in samples) + 1, len(rows), max(joints, default=-1) + 1)
             samples, rows = samples + more, rows + more_rows

@@ -193,3 +193,19 @@ def test_a_resume_drops_the_records_after_its_checkpoint(tmp_path):
         write_step(tmp_path, step, [], {}, [])
     prune_after(tmp_path, 2)
     assert sorted(p.name for p in (tmp_path / "audit").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
+
+
+@pytest.mark.parametrize("task,algorithm", [("letters", "magrpo"), ("relay", "atgrpo")])
+def test_dynamic_sampling_rounds_keep_their_audit_records_apart(tiny_cfg, task, algorithm):
+    """rollout.drop_flat_groups rolls out more rounds in a step; each round's scored units are its own (their keys
+    started over and collided before), and the kept samples still match what was scored."""
+    cfg = config_from_dict(tiny_cfg(run={"steps": 2}, task={"name": task}, algorithm={"name": algorithm},
+                                    rollout={"max_new_tokens": 1, "temperature": 0.01, "drop_flat_groups": True},
+                                    training={"audit": "strict"}))
+    trainer = Trainer(cfg)
+    try:
+        rounds = [trainer.train_step(step)[0]["rollout/extra_rounds"] for step in range(2)]
+    finally:
+        trainer.close()
+    assert max(rounds) >= 1   # near-greedy one-token answers make flat groups, so extra rounds ran
+    assert audit_run(cfg.run_dir).violations == []
