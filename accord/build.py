@@ -25,6 +25,7 @@ import torch
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
+from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
@@ -220,6 +221,7 @@ def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> dict | N
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
                           f"{state['path']}; resume with run.steps={step} or more")
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
+    prune_after(run_dir, step)   # audit records of the steps after the checkpoint are re-run
     logger.info("resumed %s at step %d", run_dir, step)
     return state
 
@@ -240,6 +242,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     agent_policy = {a.name: a.policy for a in cfg.agents}
     make_env_fn = functools.partial(build_env, cfg)
     rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+    if cfg.training.audit != "off":
+        rollout.recorder = AuditRecorder()
     train_rows, eval_rows = split_data(cfg, env)
     policies, backend = build_policies(cfg, per_policy)
     run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies,

@@ -1,4 +1,4 @@
-"""Command line: ``accord train | sft | compare | plan | eval | report | export | envs``.
+"""Command line: ``accord train | sft | compare | plan | eval | report | audit | export | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
@@ -9,7 +9,9 @@
     accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
     accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
+    accord eval --crossplay runs/seed0 runs/seed1        # each role with base / own / other seed's partners
     accord report runs/writing-tldr
+    accord audit runs/writing-tldr                       # rollout integrity: exit 1 on a violation
     accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
 """
@@ -35,10 +37,12 @@ _USER_ERRORS = {
     "accord.config": ("ConfigError",),
     "accord.checkpoint": ("CheckpointError",),
     "accord.envs.registry": ("TaskError",),
+    "accord.envs.external.base": ("ReplayError", "TextObservationError"),
     "accord.envs.check": ("EnvCheckError",),
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
+    "accord.audit": ("AuditError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
@@ -121,6 +125,16 @@ def _log_held_out(run_dir: Path, temperature: float) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if args.crossplay is not None:
+        from accord.crossplay import run_crossplay
+
+        runs = ([args.target] if args.target else []) + list(args.crossplay)
+        out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out)
+        sys.stdout.write((out / "crossplay.md").read_text())
+        sys.stdout.write(f"\n{out / 'crossplay.json'}\n")
+        return 0
+    if args.target is None:
+        raise ConfigError("accord eval needs a CONFIG.yaml or RUN_DIR (or --crossplay RUN_DIR [RUN_DIR ...])")
     from accord.evaluate import run_eval
 
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
@@ -155,6 +169,14 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    from accord.audit import audit_run, format_run_audit
+
+    result = audit_run(args.run_dir)
+    sys.stdout.write(format_run_audit(Path(args.run_dir), result))
+    return 1 if result.violations else 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from accord.export import export_run
 
@@ -175,7 +197,10 @@ def _envs(args: argparse.Namespace) -> int:
 
         for name in args.check:
             task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
-            check_env(lambda: make_env(name))  # a single-turn task is checked as a one-turn environment
+            # a single-turn task is checked as a one-turn environment; adapters of other libraries' games offer
+            # example moves (legal ones, so that the checker gets past the first turn)
+            examples = getattr(make_env(name), "example_actions", ())
+            check_env(lambda: make_env(name), actions=examples)
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}
@@ -192,7 +217,9 @@ def _envs(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
     for name, err in sorted(failed.items()):
         sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
-    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
+    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n"
+                     "other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
+                     "(pip install 'accord[envs]'; see docs/pettingzoo.md)\n")
     return 0
 
 
@@ -271,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, help="with --gpu-memory-gb: how many such GPUs (default 8)")
     p.set_defaults(func=_plan)
     p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
-    p.add_argument("target", help="CONFIG.yaml or RUN_DIR")
+    p.add_argument("target", nargs="?", help="CONFIG.yaml or RUN_DIR")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides (e.g. task.eval_size=50)")
     p.add_argument("--samples", type=int, default=4, help="sampled completions per instance (0: greedy only)")
     p.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values (each <= --samples)")
@@ -282,11 +309,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")
+    p.add_argument("--crossplay", nargs="+", metavar="RUN_DIR", help="cross-play of trained runs (other seeds of one "
+                   "config): each role's policy with the base, its own and the other runs' partners, roles swapped, "
+                   "and the co-adaptation gap with 95%% intervals; writes RUN_DIR/crossplay (see docs/crossplay.md)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
     p.set_defaults(func=_report)
+    p = sub.add_parser("audit", help="check a run's recorded rollouts (training.audit): one prompt per group where the "
+                       "method says so, the state stepped is the one in the prompt, each reward belongs to its sample; "
+                       "exit 1 on a violation")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_audit)
     p = sub.add_parser("export", help="write a checkpoint as one Hugging Face model directory per policy "
                        "(a PEFT adapter per policy, plus the base, under specialization=lora)")
     p.add_argument("run_dir")

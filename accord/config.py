@@ -262,11 +262,33 @@ class AlgorithmConfig:
                          "drawn from identical prompt tokens; in turn-based MAGRPO trees a later agent's K samples "
                          "at a node come from K different states, which 'group' pools and 'prompt' separates).")
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
+    credit: str = _f("team", "MAGRPO's per-agent return: 'team' (every agent gets the team return) or "
+                     "'counterfactual' (each agent's Shapley credit: the team reward's change when its action is "
+                     "swapped for its siblings' with the others fixed; costs reward calls or environment replays, "
+                     "never generation: K per joint action for two agents, 1 + (2^(N-1) - 1)(K - 1) for N; aligned "
+                     "joint actions; see docs/credit.md).")
+    credit_orderings: int = _f(8, "credit=counterfactual with N >= 3 agents: agent orderings of the sampled Shapley "
+                               "value (all N! orderings, i.e. the exact value, when N! is at most this).")
 
     def __post_init__(self) -> None:
         _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
         _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
+        _choice("algorithm", "credit", self.credit, ("team", "counterfactual"))
+        _positive("algorithm", "credit_orderings", self.credit_orderings)
+        if self.credit == "counterfactual":
+            if self.name == "atgrpo":
+                raise ConfigError("algorithm.credit=counterfactual is MAGRPO's: AT-GRPO's groups already compare one "
+                                  "agent's K candidates from one state with the others' actions fixed; set "
+                                  "algorithm.credit=team or algorithm.name=magrpo")
+            if self.joint_mode == "cross":
+                raise ConfigError("algorithm.credit=counterfactual works on aligned joint actions; cross mode already "
+                                  "credits each sample with its mean over all partners: set algorithm.joint_mode="
+                                  "aligned or algorithm.credit=team")
+            if self.baseline in ("independent", "centralized", "single_agent"):
+                raise ConfigError(f"algorithm.credit=counterfactual splits a team reward among agents; "
+                                  f"algorithm.baseline={self.baseline} has no team reward to split among several "
+                                  "agents: set algorithm.credit=team")
         _choice("algorithm", "group_std", self.group_std, ("population", "sample"))
         if self.group_std != "population" and not self.normalize_std:
             raise ConfigError(f"algorithm.group_std={self.group_std} only matters with algorithm.normalize_std=true; "
@@ -398,6 +420,10 @@ class TrainingConfig:
                                         "completion length) so that each holds at most this many padded "
                                         "prompt+completion tokens (a longer sequence runs alone); replaces "
                                         "micro_batch_size. null: micro_batch_size sequences each.")
+    audit: str = _f("record", "Rollout integrity audit (docs/audit.md): 'record' writes RUN_DIR/audit/step_N.jsonl "
+                    "(prompt-token hashes, the state each action was scored on, the scored texts and rewards) for "
+                    "`accord audit RUN_DIR`; 'strict' also checks every step and stops on the first violation; "
+                    "'off' records nothing.")
     fsdp: bool = _f(False, "Shard each policy's parameters, gradients and AdamW state across its data-parallel "
                     "ranks (torch FSDP2 fully_shard per decoder layer, gloo on CPU, NCCL on CUDA): every policy "
                     "needs replicas >= 2; not with specialization=lora or generation_backend=vllm. Generation and "
@@ -411,6 +437,7 @@ class TrainingConfig:
             raise ConfigError(f"training.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
         self.betas = tuple(float(b) for b in self.betas)
         _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
+        _choice("training", "audit", self.audit, ("off", "record", "strict"))
         _positive("training", "warmup_steps", self.warmup_steps, 0)
         if self.bf16 not in (True, False, "auto"):
             raise ConfigError(f"training.bf16={self.bf16!r} must be true, false or auto")

@@ -9,7 +9,8 @@ timed into ``time/<phase>``:
    built, aligned or cross, and scored in one team-reward call); multi-turn environments ``rollout`` (a
    MAGRPO tree or AT-GRPO's turn-wise candidates; generation batched per policy at every level); with
    ``rollout.drop_flat_groups`` groups without reward spread are dropped and more rounds rolled out
-   (:mod:`accord.rollout.dynamic`; a phase's time is summed over the rounds);
+   (:mod:`accord.rollout.dynamic`; a phase's time is summed over the rounds); then ``audit``
+   (``training.audit``: the step's groups recorded and, strict, checked; :mod:`accord.audit`);
 2. overlong shaping (:mod:`accord.algorithms.shaping`), ``kl`` (with a k1 KL penalty on the reward) and
    ``adv``: group-relative advantages over the group ids the rollout assigned (or per agent, or per
    prompt), each agent with its own estimator where ``agents[].advantage`` names one;
@@ -41,6 +42,7 @@ from accord.algorithms.advantages import group_advantages
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.algorithms.schedule import AlternationSchedule
 from accord.algorithms.shaping import overlong_penalty
+from accord.audit import audit_step
 from accord.build import Run, build_run
 from accord.callbacks import check_callbacks
 from accord.checkpoint import commit_checkpoint, write_checkpoint
@@ -151,7 +153,18 @@ class Trainer:
             rounds += 1
             more_rows = extra_rows(self.train_rows, {row.get("id") for row in rows}, r.batch_size, self.cfg.run.seed,
                                    step, rounds)
-            more = self._collect(step, more_rows, acc, phase)
+            recorder = self.run.rollout.recorder
+            if recorder is not None:   # this round's audit keys start over: keep them apart from earlier rounds'
+                recorder.prefix = f"r{rounds}:"
+            try:
+                more = self._collect(step, more_rows, acc, phase)
+            finally:
+                if recorder is not None:
+                    recorder.prefix = ""
+            if recorder is not None:
+                for s in more:
+                    if "audit_keys" in s.extra:
+                        s.extra["audit_keys"] = [f"r{rounds}:{k}" for k in s.extra["audit_keys"]]
             joints = [s.extra["joint"] for s in samples if s.extra.get("joint") is not None]
             renumber(more, max(s.group for s in samples) + 1, len(rows), max(joints, default=-1) + 1)
             samples, rows = samples + more, rows + more_rows
@@ -180,6 +193,9 @@ class Trainer:
         self.run.generate.tokens = 0
         per_step_peak = reset_peak_memory()
         samples, rows = self.rollout(step, rows, acc, times)
+        if self.run.rollout.recorder is not None:
+            with self._phase(times, "audit"):   # training.audit: records (and, strict, checks) the step's groups
+                audit_step(self.run, step + 1, samples, rows, acc)
         if algo.overlong.window:
             self._overlong(samples, acc)
         if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:

@@ -23,7 +23,8 @@ def test_tiny_end_to_end(tmp_path):
     out = tmp_path / "cmp"
     cmd = [sys.executable, str(SCRIPT), "--model", "tiny-qwen2", "--hidden-size", "32", "--num-layers", "1",
            "--wall-frac", "0.1", "--seeds", "0", "--methods", "atgrpo_shared", "atgrpo_roles", "grpo",
-           "--eval-size", "2", "--budget", "3000", "--sft-steps", "2", "--sft-instances", "6", "--sft-eval-size", "2",
+           "--eval-size", "2", "--budget", "3000", "--batch-size", "1", "--k", "2", "--sft-steps", "2",
+           "--sft-instances", "6", "--sft-eval-size", "2",
            "--threads", "1", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -34,7 +35,7 @@ def test_tiny_end_to_end(tmp_path):
     warm = tmp_path / "cmp-warm" / "warm-0"
     assert json.loads((warm / "config.json").read_text())["hidden_size"] == 32
     starts = json.loads((tmp_path / "cmp-warm" / "warm_starts.json").read_text())
-    assert starts["0"]["by_agent"].keys() == {"executor", "planner", "solver"}   # both layouts' demonstrations
+    assert starts["0"]["by_agent"].keys() == {"executor", "planner", "solver", "central"}   # every layout's demonstrations
     for r in data["runs"]:
         assert r["warm_start"] == str(warm) and r["train_tokens"] >= 3000
     # per-role policies load the same warm start: greedy decoding from it plays the same episodes as one model

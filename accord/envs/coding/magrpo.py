@@ -351,6 +351,18 @@ def feedback(agent: str, mode: str, c: PairCheck, run: CodeRun | None, examples:
     return "\n".join(c.messages[agent] + _example_lines(examples, example_run))
 
 
+class _ExamplePlans:
+    """The plans of the statements' examples, by problem, shared by an environment and its clones: pure results
+    of the statement, so the rollout audit (:func:`accord.audit.state_fingerprint`) does not count them as
+    episode state (a sibling that plans them first does not make two equal states look different)."""
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple, TestPlan | None] = {}
+
+    def fingerprint(self) -> str:
+        return "ExamplePlans"
+
+
 def statement_examples(problem: dict[str, Any], cache: TestCache) -> TestPlan | None:
     """The plan of the problem statement's examples (:func:`~accord.envs.coding.common.docstring_examples`)
     that its canonical solution passes (all of them when it has none: HumanEval/47's and /148's own
@@ -517,7 +529,7 @@ class HelperMainEnv:
         self.max_turns, self.feedback = max_turns, feedback
         self.name = "humaneval-mt" if dataset == "humaneval" else f"humaneval-{dataset}-mt"
         self.cache = cache if cache is not None else TestCache(SandboxConfig(timeout_s=timeout_s))
-        self._examples: dict[tuple, TestPlan | None] = {}  # per problem; shared with clones (pure results)
+        self._examples = _ExamplePlans()  # per problem; shared with clones (pure results)
         self._problem: dict[str, Any] | None = None
         self._turn = 0
         self._done = False
@@ -592,9 +604,10 @@ class HelperMainEnv:
 
     def _examples_of(self, problem: dict[str, Any]) -> TestPlan | None:
         key = tuple(problem.get(k) or "" for k in ("prompt", "entry_point", "canonical"))
-        if key not in self._examples:
-            self._examples[key] = statement_examples(problem, self.cache)
-        return self._examples[key]
+        plans = self._examples.plans
+        if key not in plans:
+            plans[key] = statement_examples(problem, self.cache)
+        return plans[key]
 
     def clone(self) -> HelperMainEnv:
         """An independent copy of the episode state; the result cache (pure results) is shared."""
