@@ -381,8 +381,9 @@ class GpuNeed:
     total: float
     update: dict[str, float]
     generation: dict[str, float]
-    engine_share: float = 0.0   # rollout.vllm_gpu_memory_utilization where the engine is resident
-    asleep: bool = False        # the engine sleeps during the update
+    engine_share: float = 0.0   # rollout.vllm_gpu_memory_utilization x engines, where engines are resident
+    asleep: bool = False        # the engine sleeps during its policy's update
+    engines: int = 1            # engines on this GPU (Ray actors sharing it); the others stay awake in an update
 
 
 def plan_sleep(cfg: Config) -> bool:
@@ -398,14 +399,16 @@ def engine_processes() -> int:
     return int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip() not in ("0", "false", "False"))
 
 
-def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1) -> GpuNeed:
+def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1, engines: int = 1) -> GpuNeed:
     """The memory of one GPU holding the learners ``pls`` (their static parts, the largest transient part),
-    ``processes`` CUDA contexts, fragmentation and, with ``vllm``, the colocated engine: its share u of the
-    GPU is resident while generating, and during the update too unless it sleeps. With sleep mode the GPU
-    needs max(update, generation / (1 - u)); without, update / (1 - u) (the share is a fraction of the GPU,
-    so the smallest GPU that holds the rest beside it is the rest over 1 - u)."""
+    ``processes`` CUDA contexts, fragmentation and, with ``vllm``, ``engines`` colocated engines (Ray actors
+    sharing the GPU have one each): each one's share u of the GPU is resident while generating, and during
+    an update too unless it sleeps; an engine sleeps only for its own policy's update, so the others' stay
+    resident then. With sleep mode the GPU needs max(update / (1 - (n - 1)u), generation / (1 - nu)) for n
+    engines; without, update / (1 - nu) (the shares are fractions of the GPU, so the smallest GPU that
+    holds the rest beside them is the rest over what they leave)."""
     static = sum(p.static for p in pls)
-    context = CUDA_CONTEXT_GIB * GIB * (processes + (engine_processes() if vllm else 0))
+    context = CUDA_CONTEXT_GIB * GIB * (processes + (engines * engine_processes() if vllm else 0))
     graphs = VLLM_CUDA_GRAPH_GIB * GIB if vllm and not cfg.rollout.vllm_kwargs.get("enforce_eager") else 0.0
     if vllm:   # generation runs in the engine; the learner's own generate calls are not made
         learner_update = static + max(p.grads + p.activations for p in pls)
@@ -416,14 +419,18 @@ def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1)
     generation = {"learner": learner_gen, "fragmentation": FRAGMENTATION * learner_gen, "CUDA context": context}
     if not vllm:
         return GpuNeed(sum(update.values()), update, generation)
-    update["vLLM CUDA graphs"] = generation["vLLM CUDA graphs"] = graphs
-    u = cfg.rollout.vllm_gpu_memory_utilization
+    update["vLLM CUDA graphs"] = generation["vLLM CUDA graphs"] = graphs * engines
+    u = cfg.rollout.vllm_gpu_memory_utilization * engines
     asleep = plan_sleep(cfg)
     rest = 1.0 - u
-    if rest <= 0:   # the engine takes the whole GPU: nothing is left for the learner
-        return GpuNeed(math.inf, update, generation, u, asleep)
-    total = max(sum(update.values()), sum(generation.values()) / rest) if asleep else sum(update.values()) / rest
-    return GpuNeed(total, update, generation, u, asleep)
+    if rest <= 0:   # the engines take the whole GPU: nothing is left for the learners
+        return GpuNeed(math.inf, update, generation, u, asleep, engines)
+    if asleep:   # during one policy's update the other engines on this GPU are awake
+        awake = 1.0 - u * (engines - 1) / engines
+        total = max(sum(update.values()) / awake, sum(generation.values()) / rest)
+    else:
+        total = sum(update.values()) / rest
+    return GpuNeed(total, update, generation, u, asleep, engines)
 
 
 def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict,
@@ -451,7 +458,10 @@ def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resourc
     vllm = getattr(cfg, "plan_vllm", cfg.rollout.generation_backend == "vllm")
     for dev, pls in need.items():
         if dev.startswith("cuda"):   # the CUDA context, fragmentation and a colocated engine: see gpu_need
-            gpu = gpu_need(cfg, pls, vllm)
+            # Ray: each actor on this GPU (a share of it) is a process with its own engine; otherwise one process
+            # per GPU with at most one engine (accord.devices.check_vllm_devices)
+            actors = len(pls) if cfg.run.backend == "ray" else 1
+            gpu = gpu_need(cfg, pls, vllm, processes=actors, engines=actors)
             total = gpu.total
             if details is not None:
                 details[dev] = gpu
@@ -465,18 +475,24 @@ def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resourc
 
 def describe_gpu(need: GpuNeed, have: float | None) -> str:
     """One line of a GPU's parts per phase (GiB), for :func:`format_plan`."""
-    def phase(parts: dict[str, float], engine: bool) -> str:
+    def phase(parts: dict[str, float], share: float, label: str) -> str:
         items = [f"{k} {v / GIB:.2f}" for k, v in parts.items() if v]
-        if engine:
-            items.append(f"engine {need.engine_share:g} of the GPU"
-                         + (f" = {need.engine_share * have / GIB:.2f}" if have is not None else ""))
+        if share:
+            items.append(f"{label} {share:g} of the GPU" + (f" = {share * have / GIB:.2f}" if have is not None else ""))
         return " + ".join(items)
 
     if not need.engine_share:
-        return f"update: {phase(need.update, False)}"
-    sleep = "engine asleep (rollout.vllm_sleep)" if need.asleep else "engine awake (rollout.vllm_sleep=off)"
-    return (f"update, {sleep}: {phase(need.update, not need.asleep)}; "
-            f"generation: {phase(need.generation, True)}")
+        return f"update: {phase(need.update, 0.0, '')}"
+    n = need.engines
+    engines = "engine" if n == 1 else f"{n} engines"
+    if need.asleep:
+        sleep = ("engine asleep (rollout.vllm_sleep)" if n == 1
+                 else "its engine asleep (rollout.vllm_sleep), the others awake")
+        awake = need.engine_share * (n - 1) / n
+    else:
+        sleep, awake = f"{engines} awake (rollout.vllm_sleep=off)", need.engine_share
+    return (f"update, {sleep}: {phase(need.update, awake, 'engines' if n > 1 else 'engine')}; "
+            f"generation: {phase(need.generation, need.engine_share, engines)}")
 
 
 def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:

@@ -76,3 +76,30 @@ def test_a_gpu_counts_the_context_fragmentation_and_a_colocated_engine(tiny_cfg)
     cfg.rollout.vllm_kwargs = {"enforce_eager": True}   # no CUDA graphs captured
     (_, eager, _), = fit(cfg, plan["plans"], gpus, plan["resources"])
     assert eager == pytest.approx(awake - VLLM_CUDA_GRAPH_GIB * GIB / 0.75)
+
+
+def test_ray_actors_sharing_a_gpu_each_count_a_context_and_an_engine(tiny_cfg):
+    """Two Ray actors on one GPU (ray.num_gpus_per_policy=0.5), each with a colocated engine: two CUDA contexts,
+    two CUDA-graph pools, both engines' shares while generating, and during one policy's update the other's
+    engine, which sleeps only for its own policy's update."""
+    from accord.plan import CUDA_CONTEXT_GIB, FRAGMENTATION, VLLM_CUDA_GRAPH_GIB, fit
+
+    pol = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}
+    cfg = config_from_dict(tiny_cfg(run={"device": "cuda", "backend": "ray"}, specialization="separate",
+                                    policies={"e": pol, "o": dict(pol)}, task={"name": "relay"},
+                                    algorithm={"name": "atgrpo"}, ray={"num_gpus_per_policy": 0.5},
+                                    agents=[{"name": "e", "policy": "e"}, {"name": "o", "policy": "o"}]))
+    cfg.rollout.generation_backend = "vllm"   # set after validation: vLLM is not installed here
+    cfg.rollout.vllm_gpu_memory_utilization = 0.25
+    plan = make_plan(cfg, prompt_tokens=200)
+    e, o = plan["plans"]
+    gpus = present_devices(gpu_memory_gb=1.0, gpus=1)
+    details = {}
+    (dev, need, _), = fit(cfg, plan["plans"], gpus, plan["resources"], details)
+    extra = 2 * (CUDA_CONTEXT_GIB + VLLM_CUDA_GRAPH_GIB) * GIB
+    static = e.static + o.static
+    update = (static + max(p.grads + p.activations for p in (e, o))) * (1 + FRAGMENTATION) + extra
+    generation = static * (1 + FRAGMENTATION) + extra
+    assert dev == "cuda:0" and need == pytest.approx(max(update / 0.75, generation / 0.5))
+    assert details[dev].engines == 2 and details[dev].engine_share == 0.5
+    assert "its engine asleep (rollout.vllm_sleep), the others awake" in format_plan(cfg, plan, gpus)

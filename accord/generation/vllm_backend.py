@@ -282,9 +282,9 @@ class VLLMGenerator:
         param = next(model.parameters())
         self.device = param.device
         if self.device.type == "cuda" and (self.device.index or 0) != 0:
-            raise ConfigError(f"policy {name!r} is on {self.device}, but vLLM starts its engine on the first GPU of the "
-                              "process (cuda:0); run one policy per GPU under run.backend=ray (each actor's GPU is its "
-                              "cuda:0), or put the policy on cuda:0")
+            raise ConfigError(f"policy {name!r} is on {self.device}, but vLLM starts its engine on the first GPU of "
+                              "the process (cuda:0); run one policy per GPU under run.backend=ray (each actor's GPU is "
+                              "its cuda:0), or put the policy on cuda:0")
         self.sleep_level = sleep_level(sleep, self.device, self.peft)
         self.asleep = False
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
