@@ -12,6 +12,7 @@ The :class:`~accord.trainer.Trainer` runs the loop over these parts; ``accord ev
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import logging
@@ -25,7 +26,8 @@ import torch
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import POLICY_LOSSES
-from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
+from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, prune_checkpoints,
+                               resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
@@ -57,13 +59,23 @@ class Run:
     run_dir: Path
     start_step: int = 0
     backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
+    releases: list = dataclasses.field(default_factory=list)   # of the run directory's lock (hold_run_dir)
 
     def close(self) -> None:
-        """Release the backend: Ray actors (and a local Ray cluster the run started) or data-parallel ranks;
-        no-op for policies in this process."""
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        """Release the backend (Ray actors and a local Ray cluster the run started, or data-parallel ranks; a
+        no-op for policies in this process) and the run directory's lock."""
+        try:
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+        finally:
+            while self.releases:
+                self.releases.pop()()
+
+
+class RunComplete(Exception):
+    """``--resume`` of a run whose newest checkpoint is already at ``run.steps``: there is nothing to train. The
+    message says so and how to extend the run; :func:`accord.trainer.train` logs it and returns."""
 
 
 def check_registered(cfg: Config) -> None:
@@ -153,48 +165,74 @@ def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, A
     return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> int:
-    """Load the latest checkpoint into ``policies``; the step to continue from (0 without one)."""
-    state = resume_checkpoint(run_dir, policies)
+def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False) -> Path | None:
+    """The checkpoint a resume will load (the newest that verifies; None: the run has none), checked against
+    ``run.steps`` before any model loads: a checkpoint past it is a :class:`ConfigError`, one at it a
+    :class:`RunComplete` (nothing to do)."""
+    ckpt = verified_checkpoint(run_dir, allow_unverified)
+    if ckpt is None:
+        return None
+    step = checkpoint_step(ckpt)
+    if step > cfg.run.steps:
+        raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint {ckpt}; resume with "
+                          f"run.steps={step} or more")
+    if step == cfg.run.steps:
+        raise RunComplete(f"{run_dir} already reached run.steps={step} (checkpoint {ckpt.name}): nothing to do; to "
+                          f"train it further pass a larger run.steps, e.g. `accord train --resume {run_dir} "
+                          f"run.steps={2 * step}`")
+    return ckpt
+
+
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], allow_unverified: bool = False,
+               verified: Path | None = None) -> int:
+    """Load the latest checkpoint into ``policies``; the step to continue from (0 without one). ``verified``: a
+    checkpoint :func:`resume_point` verified already (not hashed again)."""
+    state = resume_checkpoint(run_dir, policies, allow_unverified, verified=verified)
     if state is None:  # killed before its first checkpoint: the same seed replays it exactly
         logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
         discard_uncheckpointed(run_dir)
         return 0
     step = state["step"]
-    if step > cfg.run.steps:
-        raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
-                          f"{state['path']}; resume with run.steps={step} or more")
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
-    logger.info("resumed %s at step %d", run_dir, step)
+    logger.info("resumed %s at step %d of %d", run_dir, step, cfg.run.steps)
     return step
 
 
-def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, allow_unverified: bool = False) -> Run:
     """Every part of a run of ``cfg`` (see the module docstring); ``resume`` continues from the latest
-    checkpoint, ``overwrite`` deletes an earlier run in the same directory."""
+    checkpoint (``allow_unverified``: also one without a manifest), ``overwrite`` deletes an earlier run in the
+    same directory."""
     from accord.tracking.report_to import check_report_to
 
     check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
-    claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    env = build_env(cfg)
-    per_policy = check_run(cfg, env)
-    agents = tuple(a.name for a in cfg.agents)
-    agent_policy = {a.name: a.policy for a in cfg.agents}
-    make_env_fn = functools.partial(build_env, cfg)
-    rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
-    train_rows, eval_rows = split_data(cfg, env)
-    policies, backend = build_policies(cfg, per_policy)
-    run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies, AgentGenerator(policies, agent_policy),
-              train_rows, eval_rows, cfg.run_dir, backend=backend)
+    releases = [claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)]  # before the (slow) build: fail fast
+    run = None
     try:
+        verified = resume_point(cfg, cfg.run_dir, allow_unverified) if resume else None
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        seed_everything(cfg.run.seed)
+        env = build_env(cfg)
+        per_policy = check_run(cfg, env)
+        agents = tuple(a.name for a in cfg.agents)
+        agent_policy = {a.name: a.policy for a in cfg.agents}
+        make_env_fn = functools.partial(build_env, cfg)
+        rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+        train_rows, eval_rows = split_data(cfg, env)
+        policies, backend = build_policies(cfg, per_policy)
+        run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies,
+                  AgentGenerator(policies, agent_policy), train_rows, eval_rows, cfg.run_dir, backend=backend,
+                  releases=releases)
         if resume:
-            run.start_step = resume_run(cfg, run.run_dir, policies)
+            run.start_step = resume_run(cfg, run.run_dir, policies, allow_unverified, verified=verified)
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        releases.append(hold_run_dir(run.run_dir))   # held from here on, also where the directory is new
         save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
     except BaseException:
-        run.close()
+        if run is not None:
+            run.close()
+        else:
+            for release in releases:
+                release()
         raise
     return run

@@ -37,6 +37,7 @@ _USER_ERRORS = {
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
+    "accord.tracking.sinks": ("MetricsFileError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
@@ -48,9 +49,28 @@ def _user_errors() -> tuple[type, ...]:
 
 
 def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"disk full{where} ({err.strerror}); free space on that disk and run the command again"
     if isinstance(err, OSError) and err.strerror and err.filename:
         return f"{err.filename}: {err.strerror}; check the path and its permissions"
     return " ".join(str(err).split("\n")) or type(err).__name__
+
+
+def _version() -> str:
+    """accord's version and those of the packages a bug report needs, read without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from accord import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return (f"accord {__version__} ({installed('torch')}, {installed('transformers')}, "
+            f"Python {sys.version.split()[0]})")
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -71,6 +91,9 @@ def _train(args: argparse.Namespace) -> int:
         return serve_worker()
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it; pass only one of them")
+    if args.allow_unverified and not args.resume:
+        raise ConfigError("--allow-unverified lets --resume load a checkpoint without a manifest; a new run loads "
+                          "none: drop it, or pass --resume RUN_DIR")
     positional = list(args.args)
     config_path = None
     if positional and "=" not in positional[0]:
@@ -84,12 +107,43 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
     else:
         cfg = load_config(config_path, positional)
-    from accord.trainer import train  # after the config: a config error comes before torch is imported
+    try:
+        from accord.trainer import TrainingInterrupted, train  # after the config: config errors come before torch
 
-    run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+        run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite,
+                        allow_unverified=args.allow_unverified)
+    except TrainingInterrupted as stopped:  # the first Ctrl-C: the step finished and checkpointed
+        if args.debug:
+            raise
+        logger.warning("%s", stopped)
+        return 130
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        if args.debug:
+            raise
+        logger.warning("stopped at once by Ctrl-C; %s", _after_interrupt(cfg.run_dir))
+        return 130
+    except OSError as err:  # a full disk outside the training loop (the resolved config, the lock file)
+        from accord.checkpoint import disk_full_error
+
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise disk_full_error(cfg.run_dir, "setting up the run", err) from err
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    if "tensorboard" in cfg.logging.report_to and (run_dir / "tb").is_dir():
+        logger.info("curves as they are logged: tensorboard --logdir %s", run_dir / "tb")
     _log_held_out(run_dir, cfg.rollout.eval_temperature)
     return 0
+
+
+def _after_interrupt(run_dir: Path) -> str:
+    """How to go on after a run was stopped without a checkpoint of its last step."""
+    from accord.checkpoint import completed_step
+
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return f"the steps after its last checkpoint are lost; continue with `accord train --resume {run_dir}`"
+    if completed_step(run_dir):
+        return f"it has no checkpoint yet: `accord train --resume {run_dir}` starts it over from step 0"
+    return "nothing was saved; run the same command again to start over"
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -121,7 +175,8 @@ def _eval(args: argparse.Namespace) -> int:
     from accord.evaluate import run_eval
 
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
-                   compare_base=not args.no_base, out=args.out, pipeline=args.pipeline)
+                   compare_base=not args.no_base, out=args.out, pipeline=args.pipeline,
+                   allow_unverified=args.allow_unverified)
     sys.stdout.write((out / "eval.md").read_text())
     sys.stdout.write(f"\n{out / 'eval.json'}\n")
     return 0
@@ -138,7 +193,7 @@ def _report(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from accord.export import export_run
 
-    out = export_run(args.run_dir, step=args.step, out=args.out)
+    out = export_run(args.run_dir, step=args.step, out=args.out, allow_unverified=args.allow_unverified)
     sys.stdout.write(f"{out}\n")
     return 0
 
@@ -208,14 +263,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accord", description="Multi-agent RL for cooperating LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=_version(), help="show the versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
+    unverified = ("load a checkpoint that has no manifest.json (its files cannot be checked: deleted, or written by "
+                  "an older accord); without it such a checkpoint is skipped like a corrupted one")
     p = sub.add_parser("train", help="train agents", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="config keys:\n" + _config_help())
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint that "
                    "verifies (a run killed before its first checkpoint starts over)")
     p.add_argument("--overwrite", action="store_true", help="delete an earlier run in the run directory and start "
-                   "over (without it, training into a directory that holds a run is an error)")
+                   "over (without it, training into a directory that holds a run with a completed step is an error)")
+    p.add_argument("--allow-unverified", action="store_true", help="with --resume: " + unverified)
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_train)
     p = sub.add_parser("sft", help="warm start: fine-tune each policy on demonstrations (the task's oracle or "
@@ -244,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")
+    p.add_argument("--allow-unverified", action="store_true", help=unverified)
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
@@ -254,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
     p.add_argument("--out", help="output directory, must not exist (default RUN_DIR/export/step_NNNNNN)")
+    p.add_argument("--allow-unverified", action="store_true", help=unverified)
     p.set_defaults(func=_export)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
@@ -272,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         logger.error("%s", _one_line(err))
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        logger.warning("stopped by Ctrl-C")
+        return 130
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def _files(tmp: Path) -> None:
     (tmp / "bomb.yaml").write_text("task:\n  options:\n" + "".join(f"    {line}\n" for line in bomb))
     (tmp / "held" / "tiny").mkdir(parents=True)
     (tmp / "held" / "tiny" / "config.yaml").write_text("run: {name: tiny}\n")
-    (tmp / "held" / "tiny" / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp / "held" / "tiny" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')   # a completed step
 
 
 # (id, arguments, what the error line must contain: the key or file, the problem, the fix)
