@@ -33,6 +33,7 @@ from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.registry import import_modules, make_env
 from accord.envs.centralized import centralize
+from accord.envs.protocol import task_instances
 from accord.generation.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy, seed_everything
@@ -134,13 +135,19 @@ def check_run(cfg: Config, env) -> dict[str, int]:
 
 def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
     """Train and eval instances; errors for an empty training set or instances in both splits."""
-    train_rows = env.tasks("train", limit=cfg.task.train_size, seed=cfg.run.seed)
-    eval_rows = env.tasks("eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
+    train_rows = task_instances(env, "train", limit=cfg.task.train_size, seed=cfg.run.seed)
+    eval_rows = task_instances(env, "eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
     if not train_rows:
         raise ConfigError(f"task {cfg.task.name!r} has no training instances; check task.options and task.train_size")
-    overlap = {r.get("id") for r in train_rows} & {r.get("id") for r in eval_rows}
-    if overlap - {None}:
-        raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits")
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        bad = next((row for row in rows if not isinstance(row, dict)), None)
+        if bad is not None:
+            raise ConfigError(f"task {cfg.task.name!r}: its {split} instances must be dicts, got a "
+                              f"{type(bad).__name__} ({bad!r:.80}); return a list of dicts from rows() / tasks()")
+    overlap = {r["id"] for r in train_rows} & {r["id"] for r in eval_rows}
+    if overlap:
+        raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits "
+                          f"(e.g. id {sorted(overlap)[0]!r}); keep the splits disjoint")
     return train_rows, eval_rows
 
 

@@ -219,15 +219,23 @@ def _envs(args: argparse.Namespace) -> int:
             task_factory(name)
         except TaskError as err:
             failed[name] = str(err)
-    sys.stdout.write(f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION\n")
+    # the whole table is made before any of it is printed: a task that does not build is a row saying why,
+    # not an error halfway through the listing
+    rows = [f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION"]
     for name, (factory, description) in sorted(TASKS.items()):
         required = [p.name for p in inspect.signature(factory).parameters.values()
                     if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        kind, roles = _kind_and_roles(make_task(name)) if not required else (f"(needs options {required})", "-")
-        sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
-    for name, err in sorted(failed.items()):
-        sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
-    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
+        if required:
+            kind, roles = f"(needs options {required})", "-"
+        else:
+            try:
+                kind, roles = _kind_and_roles(make_task(name))
+            except TaskError as err:
+                kind, roles, description = "(does not build)", "-", str(err)
+        rows.append(f"{name:12s} {kind:34s} {roles:20s} {description}")
+    rows += [f"{name:12s} {'(does not load)':34s} {'-':20s} {err}" for name, err in sorted(failed.items())]
+    rows.append("(kind and roles with the default options; a task's options can change them, e.g. single_agent)")
+    sys.stdout.write("\n".join(rows) + "\n")
     return 0
 
 
@@ -236,10 +244,12 @@ def _kind_and_roles(task) -> tuple[str, str]:
     from accord.envs.protocol import is_env
 
     if is_env(task):
-        kind = f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns"
+        lacks = [a for a in ("simultaneous", "max_turns") if not hasattr(task, a)]
+        kind = (f"multi-turn (lacks {', '.join(lacks)}: see accord envs --check)" if lacks else
+                f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns")
     else:
         kind = "single-turn"
-    return kind, ", ".join(task.agents)
+    return kind, ", ".join(map(str, task.agents))
 
 
 def _plan(args: argparse.Namespace) -> int:
