@@ -2,19 +2,20 @@
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
-    accord train --resume runs/writing-tldr [run.steps=30]
+    accord train --resume runs/writing-pydoc [run.steps=30]
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
-    accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord eval runs/writing-pydoc --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
-    accord report runs/writing-tldr
-    accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
+    accord report runs/writing-pydoc
+    accord export runs/writing-pydoc [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import inspect
 import os
 import logging

@@ -74,7 +74,8 @@ def _run_name_problem(name: str) -> str | None:
 
 @dataclass
 class RunConfig:
-    name: str = _f("writing-tldr", "Run name, used for the run directory under output_dir.")
+    name: str = _f("writing-pydoc", "Run name, used for the run directory under output_dir (the default job's is "
+                   "named after its data: passages of Python's documentation, the writing task's offline corpus).")
     output_dir: str = _f("runs", "Parent directory of run directories.")
     run_dir: str | None = _f(None, "Exact run directory; default output_dir/name.")
     seed: int = _f(0, "One seed drives model init, data order, sampling and dropout.")
