@@ -172,10 +172,11 @@ def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, A
     return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
 
 
-def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False) -> Path | None:
+def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
+                 stop_if_finished: bool = False) -> Path | None:
     """The checkpoint a resume will load (the newest that verifies; None: the run has none), checked against
-    ``run.steps`` before any model loads: a checkpoint past it is a :class:`ConfigError`, one at it a
-    :class:`RunComplete` (nothing to do)."""
+    ``run.steps`` before any model loads: a checkpoint past it is a :class:`ConfigError`; one at it, with
+    ``stop_if_finished``, a :class:`RunComplete` (nothing to do)."""
     ckpt = verified_checkpoint(run_dir, allow_unverified)
     if ckpt is None:
         return None
@@ -183,7 +184,7 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False) -> 
     if step > cfg.run.steps:
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint {ckpt}; resume with "
                           f"run.steps={step} or more")
-    if step == cfg.run.steps:
+    if step == cfg.run.steps and stop_if_finished:
         raise RunComplete(f"{run_dir} already reached run.steps={step} (checkpoint {ckpt.name}): nothing to do; to "
                           f"train it further pass a larger run.steps, e.g. `accord train --resume {run_dir} "
                           f"run.steps={2 * step}`")
@@ -205,17 +206,19 @@ def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], allow_unver
     return step
 
 
-def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, allow_unverified: bool = False) -> Run:
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, allow_unverified: bool = False,
+              stop_if_finished: bool = False) -> Run:
     """Every part of a run of ``cfg`` (see the module docstring); ``resume`` continues from the latest
-    checkpoint (``allow_unverified``: also one without a manifest), ``overwrite`` deletes an earlier run in the
-    same directory."""
+    checkpoint (``allow_unverified``: also one without a manifest; ``stop_if_finished``: a checkpoint at
+    ``run.steps`` is a :class:`RunComplete` before any model loads, instead of a run with no step left),
+    ``overwrite`` deletes an earlier run in the same directory."""
     from accord.tracking.report_to import check_report_to
 
     check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
     releases = [claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)]  # before the (slow) build: fail fast
     run = None
     try:
-        verified = resume_point(cfg, cfg.run_dir, allow_unverified) if resume else None
+        verified = resume_point(cfg, cfg.run_dir, allow_unverified, stop_if_finished) if resume else None
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed)

@@ -135,10 +135,11 @@ class Trainer:
     """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None,
-                 allow_unverified: bool = False):
+                 allow_unverified: bool = False, stop_if_finished: bool = False):
         self.cfg = cfg
         self.callbacks = check_callbacks(callbacks)  # see accord.callbacks
-        self.run: Run = build_run(cfg, resume=resume, overwrite=overwrite, allow_unverified=allow_unverified)
+        self.run: Run = build_run(cfg, resume=resume, overwrite=overwrite, allow_unverified=allow_unverified,
+                                  stop_if_finished=stop_if_finished)
         run = self.run
         self.task, self.agents, self.agent_policy = run.env, run.agents, run.agent_policy
         self.policies, self.train_rows, self.eval_rows = run.policies, run.train_rows, run.eval_rows
@@ -384,10 +385,11 @@ def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, callbac
     """Build a trainer from a config, run it (calling ``callbacks``, see :mod:`accord.callbacks`), and return
     the run directory (``overwrite``: delete an earlier run in the same directory first; without it that is
     an error). ``resume`` of a run that already reached ``run.steps`` logs that there is nothing to do and how
-    to extend it, and returns; ``allow_unverified`` lets it load a checkpoint without a manifest."""
+    to extend it, and returns before any model loads (``Trainer(cfg, resume=True)`` loads such a run, with no
+    step left to train); ``allow_unverified`` lets it load a checkpoint without a manifest."""
     try:
         trainer = Trainer(cfg, resume=resume, overwrite=overwrite, callbacks=callbacks,
-                          allow_unverified=allow_unverified)
+                          allow_unverified=allow_unverified, stop_if_finished=True)
     except RunComplete as done:
         logger.warning("%s", done)
         return cfg.run_dir
