@@ -365,7 +365,10 @@ def test_a_checkpoint_without_its_manifest_is_not_loaded_unless_allowed(trained,
     assert f"resumed {run} at step 1 of 3" in res.stderr
     assert steps_of(run) == [0, 1, 2, 3]
 
-    run = _copy(trained, tmp_path / "b")
+
+@pytest.mark.slow
+def test_no_verifiable_checkpoint_is_one_line_naming_the_flag_that_loads_one(trained, tmp_path):
+    run = _copy(trained, tmp_path)
     for ckpt in (run / "checkpoints").iterdir():
         (ckpt / "manifest.json").unlink()
     refused = accord("train", "--resume", run, "run.steps=3", cwd=tmp_path)
@@ -377,7 +380,10 @@ def test_a_checkpoint_without_its_manifest_is_not_loaded_unless_allowed(trained,
     assert "has no manifest.json: loading it unverified (--allow-unverified)" in allowed.stderr
     assert f"resumed {run} at step 2 of 3" in allowed.stderr
 
-    run = _copy(trained, tmp_path / "c")
+
+@pytest.mark.slow
+def test_eval_skips_a_checkpoint_without_its_manifest_unless_allowed(trained, tmp_path):
+    run = _copy(trained, tmp_path)
     (run / "checkpoints" / "step_000002" / "manifest.json").unlink()
     ev = accord("eval", run, "--samples", "0", "--no-base", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr[-3000:]
