@@ -401,9 +401,9 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
     return state
 
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb", "audit")
 """What makes a directory hold a run (any one of them)."""
-_RUN_OUTPUTS = (*RUN_FILES, "eval_completions", "trackers.json", "report", "eval")
+_RUN_OUTPUTS = (*RUN_FILES, "eval_completions", "trackers.json", "report", "eval", "crossplay")
 """What a run writes: deleted by ``overwrite``, and when a run that never completed a step is started over."""
 LOCK_FILE = ".accord.lock"
 
@@ -526,7 +526,7 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
 
 def discard_uncheckpointed(run_dir: Path) -> None:
     """Resuming a run that has no checkpoint yet starts it over: its logs of steps never checkpointed go."""
-    for name in ("metrics.jsonl", "completions", "tb"):
+    for name in ("metrics.jsonl", "completions", "tb", "audit"):
         path = Path(run_dir) / name
         if path.is_dir():
             shutil.rmtree(path)
