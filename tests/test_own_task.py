@@ -318,7 +318,8 @@ def test_a_newcomers_task_trains_and_checks_and_a_broken_one_is_a_row_of_the_lis
     listed = run("envs", "--import", "newcomer", cwd=tmp_path)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     out = listed.stdout.splitlines()
-    assert out[0].startswith("NAME") and out[-1].startswith("(kind and roles")
+    assert out[0].startswith("NAME") and out[-2].startswith("(kind and roles")   # the whole table, then the notes
+    assert out[-1].startswith("other libraries' environments")
     assert any(line.startswith("letters ") for line in out) and any(line.startswith("writing ") for line in out)
     broken = next(line for line in out if line.startswith("broken "))
     assert "(does not build)" in broken and "RuntimeError: the data file is missing" in broken
