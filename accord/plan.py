@@ -100,15 +100,11 @@ def load_plan_config(path: str | None, overrides: list[str]) -> Config:
     still gives the engine its share of the GPU."""
     import importlib.util
 
-    import yaml
-
-    from accord.config import apply_override, config_from_dict
+    from accord.config import apply_override, config_from_dict, read_yaml
 
     data: dict = {}
     if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(Path(path))  # the checks of accord train: duplicate keys, alias bombs, encoding
     for item in overrides:
         apply_override(data, item)
     rollout = data.get("rollout") or {}

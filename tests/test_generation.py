@@ -6,6 +6,7 @@ from transformers import GenerationConfig
 
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.generation import generate
+from accord.models.common import cache_kwargs
 from accord.policies import Policy
 from accord.rollout.sample import Sample
 
@@ -190,7 +191,7 @@ def test_direct_decode_step_matches_the_model_forward(name):
             cache.layers = [_GrowingLayer(width + steps) for _ in cache.layers]
             with torch.no_grad():
                 model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
-                      past_key_values=cache, use_cache=True)
+                      **cache_kwargs(model, cache), use_cache=True)
             caches.append(cache)
         step = DecodeStep.build(model, width + steps)
         assert step is not None, name
@@ -202,7 +203,7 @@ def test_direct_decode_step_matches_the_model_forward(name):
                 position = position + 1
                 seen = attention[:, :width + t + 1] if padded else None
                 want = model(input_ids=tokens[t, :, None], attention_mask=seen, position_ids=position,
-                             past_key_values=caches[0], use_cache=True).logits[:, -1]
+                             **cache_kwargs(model, caches[0]), use_cache=True).logits[:, -1]
                 got = step(tokens[t], position, None if mask is None else mask[..., :width + t + 1], caches[1])
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, t, (got - want).abs().max())
         assert caches[1].layers[0].get_seq_length() == width + steps
@@ -302,3 +303,25 @@ def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypat
     assert torch.allclose(shared[0][mask], torch.tensor([x for s in samples for x in s.logprobs]), atol=1e-4)
     for a, b in zip(shared[3], full[3]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_decoding_and_the_update_forward_raise_no_deprecation_warning(arch):
+    """The KV cache is passed by the keyword the installed transformers names (``cache`` in 5.24, where
+    ``past_key_values`` warns on every forward): accord's own decoding loop, Hugging Face generate and the
+    update's shared-prompt forward run with FutureWarning and DeprecationWarning turned into errors."""
+    import warnings
+
+    pol = Policy("p", PolicyConfig(model=f"tiny-{arch}"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                 RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
+    prompts = [pol.encode_chat([{"role": "user", "content": text}]) for text in ("hello there", "hi")] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        gens = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=4, temperature=1.0,
+                        generator=torch.Generator().manual_seed(0))
+        samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids,
+                          logprobs=g.logprobs, finish_reason=g.finish_reason) for p, g in zip(prompts, gens)]
+        assert pol._can_share_prompts(pol.model)
+        with torch.no_grad():
+            pol._forward_completion(pol.model, samples, want_entropy=False)

@@ -43,6 +43,7 @@ except ImportError:  # pragma: no cover - older transformers: Hugging Face gener
 
 from accord.algorithms.losses import process_logits
 from accord.generation.fast_decode import DecodeStep
+from accord.models.common import cache_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     # per forward
     padded = not bool(attention[:, :width].all())
     logits = model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
-                   past_key_values=cache, use_cache=True, **_keep_last(model), **unique_args).logits[:, -1]
+                   **cache_kwargs(model, cache), use_cache=True, **_keep_last(model), **unique_args).logits[:, -1]
     if len(unique_rows) < len(prompts):  # K samples of one prompt: copy its prefilled cache K times
         expand = torch.tensor(index, device=device)
         for layer in cache.layers:
@@ -338,7 +339,8 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
             logits = step(token, position, None if mask is None else mask[..., :width + t + 1], cache)
         else:
             logits = model(input_ids=token[:, None], attention_mask=attention[:, :width + t + 1] if padded else None,
-                           position_ids=position, past_key_values=cache, use_cache=True, **row_args).logits[:, -1]
+                           position_ids=position, **cache_kwargs(model, cache), use_cache=True,
+                           **row_args).logits[:, -1]
     return tokens
 
 
