@@ -229,3 +229,16 @@ def test_handoff_bad_options_are_one_line_errors(options, match):
     with pytest.raises(TaskError, match=match) as info:
         make_env("handoff", options)
     assert "\n" not in str(info.value)
+
+
+def test_handoff_fixed_start_scores_the_first_from_the_cycle_start():
+    """start=fixed: the first must begin at the cycle's first letter; the second still continues what it wrote."""
+    env = make_env("handoff", {"letters": "ao", "start": "fixed"})
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "an", "on")
+    assert first.team_reward == 0.5 and second.team_reward == 0.5 and second.info["success"]
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "on", "an")   # consistent, but not from the start
+    assert first.team_reward == -0.5 and second.team_reward == 0.5 and not second.info["success"]
+    assert "from its first letter" in env.instructions("first")
+    task = make_task("handoff", {"letters": "ao", "start": "fixed", "single_turn": True})
+    assert task.reward(completions={"first": ["a", "o"], "second": ["o", "o"]}, agents=("first", "second")) == [1.0, -1.0]
+    check_env(lambda: make_env("handoff", {"start": "fixed"}), actions=["b", "g", "p"])

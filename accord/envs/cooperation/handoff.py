@@ -22,6 +22,11 @@ Where the path starts (``start``):
   first item. The second must continue whatever the first wrote: by reading it (turn-based form), or
   by a convention the two share (the first always starts at the same letter, the second always
   continues from there; the only way in the single-turn form).
+- ``"fixed"``: the path starts at the cycle's first letter (``letters[0]``, which every view's cycle
+  line shows first): the first's half is scored as a walk from there, the second's as the continuation
+  of what the first actually wrote. AT-GRPO rewards each agent by its own step's increment, so with a
+  free start its first agent gets no signal for the convention the second relies on; a fixed start gives
+  it one, and the pair's consistency is still what the second is scored on.
 - ``"given"`` (turn-based only): each instance has a start letter that only the first sees; the path
   begins at the letter after it. The second sees the first's text, never the start, so the
   information passes through the first's partial answer and no convention reaches the best reward.
@@ -79,9 +84,9 @@ class Handoff:
                  emphasis: int, echo: int, size: int):
         self.letters = check_letters("letters", letters, 2)
         self.length = check_number("length", length, 1, 8, integer=True)
-        if start not in ("given", "free"):
-            raise TaskError(f"task.options.start={start!r}: choose 'given' (only the first sees where the path "
-                            "starts) or 'free' (the first starts where it likes)")
+        if start not in ("given", "free", "fixed"):
+            raise TaskError(f"task.options.start={start!r}: choose 'free' (the first starts where it likes), 'fixed' "
+                            "(at the cycle's first letter) or 'given' (only the first sees where the path starts)")
         self.start = start
         self.first_weight = float(check_number("first_weight", first_weight, 0.0, 1.0))
         self.local_scale = float(check_number("local_scale", local_scale, 0.0))
@@ -90,7 +95,7 @@ class Handoff:
         self.size = check_number("size", size, 1, integer=True)
 
     def draw(self, number: int) -> dict[str, Any]:
-        if self.start == "free":
+        if self.start != "given":
             return {}
         return {"start": random.Random(f"handoff:{self.letters}:{number}").choice(self.letters)}
 
@@ -101,6 +106,8 @@ class Handoff:
         """The first half against the path from the given start (or from the first's own first item)."""
         if self.start == "given":   # the first stands at the start and walks on from it
             return walk(found, path(self.letters, row["start"], self.length + 1)[1:])
+        if self.start == "fixed":
+            return walk(found, path(self.letters, self.letters[0], self.length))
         begin = first_clean(found)
         if begin is None:   # free start and no clean item: no letter matches
             return walk(found, [""] * self.length)
@@ -133,10 +140,11 @@ class Handoff:
         return f"{head} First wrote: " + " | ".join([first_text[:SHOWN] or "-"] * self.echo)
 
     def instructions(self, agent: str) -> str:
+        where = " from its first letter" if self.start == "fixed" else ""
         if agent == SOLO:
-            return f"Write a path of {2 * self.length} letters around the cycle."
+            return f"Write a path of {2 * self.length} letters around the cycle{where}."
         if agent == FIRST:
-            return f"First: write the first {self.length} letter(s) of a path around the cycle."
+            return f"First: write the first {self.length} letter(s) of a path around the cycle{where}."
         return f"Second: continue the path for {self.length} letter(s) from where the first stopped."
 
 
