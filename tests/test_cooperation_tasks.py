@@ -240,5 +240,6 @@ def test_handoff_fixed_start_scores_the_first_from_the_cycle_start():
     assert first.team_reward == -0.5 and second.team_reward == 0.5 and not second.info["success"]
     assert "from its first letter" in env.instructions("first")
     task = make_task("handoff", {"letters": "ao", "start": "fixed", "single_turn": True})
-    assert task.reward(completions={"first": ["a", "o"], "second": ["o", "o"]}, agents=("first", "second")) == [1.0, -1.0]
+    both = {"first": ["a", "o"], "second": ["o", "o"]}
+    assert task.reward(completions=both, agents=("first", "second")) == [1.0, -1.0]
     check_env(lambda: make_env("handoff", {"start": "fixed"}), actions=["b", "g", "p"])

@@ -30,7 +30,7 @@ Where the path starts (``start``):
 - ``"given"`` (turn-based only): each instance has a start letter that only the first sees; the path
   begins at the letter after it. The second sees the first's text, never the start, so the
   information passes through the first's partial answer and no convention reaches the best reward.
-  It is the harder variant for a tiny model (docs/tasks-cooperation.md has the measurements).
+  It is the harder variant for a tiny model.
 
 ``single_turn: true`` is the simultaneous, one-turn form (a single-turn task, run by MAGRPO's joint
 rollout): the second cannot see the first's text, so the pair can only score by a convention; it
@@ -41,11 +41,12 @@ agent's ``walk`` of its own items against the walk that starts at its own first 
 ``length`` items stepping forward, from wherever?). They read neither the start nor the partner, so
 the second gets no signal for where to continue (docs/tasks-cooperation.md has the argument).
 
-Options: ``letters``, ``length`` (default 1), ``start``, ``first_weight`` (default 0.5), ``local_scale``,
+Options: ``letters``, ``length`` (default 1), ``start`` (``free``, ``fixed`` or ``given``),
+``first_weight`` (default 0.5), ``local_scale``,
 ``single_turn``, ``single_agent`` (one agent, ``solo``, writes the whole path: its first ``length``
 items are the first half), ``emphasis`` (how many times the first's view shows the given start,
 default 16) and ``echo`` (how many times the second's view shows the first's text, default 8): a tiny
-random model barely reacts to one token among forty, and repeating it is what lets it learn; ``size``
+random model barely reacts to one token among forty, so the views repeat it; ``size``
 (instances per split, default 1000).
 """
 
@@ -250,10 +251,11 @@ class HandoffTask:
         return [float(a == 1.0 and b == 1.0) for a, b in self._scores(completions, columns)]
 
 
-@register_task("handoff", "cooperation: the first writes half a letter path, the second continues from where it stopped")
+@register_task("handoff", "cooperation: the first writes half a letter path, the second continues from where it "
+               "stopped")
 def make_handoff(letters: str = "bgp", length: int = 1, start: str = "free", first_weight: float = 0.5,
-                 local_scale: float = 0.1, emphasis: int = 16, echo: int = 8, size: int = 1000, single_turn: bool = False,
-                 single_agent: bool = False):
+                 local_scale: float = 0.1, emphasis: int = 16, echo: int = 8, size: int = 1000,
+                 single_turn: bool = False, single_agent: bool = False):
     for key, value in (("single_turn", single_turn), ("single_agent", single_agent)):
         if not isinstance(value, bool):
             raise TaskError(f"task.options.{key}={value!r}: must be true or false")

@@ -20,7 +20,7 @@ Team reward (increments; the return lies in [-1, 1]):
 ``hint: 0, gate: false`` is the pure game, in which any code the two agree on works and only MAGRPO's
 returns reach the speaker. The gate keeps the listener's gradient free of the noise of guessing
 while messages still carry nothing; without it a tiny shared model collapses onto one output for
-both roles before the speaker learns (docs/tasks-cooperation.md has the measurements).
+both roles before the speaker learns.
 
 ``info["success"]``: the answer names the secret and no other candidate (lucky guesses included).
 
@@ -39,8 +39,8 @@ whose reply the listener reads in the next round; the hint is then a potential, 
 (vote(reply) - vote(previous speaker text))``, so the team return counts the vote of the last thing
 the speaker said and asking never inflates it), ``emphasis`` (how many times the speaker's view shows
 the secret, default 16) and ``echo`` (how many times the listener's view shows the latest message,
-default 8): a tiny random model barely reacts to one token among forty, and repeating it is what lets
-it learn within a minute (measured in docs/tasks-cooperation.md); ``local_scale`` (default 0.1),
+default 8): a tiny random model barely reacts to one token among forty, so the views repeat it;
+``local_scale`` (default 0.1),
 ``size`` (instances per split, default 1000) and ``single_agent``: one agent, ``solo``, sees the secret
 and names it (the single-agent baseline; its answer earns the whole team reward).
 
