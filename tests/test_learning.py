@@ -17,11 +17,14 @@ replaced by a constant, or group ids shuffled) is run by hand with a throwaway s
 docs/tasks-cooperation.md.
 """
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.slow   # each about 10 s of CPU (see the module docstring)
 
 from accord.config import config_from_dict
+from accord.tracking.sinks import completions_path
 from accord.trainer import Trainer
 
 EVAL = 128
@@ -36,7 +39,7 @@ def learn(tiny_cfg, steps: int, seed: int = 0, options: dict | None = None, **se
         algorithm={"num_generations": 4, "normalize_std": True},
         rollout={"batch_size": 16, "max_new_tokens": 1, "temperature": 1.0, "eval_temperature": 1.0},
         training={"lr": 0.05, "micro_batch_size": 128, "weight_decay": 0.0},
-        logging={"console": False, "tensorboard": False, "completions_every": 0},
+        logging={"console": False, "tensorboard": False, "completions_every": 1},
     )
     for key, value in sections.items():
         if isinstance(value, dict) and key != "policies":
@@ -49,7 +52,21 @@ def learn(tiny_cfg, steps: int, seed: int = 0, options: dict | None = None, **se
         after = trainer.train()
     finally:
         trainer.close()
+    # the first step's completions table (logging.completions_every=1 writes every step's): its returns still vary
+    rows = [json.loads(line) for line in completions_path(trainer.run_dir, 1).read_text().splitlines()]
+    assert_centred_within_groups(rows)
     return before, after
+
+
+def assert_centred_within_groups(table: list[dict]) -> None:
+    """Every advantage is relative to its own rollout group: they sum to 0 within each group. The learning bars
+    alone cannot catch shuffled group ids here: every handoff instance shows the same prompt, so any grouping of
+    an agent's samples estimates the same baseline (docs/tasks-cooperation.md, the mutation check). The first
+    step is checked: once a run has converged every group is flat and every advantage 0."""
+    sums: dict[int, float] = {}
+    for row in table:
+        sums[row["group"]] = sums.get(row["group"], 0.0) + row["advantage"]
+    assert len(sums) > 1 and all(abs(v) < 1e-4 for v in sums.values()), sums
 
 
 def two_policies(data_policy: dict) -> dict:
