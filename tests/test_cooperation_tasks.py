@@ -243,3 +243,27 @@ def test_handoff_fixed_start_scores_the_first_from_the_cycle_start():
     both = {"first": ["a", "o"], "second": ["o", "o"]}
     assert task.reward(completions=both, agents=("first", "second")) == [1.0, -1.0]
     check_env(lambda: make_env("handoff", {"start": "fixed"}), actions=["b", "g", "p"])
+
+
+@pytest.mark.parametrize("start", ["free", "fixed", "given"])
+def test_handoff_oracle_answers_score_and_noisy_ones_do_not(start):
+    """The oracle (accord sft's demonstrations): exact answers succeed, also as the centralized baseline's tagged
+    sections; a noisy answer has one letter wrong."""
+    from accord.envs.oracles import oracle_for
+
+    rng = random.Random(0)
+    env = make_env("handoff", {"start": start, "length": 2})
+    for row in env.tasks("train", limit=6):
+        env.reset(row)
+        oracle = oracle_for(env)
+        first = oracle(env, "first", row, rng, False)
+        env.step({"first": first})
+        done = env.step({"second": oracle(env, "second", row, rng, False)})
+        assert done.info["success"], (row, first)
+        env.reset(row)
+        noisy = oracle(env, "first", row, rng, True)
+        assert env.step({"first": noisy}).team_reward < 0.5
+    central = centralize(make_env("handoff", {"start": start}))
+    row = central.tasks("train", limit=1)[0]
+    central.reset(row)
+    assert central.step({"central": oracle_for(central)(central, "central", row, rng, False)}).info["success"]

@@ -113,3 +113,4 @@ def test_independent_learners_do_not_learn_the_partner_dependent_part(tiny_cfg, 
     local = {k: (before[k], after[k]) for k in after if k.endswith("/return") and k.startswith("eval/")}
     assert len(local) == 2 and all(a >= 0.08 for _, a in local.values()), local   # of 0.1: a clean letter each
     assert after["eval/team/reward"] < 0.55, after["eval/team/reward"]
+
