@@ -55,6 +55,7 @@ def check_device_setting(key: str, value: str | None) -> None:
 
 
 MAX_SEED = 2**31 - 1
+VLLM_SLEEP = ("auto", "off", 1, 2)  # rollout.vllm_sleep
 
 
 @dataclass
@@ -349,10 +350,21 @@ class RolloutConfig:
     generation_backend: str = _f("hf", "Generation backend: 'hf' (transformers generate) or 'vllm' (optional extra: "
                                  "pip install 'accord[vllm]'; same sampling semantics and stored log-probs, weights "
                                  "and LoRA adapters synced after each update; see accord/generation/vllm_backend.py).")
-    vllm_gpu_memory_utilization: float = _f(0.5, "generation_backend=vllm: fraction of GPU memory (on vLLM's CPU "
-                                            "backend: of RAM) the engine may use for weights and KV cache.")
-    vllm_kwargs: dict = _f(help="generation_backend=vllm: extra vllm.LLM arguments, e.g. {dtype: bfloat16, "
-                           "kv_cache_memory_bytes: 1073741824, enforce_eager: true}.", factory=dict)
+    vllm_gpu_memory_utilization: float = _f(0.5, "generation_backend=vllm: fraction of the device's memory (on vLLM's "
+                                            "CPU backend: of RAM) the engine may use for its weights, activations and "
+                                            "KV cache (recent vLLM counts its CUDA graphs in it too). The learner "
+                                            "shares the GPU: size it with `accord plan`, which adds the CUDA context, "
+                                            "vLLM's CUDA graphs and fragmentation.")
+    vllm_kwargs: dict = _f(help="generation_backend=vllm: extra vllm.LLM arguments, e.g. {dtype: float32, "
+                           "kv_cache_memory_bytes: 1073741824, enforce_eager: true}; they override accord's choices "
+                           "(dtype: bfloat16 on a CUDA device with bf16, else the learner's dtype).", factory=dict)
+    vllm_sleep: int | bool | str = _f("auto", "generation_backend=vllm on a GPU: vLLM's sleep mode frees the engine's "
+                               "memory while its policy updates and wakes it (weights first, then the KV cache) before "
+                               "the next generation. 1: weights kept in CPU memory, KV cache dropped; 2: both dropped, "
+                               "the weights pushed again from the learner on waking; 'off': the engine keeps its share "
+                               "of the GPU throughout; 'auto': 2 for full fine-tuning, 1 under specialization=lora "
+                               "(the frozen base is not pushed), on CUDA engines only (vLLM's CPU backend has no "
+                               "sleep mode).")
 
     def __post_init__(self) -> None:
         _positive("rollout", "batch_size", self.batch_size)
@@ -373,6 +385,11 @@ class RolloutConfig:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be "
                               "in (0, 1]")
+        if self.vllm_sleep is False:  # YAML reads a bare `off` as false
+            self.vllm_sleep = "off"
+        if self.vllm_sleep not in VLLM_SLEEP or isinstance(self.vllm_sleep, bool):
+            raise ConfigError(f"rollout.vllm_sleep={self.vllm_sleep!r} is not valid; choose one of {list(VLLM_SLEEP)} "
+                              "(auto: vLLM's sleep mode during updates on GPUs)")
         if self.generation_backend == "vllm":
             import importlib.util
             if importlib.util.find_spec("vllm") is None:

@@ -70,9 +70,43 @@ def policy_devices(cfg, names: list[str], *, cuda_count: int | None = None) -> d
         desc = ", ".join(f"{n}: {d}" for n, d in sorted(out.items()))
         raise ConfigError(f"specialization=lora keeps every adapter on one base model, but the policies resolve to "
                           f"different devices ({desc}); give them one device (run.device, and no per-policy device)")
+    check_vllm_devices(cfg, out)
     for n, d in out.items():
         logger.info("policy %s on %s", n, d)
     return out
+
+
+def check_vllm_devices(cfg, devices: dict[str, torch.device]) -> None:
+    """rollout.generation_backend=vllm in one process (local backend): every CUDA engine on cuda:0, at most one
+    of them, and sleep mode only for CUDA engines; refused before any model is loaded.
+
+    vLLM's in-process worker always uses the process's first GPU, so an engine for a policy on ``cuda:1``
+    would land on ``cuda:0``; its sleep-mode allocator serves one engine per process, and a second engine
+    at the default utilisation fails vLLM's free-memory check. Policies of ``specialization: lora`` share one
+    engine. Under ``run.backend: ray`` each actor is a process of its own, with its GPU as ``cuda:0``."""
+    r = cfg.rollout
+    if r.generation_backend != "vllm":
+        return
+    engines: dict[torch.device, list[str]] = {}
+    for n, d in sorted(devices.items()):
+        engines.setdefault(d, []).append(n)
+    if cfg.specialization == "lora":   # one base, one engine for every adapter
+        engines = {d: ["+".join(ns)] for d, ns in engines.items()}
+    ray = ("run.backend=ray with one GPU per policy (ray.num_gpus_per_policy=1: each actor's GPU is its cuda:0)")
+    cuda = {d: ns for d, ns in engines.items() if d.type == "cuda"}
+    for d, ns in cuda.items():
+        if (d.index or 0) != 0:
+            key = policy_setting(cfg, ns[0].split("+")[0])[1]
+            raise ConfigError(f"{key}={d}, but rollout.generation_backend=vllm starts the engine of policy "
+                              f"{ns[0]!r} on the first GPU of its process (cuda:0); use {ray}, or set {key}=cuda:0")
+    names = [n for ns in cuda.values() for n in ns]
+    if len(names) > 1:
+        raise ConfigError(f"policies {names} would each start a vLLM engine on a GPU in this process, which vLLM "
+                          f"does not support (one engine per process; a second fails its free-memory check); use "
+                          f"{ray}, or specialization=lora (one engine serves every adapter)")
+    if r.vllm_sleep in (1, 2) and not cuda:
+        raise ConfigError(f"rollout.vllm_sleep={r.vllm_sleep} needs a CUDA engine, but every policy is on the CPU "
+                          "(vLLM's CPU backend has no sleep mode); set rollout.vllm_sleep=auto or off")
 
 
 def check_ray_devices(cfg, requests: dict[str, tuple[float, float]]) -> None:

@@ -26,7 +26,14 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
 - generation: a KV cache of rows x (p + c) x layers x 2kv floats plus 4 rows x V floats of logits;
 - a device holds the static parts (weights, reference, AdamW) of all its policies plus the largest
   transient part (gradients + activations, or generation) of one of them (policies update one after
-  another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`.
+  another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`;
+- a GPU also holds what the tensors do not show (:func:`gpu_need`): the CUDA context of each process
+  using it (:data:`CUDA_CONTEXT_GIB`), the caching allocator's fragmentation (:data:`FRAGMENTATION` of
+  the learner's bytes) and, with the vLLM backend, the engine's share
+  (``rollout.vllm_gpu_memory_utilization`` of the GPU, freed during the update by sleep mode) and its
+  CUDA graph pool (:data:`VLLM_CUDA_GRAPH_GIB`, counted as resident throughout). These three numbers are
+  assumptions, not measurements (their sources are next to them); ``docs/gpu.md`` says how the first
+  GPU session replaces them.
 
 Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
 ``--prompt-tokens`` gives the typical length. ``README.md`` (*Measured numbers*) compares the estimate
@@ -51,6 +58,21 @@ GIB = 2 ** 30
 # RSS of a Python process that imported torch, transformers and peft (349 MiB measured with
 # /usr/bin/time -v on torch 2.13 / transformers 5.23), plus tokenizer, task data and allocator slack
 CPU_BASELINE_GIB = 0.45
+# What a GPU holds besides the tensors accord counts. Assumed (no GPU has run accord yet), to be replaced by
+# the first GPU session's measurement (docs/gpu.md):
+# - the CUDA context, cuBLAS workspaces and NCCL buffers of one process on one GPU: vLLM's memory profiler
+#   (vllm/utils/mem_utils.py, 0.33.0) counts them as "non-torch" memory and budgets 1 GiB in its worked
+#   example; torch's memory_allocated() leaves them out (its docs say so);
+CUDA_CONTEXT_GIB = 1.0
+# - vLLM's CUDA graph pool (batch sizes captured for decoding; vLLM logs "Graph capturing finished ...,
+#   took X GiB" at start; `vllm_kwargs: {enforce_eager: true}` captures none). vLLM >= 0.21 counts it
+#   inside gpu_memory_utilization and its sleep mode offloads it (0.33.0's sleep_mode_backend.py); older
+#   versions keep it outside and resident, which is what is assumed here (conservative);
+VLLM_CUDA_GRAPH_GIB = 1.0
+# - fragmentation of torch's caching allocator: reserved minus allocated bytes at the peak, as a share of
+#   the allocated ones (the torch docs' "Memory management" on why they differ; the update logs
+#   mem/<policy>/cuda_reserved_peak_mb beside mem/<policy>/cuda_peak_mb, which measures it).
+FRAGMENTATION = 0.10
 
 # config.json of the papers' models (Hugging Face Hub, fields that decide the parameter count), for
 # planning offline; a local directory or the local HF cache takes precedence
@@ -351,8 +373,70 @@ def _shard_memory(plan: PolicyPlan) -> None:
     plan.generation += full - plan.weights
 
 
-def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict) -> list[tuple[str, float, float | None]]:
-    """(device, bytes needed, bytes present or None) per device the run uses."""
+@dataclasses.dataclass
+class GpuNeed:
+    """What one GPU needs, in bytes: the smallest GPU on which both phases fit (``total``), and each phase's
+    parts (label -> bytes; the engine's share as a fraction of the GPU, ``engine_share``)."""
+
+    total: float
+    update: dict[str, float]
+    generation: dict[str, float]
+    engine_share: float = 0.0   # rollout.vllm_gpu_memory_utilization x engines, where engines are resident
+    asleep: bool = False        # the engine sleeps during its policy's update
+    engines: int = 1            # engines on this GPU (Ray actors sharing it); the others stay awake in an update
+
+
+def plan_sleep(cfg: Config) -> bool:
+    """Whether a GPU engine of this config sleeps during updates (``rollout.vllm_sleep``: auto, 1, 2)."""
+    return cfg.rollout.vllm_sleep != "off"
+
+
+def engine_processes() -> int:
+    """CUDA contexts a colocated vLLM engine adds to its GPU: 1 when it runs in its own process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), 0 in the learner's (accord's default)."""
+    import os
+
+    return int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip() not in ("0", "false", "False"))
+
+
+def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1, engines: int = 1) -> GpuNeed:
+    """The memory of one GPU holding the learners ``pls`` (their static parts, the largest transient part),
+    ``processes`` CUDA contexts, fragmentation and, with ``vllm``, ``engines`` colocated engines (Ray actors
+    sharing the GPU have one each): each one's share u of the GPU is resident while generating, and during
+    an update too unless it sleeps; an engine sleeps only for its own policy's update, so the others' stay
+    resident then. With sleep mode the GPU needs max(update / (1 - (n - 1)u), generation / (1 - nu)) for n
+    engines; without, update / (1 - nu) (the shares are fractions of the GPU, so the smallest GPU that
+    holds the rest beside them is the rest over what they leave)."""
+    static = sum(p.static for p in pls)
+    context = CUDA_CONTEXT_GIB * GIB * (processes + (engines * engine_processes() if vllm else 0))
+    graphs = VLLM_CUDA_GRAPH_GIB * GIB if vllm and not cfg.rollout.vllm_kwargs.get("enforce_eager") else 0.0
+    if vllm:   # generation runs in the engine; the learner's own generate calls are not made
+        learner_update = static + max(p.grads + p.activations for p in pls)
+        learner_gen = static
+    else:
+        learner_update = learner_gen = static + max(p.transient for p in pls)
+    update = {"learner": learner_update, "fragmentation": FRAGMENTATION * learner_update, "CUDA context": context}
+    generation = {"learner": learner_gen, "fragmentation": FRAGMENTATION * learner_gen, "CUDA context": context}
+    if not vllm:
+        return GpuNeed(sum(update.values()), update, generation)
+    update["vLLM CUDA graphs"] = generation["vLLM CUDA graphs"] = graphs * engines
+    u = cfg.rollout.vllm_gpu_memory_utilization * engines
+    asleep = plan_sleep(cfg)
+    rest = 1.0 - u
+    if rest <= 0:   # the engines take the whole GPU: nothing is left for the learners
+        return GpuNeed(math.inf, update, generation, u, asleep, engines)
+    if asleep:   # during one policy's update the other engines on this GPU are awake
+        awake = 1.0 - u * (engines - 1) / engines
+        total = max(sum(update.values()) / awake, sum(generation.values()) / rest)
+    else:
+        total = sum(update.values()) / rest
+    return GpuNeed(total, update, generation, u, asleep, engines)
+
+
+def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict,
+        details: dict[str, GpuNeed] | None = None) -> list[tuple[str, float, float | None]]:
+    """(device, bytes needed, bytes present or None) per device the run uses; ``details`` (if given) receives
+    each GPU's :class:`GpuNeed`."""
     need: dict[str, list[PolicyPlan]] = {}
     if cfg.run.backend == "ray":  # one actor per policy; a GPU actor gets a GPU of its own (or a share)
         gpu = 0
@@ -373,14 +457,42 @@ def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resourc
     out = []
     vllm = getattr(cfg, "plan_vllm", cfg.rollout.generation_backend == "vllm")
     for dev, pls in need.items():
-        static = sum(p.static for p in pls)
-        transient = max((p.grads + p.activations) if vllm else p.transient for p in pls)
-        total = static + transient + (CPU_BASELINE_GIB * GIB if dev == "cpu" else 0.0)
-        have = devices.get(dev)
-        if vllm and dev.startswith("cuda") and have is not None:  # the engine's share is not the learner's
-            have *= 1 - cfg.rollout.vllm_gpu_memory_utilization
-        out.append((dev, total, have))
+        if dev.startswith("cuda"):   # the CUDA context, fragmentation and a colocated engine: see gpu_need
+            # Ray: each actor on this GPU (a share of it) is a process with its own engine; otherwise one process
+            # per GPU with at most one engine (accord.devices.check_vllm_devices)
+            actors = len(pls) if cfg.run.backend == "ray" else 1
+            gpu = gpu_need(cfg, pls, vllm, processes=actors, engines=actors)
+            total = gpu.total
+            if details is not None:
+                details[dev] = gpu
+        else:
+            static = sum(p.static for p in pls)
+            transient = max((p.grads + p.activations) if vllm else p.transient for p in pls)
+            total = static + transient + (CPU_BASELINE_GIB * GIB if dev == "cpu" else 0.0)
+        out.append((dev, total, devices.get(dev)))
     return out
+
+
+def describe_gpu(need: GpuNeed, have: float | None) -> str:
+    """One line of a GPU's parts per phase (GiB), for :func:`format_plan`."""
+    def phase(parts: dict[str, float], share: float, label: str) -> str:
+        items = [f"{k} {v / GIB:.2f}" for k, v in parts.items() if v]
+        if share:
+            items.append(f"{label} {share:g} of the GPU" + (f" = {share * have / GIB:.2f}" if have is not None else ""))
+        return " + ".join(items)
+
+    if not need.engine_share:
+        return f"update: {phase(need.update, 0.0, '')}"
+    n = need.engines
+    engines = "engine" if n == 1 else f"{n} engines"
+    if need.asleep:
+        sleep = ("engine asleep (rollout.vllm_sleep)" if n == 1
+                 else "its engine asleep (rollout.vllm_sleep), the others awake")
+        awake = need.engine_share * (n - 1) / n
+    else:
+        sleep, awake = f"{engines} awake (rollout.vllm_sleep=off)", need.engine_share
+    return (f"update, {sleep}: {phase(need.update, awake, 'engines' if n > 1 else 'engine')}; "
+            f"generation: {phase(need.generation, need.engine_share, engines)}")
 
 
 def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
@@ -407,7 +519,8 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
             lines.append(f"  {label:34s}{gib(v)}")
     lines.append("devices:")
     fits = True
-    for dev, total, have in fit(cfg, plan["plans"], devices, plan["resources"]):
+    gpus: dict[str, GpuNeed] = {}
+    for dev, total, have in fit(cfg, plan["plans"], devices, plan["resources"], gpus):
         if have is None:
             fits = False
             lines.append(f"  {dev}: needs {total / GIB:.2f} GiB; not present here (pass --gpu-memory-gb to plan for "
@@ -416,6 +529,8 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
             ok = total <= have
             fits &= ok
             lines.append(f"  {dev}: needs {total / GIB:.2f} GiB of {have / GIB:.2f} GiB -> {'fits' if ok else 'DOES NOT FIT'}")
+        if dev in gpus:
+            lines.append(f"    {describe_gpu(gpus[dev], have)}")
     present = ", ".join(f"{d} ({v / GIB:.1f} GiB)" for d, v in devices.items())
     lines.append(f"present: {present}")
     lines.append(f"verdict: {'the run fits' if fits else 'the run does not fit the devices present'}")

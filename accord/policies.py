@@ -472,6 +472,7 @@ class Policy:
         or, with the correction on (or a backend that stores none), the learner's, computed once first.
         """
         algo, tr = self.algo, self.training
+        self.backend.before_update()  # vLLM's sleep mode: the engine's GPU memory is the update's until it wakes
         fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
         n_mb = tr.num_mini_batches
         tis = self.tis_mode
@@ -570,6 +571,8 @@ class Policy:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         if cuda:  # the update's peak on this policy's GPU (logged as mem/<policy>/cuda_peak_mb)
             metrics[f"mem/{self.name}/cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+            # what torch's allocator held at its peak: the gap to the line above is fragmentation (accord plan)
+            metrics[f"mem/{self.name}/cuda_reserved_peak_mb"] = torch.cuda.max_memory_reserved(self.device) / 2**20
         return metrics
 
     # placement hooks (FSDP shards here: accord.distributed.fsdp)

@@ -277,7 +277,8 @@ def encode_demos(policy: Policy, demos: list[Demo], max_new_tokens: int) -> list
 
 
 def nll_sums(policy: Policy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
-    """Summed negative log-likelihood (temperature 1) of the completion tokens of ``batch``, and their count."""
+    """Summed negative log-likelihood (temperature 1) of the completion tokens of ``batch``, and their count.
+    The batch is built on the CPU and moved once to the policy's device."""
     c = max(len(e.completion_ids) for e in batch)
     pad = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
     ids, attn = left_pad([e.prompt_ids + e.completion_ids for e in batch], pad)
@@ -285,6 +286,7 @@ def nll_sums(policy: Policy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
     for i, e in enumerate(batch):
         targets[i, c - len(e.completion_ids):] = torch.tensor(e.completion_ids)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, positions, targets = (t.to(policy.device) for t in (ids, attn, positions, targets))
     kwargs = {"logits_to_keep": c + 1} if policy._keep_arg else {}
     with policy.autocast():
         logits = policy.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
@@ -329,19 +331,35 @@ def sft_step(policy: Policy, batch: list[Encoded], micro: int, max_grad_norm: fl
     return {"loss": total / n_tokens, "grad_norm": float(norm), "lr": policy.scheduler.get_last_lr()[0]}
 
 
+def sft_devices(cfg: Config) -> dict[str, torch.device]:
+    """Device of each policy SFT trains, as ``accord train`` places them (``run.device``, ``policies.<name>.device``;
+    checked before any model is loaded); under lora, ``base`` on the adapters' one device."""
+    from accord.devices import policy_devices
+
+    names = sorted({a.policy for a in cfg.agents})
+    devices = policy_devices(cfg, names)
+    if cfg.specialization == "lora":
+        return {"base": devices[names[0]]}
+    return devices
+
+
 def _policies(cfg: Config) -> dict[str, tuple[Policy, tuple[str, ...]]]:
-    """Policy name -> (a full policy, the agents it learns from). Under lora: one ``base`` for all agents."""
+    """Policy name -> (a full policy on its device, the agents it learns from). Under lora: one ``base`` for
+    all agents. Held-out play generates with the hf backend (a vLLM engine per policy is not worth starting
+    for a few greedy episodes, and it would need a GPU per policy)."""
     s = cfg.sft
     training = dataclasses.replace(cfg.training, lr=s.lr, warmup_steps=0, schedule="constant")
     algo = dataclasses.replace(cfg.algorithm, kl_coef=0.0)   # no frozen reference copy
+    rollout = dataclasses.replace(cfg.rollout, generation_backend="hf")
+    devices = sft_devices(dataclasses.replace(cfg, rollout=rollout))
     by_policy: dict[str, list[str]] = {}
     for a in cfg.agents:
         by_policy.setdefault("base" if cfg.specialization == "lora" else a.policy, []).append(a.name)
     out = {}
     for i, name in enumerate(sorted(by_policy)):
         pcfg = cfg.policies[name] if name in cfg.policies else cfg.policies[cfg.agents[0].policy]
-        pol = Policy(name, dataclasses.replace(pcfg, lr=None), training, algo, cfg.rollout, s.steps,
-                     seed=cfg.run.seed + i)
+        pol = Policy(name, dataclasses.replace(pcfg, lr=None), training, algo, rollout, s.steps,
+                     seed=cfg.run.seed + i, device=devices[name])
         out[name] = (pol, tuple(by_policy[name]))
     return out
 

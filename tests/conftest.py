@@ -46,7 +46,8 @@ def ray_session():
 
 
 # modules whose tests start Ray clusters or torchrun (its fixed rendezvous port) besides those of ray_session
-_RAY_MODULES = {"test_ray.py", "test_data_parallel.py", "test_fsdp.py"}
+# (test_gpu.py: its tests share the GPUs, so one worker runs them one after another)
+_RAY_MODULES = {"test_ray.py", "test_data_parallel.py", "test_fsdp.py", "test_gpu.py"}
 
 
 def _xdist_group(item) -> str | None:

@@ -93,6 +93,63 @@ def test_ray_policies_asking_for_cuda_must_reserve_a_gpu(tiny_cfg):
     assert actor_device("auto", "run.device", []) == torch.device("cpu")
 
 
+def _vllm(cfg, **rollout):
+    """``cfg`` with the vllm backend (set after validation: vLLM is not installed here, and the layout check
+    does not need it)."""
+    cfg.rollout.generation_backend = "vllm"
+    for key, value in rollout.items():
+        setattr(cfg.rollout, key, value)
+    return cfg
+
+
+def test_vllm_engines_are_refused_where_vllm_would_misplace_them(tiny_cfg):
+    """Checked before any model loads: an engine for a policy on cuda:1 (vLLM's worker in this process takes
+    cuda:0), two CUDA engines in one process, sleep mode for a CPU engine; the working layouts pass."""
+    cfg = _vllm(config_from_dict(_separate(tiny_cfg, e="cuda:1", o="cpu")))
+    with pytest.raises(ConfigError, match=r"policies.e.device=cuda:1, but rollout.generation_backend=vllm starts the "
+                                          r"engine of policy 'e' on the first GPU of its process \(cuda:0\); use "
+                                          r"run.backend=ray with one GPU per policy"):
+        policy_devices(cfg, ["e", "o"], cuda_count=2)
+    cfg = _vllm(config_from_dict(_separate(tiny_cfg, e="cuda:0", o="cuda:0")))
+    with pytest.raises(ConfigError, match=r"policies \['e', 'o'\] would each start a vLLM engine on a GPU in this "
+                                          r"process.*run.backend=ray.*or specialization=lora"):
+        policy_devices(cfg, ["e", "o"], cuda_count=2)
+    lora = _separate(tiny_cfg, e="cuda:0", o="cuda:0")
+    lora["specialization"] = "lora"
+    policy_devices(_vllm(config_from_dict(lora)), ["e", "o"], cuda_count=2)       # one engine for both adapters
+    policy_devices(_vllm(config_from_dict(_separate(tiny_cfg, e="cuda:0", o="cpu"))), ["e", "o"], cuda_count=2)
+    policy_devices(_vllm(config_from_dict(_separate(tiny_cfg, e="cpu", o="cpu"))), ["e", "o"], cuda_count=0)
+    with pytest.raises(ConfigError, match=r"rollout.vllm_sleep=2 needs a CUDA engine, but every policy is on the CPU"):
+        policy_devices(_vllm(config_from_dict(tiny_cfg()), vllm_sleep=2), ["main"], cuda_count=0)
+    policy_devices(_vllm(config_from_dict(tiny_cfg()), vllm_sleep="auto"), ["main"], cuda_count=0)
+
+
+def test_torchrun_sets_the_cuda_device_before_creating_nccl_groups(tiny_cfg, monkeypatch):
+    """torchrun process 1 of 2, a policy with 2 replicas on CUDA: the process's GPU (cuda:<local rank>) is made
+    current before its NCCL group is created, and the group is bound to it (device_id). No GPU here: torch.cuda's
+    device calls, the group constructor and the rank's build are recorded stand-ins (a real check needs two
+    GPUs: tests/test_gpu.py runs the CLI under torchrun with NCCL)."""
+    import accord.distributed.data_parallel as dp
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: events.append(("set_device", str(torch.device(d)))))
+
+    def new_group(ranks, backend=None, timeout=None, **kw):
+        events.append(("new_group", backend, str(kw.get("device_id"))))
+        return object()
+
+    monkeypatch.setattr(dp.dist, "new_group", new_group)
+    monkeypatch.setattr(dp, "build_rank", lambda *a, **kw: events.append(("build", str(kw["device"]))) or "rank")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    pol = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}, "replicas": 2}
+    cfg = config_from_dict(tiny_cfg(run={"device": "cuda"}, policies={"main": pol}))
+    assert dp._groups(cfg, ["main"], {"main": 2}, 2, 1, rank=1) == {"main": "rank"}
+    assert events == [("set_device", "cuda:1"), ("new_group", "nccl", "cuda:1"), ("new_group", "gloo", "None"),
+                      ("build", "cuda:1")]
+
+
 def test_cpu_generator_is_the_one_accord_always_used():
     a, b = make_generator(torch.device("cpu"), 7), torch.Generator().manual_seed(7)
     assert torch.equal(torch.rand(5, generator=a), torch.rand(5, generator=b))
@@ -194,14 +251,30 @@ def test_gpu_two_step_atgrpo_lora_run(tiny_cfg, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_vllm_colocated_with_the_learner(tiny_cfg):
-    """vLLM on the learner's GPU (gpu_memory_utilization leaves the rest to the learner): two steps, the
-    weights pushed after each update, the stored log-probs the learner's."""
+    """vLLM on the learner's GPU (fp32 engine, asleep during each update): three steps; the engine was woken and
+    the weights pushed before each generation after an update, and its weights are then the learner's (read
+    from the engine's own tensors); the stored log-probs are the learner's."""
     pytest.importorskip("vllm")
     cfg = config_from_dict(tiny_cfg(
-        run={"device": "cuda"}, policies={"main": {"model": "tiny-qwen2", "model_kwargs": {
+        run={"device": "cuda", "steps": 3}, policies={"main": {"model": "tiny-qwen2", "model_kwargs": {
             "hidden_size": 64, "num_heads": 2, "num_layers": 2}}},
         rollout={"generation_backend": "vllm", "vllm_gpu_memory_utilization": 0.2,
-                 "vllm_kwargs": {"enforce_eager": True, "max_model_len": 256}}))
-    metrics = Trainer(cfg).train()
+                 "vllm_kwargs": {"dtype": "float32", "enforce_eager": True, "max_model_len": 256}}))
+    trainer = Trainer(cfg)
+    try:
+        metrics = trainer.train()
+        pol = trainer.policies["main"]
+        engine = pol.backend.engine
+        assert engine.sleeps == 3 and engine.asleep  # asleep since the last update
+        assert engine.syncs == 2  # before the generations of steps 2 and 3
+        pol.generate([pol.encode_chat([{"role": "user", "content": "hi"}])], greedy=True, temperature=0.0)
+        assert engine.syncs == 3 and not engine.asleep
+        name = "model.embed_tokens.weight"
+        vocab = pol.model.config.vocab_size
+        pushed = engine.llm.apply_model(lambda m: dict(m.named_parameters())[name][:vocab].detach().cpu().clone())[0]
+        assert torch.equal(pushed, pol.model.get_parameter(name).detach().cpu())
+    finally:
+        trainer.policies["main"].backend.close()   # the next engine of this process needs vLLM's allocator free
+        trainer.close()
     assert metrics["perf/samples"] > 0
     assert metrics["loss/main/logp_diff"] < 1e-2

@@ -44,6 +44,24 @@ def test_plan_of_each_recipe_fits_two_80gb_gpus(path):
         assert "not present here" in out.stdout and "verdict: the run does not fit" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
+def test_vllm_recipe_fits_80gb_gpus_only_with_sleep_mode():
+    """The colocated vLLM recipe: with the engine asleep during the update it fits an 80 GB GPU with room to
+    spare; with the engine holding its share throughout (and the CUDA context, CUDA graphs and fragmentation
+    counted) it does not: the reason sleep mode is on."""
+    from accord.plan import GIB, fit, load_plan_config
+
+    cfg = load_plan_config(str(ROOT / "examples" / "gpu" / "magrpo_humaneval_qwen25coder_vllm.yaml"), [])
+    plan = make_plan(cfg, prompt_tokens=300)
+    gpus = present_devices(gpu_memory_gb=80, gpus=2)
+    needs = {}
+    for sleep in ("auto", "off"):
+        cfg.rollout.vllm_sleep = sleep
+        needs[sleep] = [need for dev, need, _ in fit(cfg, plan["plans"], gpus, plan["resources"])]
+    assert len(needs["auto"]) == 2 and all(n <= 0.85 * 80 * GIB for n in needs["auto"]), needs
+    assert all(n > 80 * GIB for n in needs["off"]), needs
+
+
 def _tiny_overrides(cfg_path: Path, tmp_path: Path) -> list[str]:
     cfg = load_config(cfg_path, ["rollout.generation_backend=hf"])
     out = [f"run.run_dir={tmp_path / 'run'}", "run.steps=2", "run.checkpoint_every=0", "run.device=cpu", "run.threads=1",

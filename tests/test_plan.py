@@ -1,5 +1,7 @@
 """accord plan: its parameter counts are the real models' (full and LoRA), and its sizes follow the config."""
 
+import pytest
+
 from accord.config import config_from_dict
 from accord.models import load_model_and_tokenizer
 from accord.plan import GIB, format_plan, make_plan, present_devices
@@ -42,3 +44,62 @@ def test_sizes_follow_the_config(tiny_cfg):
     text = format_plan(cfg, make_plan(cfg), present_devices(gpu_memory_gb=1e-6, gpus=1))
     assert "cpu: needs" in text and "verdict: the run fits" in text
     assert GIB == 2 ** 30
+
+
+def test_a_gpu_counts_the_context_fragmentation_and_a_colocated_engine(tiny_cfg):
+    """What torch's tensors do not show: the CUDA context, the allocator's fragmentation, and (vLLM) the engine's
+    share and CUDA graphs; with sleep mode the engine's share is the update's, without it the two add up."""
+    from accord.plan import CUDA_CONTEXT_GIB, FRAGMENTATION, VLLM_CUDA_GRAPH_GIB, fit
+
+    cfg = config_from_dict(tiny_cfg(run={"device": "cuda"}))
+    plan = make_plan(cfg, prompt_tokens=200)
+    pol = plan["plans"][0]
+    gpus = present_devices(gpu_memory_gb=1.0, gpus=1)
+    (dev, need, have), = fit(cfg, plan["plans"], gpus, plan["resources"])
+    assert dev == "cuda:0" and have == GIB
+    assert need == pytest.approx(pol.peak * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB * GIB)
+
+    cfg.rollout.generation_backend = "vllm"   # set after validation: vLLM is not installed here
+    cfg.rollout.vllm_gpu_memory_utilization = 0.25
+    update = (pol.static + pol.grads + pol.activations) * (1 + FRAGMENTATION) + (CUDA_CONTEXT_GIB +
+                                                                                 VLLM_CUDA_GRAPH_GIB) * GIB
+    generation = pol.static * (1 + FRAGMENTATION) + (CUDA_CONTEXT_GIB + VLLM_CUDA_GRAPH_GIB) * GIB
+    details = {}
+    (_, asleep, _), = fit(cfg, plan["plans"], gpus, plan["resources"], details)
+    assert asleep == pytest.approx(max(update, generation / 0.75))   # the smallest GPU both phases fit
+    assert details["cuda:0"].asleep and details["cuda:0"].engine_share == 0.25
+    text = format_plan(cfg, plan, gpus)
+    assert "update, engine asleep (rollout.vllm_sleep): learner" in text and "engine 0.25 of the GPU = 0.25" in text
+    cfg.rollout.vllm_sleep = "off"
+    (_, awake, _), = fit(cfg, plan["plans"], gpus, plan["resources"])
+    assert awake == pytest.approx(update / 0.75) and awake > asleep
+    cfg.rollout.vllm_kwargs = {"enforce_eager": True}   # no CUDA graphs captured
+    (_, eager, _), = fit(cfg, plan["plans"], gpus, plan["resources"])
+    assert eager == pytest.approx(awake - VLLM_CUDA_GRAPH_GIB * GIB / 0.75)
+
+
+def test_ray_actors_sharing_a_gpu_each_count_a_context_and_an_engine(tiny_cfg):
+    """Two Ray actors on one GPU (ray.num_gpus_per_policy=0.5), each with a colocated engine: two CUDA contexts,
+    two CUDA-graph pools, both engines' shares while generating, and during one policy's update the other's
+    engine, which sleeps only for its own policy's update."""
+    from accord.plan import CUDA_CONTEXT_GIB, FRAGMENTATION, VLLM_CUDA_GRAPH_GIB, fit
+
+    pol = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}
+    cfg = config_from_dict(tiny_cfg(run={"device": "cuda", "backend": "ray"}, specialization="separate",
+                                    policies={"e": pol, "o": dict(pol)}, task={"name": "relay"},
+                                    algorithm={"name": "atgrpo"}, ray={"num_gpus_per_policy": 0.5},
+                                    agents=[{"name": "e", "policy": "e"}, {"name": "o", "policy": "o"}]))
+    cfg.rollout.generation_backend = "vllm"   # set after validation: vLLM is not installed here
+    cfg.rollout.vllm_gpu_memory_utilization = 0.25
+    plan = make_plan(cfg, prompt_tokens=200)
+    e, o = plan["plans"]
+    gpus = present_devices(gpu_memory_gb=1.0, gpus=1)
+    details = {}
+    (dev, need, _), = fit(cfg, plan["plans"], gpus, plan["resources"], details)
+    extra = 2 * (CUDA_CONTEXT_GIB + VLLM_CUDA_GRAPH_GIB) * GIB
+    static = e.static + o.static
+    update = (static + max(p.grads + p.activations for p in (e, o))) * (1 + FRAGMENTATION) + extra
+    generation = static * (1 + FRAGMENTATION) + extra
+    assert dev == "cuda:0" and need == pytest.approx(max(update / 0.75, generation / 0.5))
+    assert details[dev].engines == 2 and details[dev].engine_share == 0.5
+    assert "its engine asleep (rollout.vllm_sleep), the others awake" in format_plan(cfg, plan, gpus)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from accord.config import config_from_dict
@@ -272,6 +273,32 @@ def test_sft_config_errors():
         config_from_dict({"sft": {"noise": 0.2, "data": "d.jsonl"}})
     with pytest.raises(ConfigError, match="has no oracle"):
         collect_demos(config_from_dict({"task": {"name": "letters"}, "policies": {"main": TINY}}))
+
+
+def _resolved(data: dict):
+    """The config of ``data`` with the task's agents filled in (as collect_demos leaves it)."""
+    from accord.build import build_task
+
+    cfg = config_from_dict(data)
+    cfg.resolve_agents(tuple(build_task(cfg).agents))
+    return cfg
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_sft_places_policies_as_training_does(tmp_path):
+    """run.device and policies.<name>.device decide where SFT trains (a CUDA device that does not exist is the
+    one-line error `accord train` gives, before any model loads); held-out play generates with hf."""
+    from accord.config import ConfigError
+    from accord.sft import _policies
+
+    with pytest.raises(ConfigError, match=r"run.device=cuda, but this machine has no CUDA device"):
+        _policies(_resolved({**planpath_cfg(tmp_path), "run": {"device": "cuda"}}))
+    data = planpath_cfg(tmp_path)
+    data["run"]["device"] = "cuda"
+    data["policies"] = {"main": {**TINY, "device": "cpu"}}   # the policy's own setting wins, as in training
+    (pol, agents), = _policies(_resolved(data)).values()
+    assert pol.device == torch.device("cpu") and {p.device.type for p in pol.model.parameters()} == {"cpu"}
+    assert pol.backend.name == "hf" and agents == ("planner", "executor")
 
 
 def test_epochs_decide_each_policys_steps():

@@ -105,6 +105,97 @@ def test_recomputed_logprobs_equal_the_samplers():
         assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(g.logprobs), atol=1e-4)
 
 
+def test_engine_settings_follow_the_policy_device(tmp_path):
+    """bf16 on a CUDA device with bf16, the learner's dtype elsewhere; sleep mode on CUDA only (level 2 for full
+    fine-tuning, 1 under LoRA); the IPC worker extension only for an engine in its own process on a GPU; the
+    user's vllm_kwargs last."""
+    import importlib
+
+    from accord.generation.vllm_backend import WORKER_EXTENSION, engine_dtype, engine_kwargs, sleep_level
+
+    cuda, cpu = torch.device("cuda:0"), torch.device("cpu")
+    assert engine_dtype(torch.float32, cuda, True) == "bfloat16"
+    assert engine_dtype(torch.float32, cuda, False) == "float32"  # a GPU without bf16 (V100, T4): no fp16 overflow
+    assert engine_dtype(torch.float32, cpu, True) == "float32"
+    assert sleep_level("auto", cuda, peft=False) == 2 and sleep_level("auto", cuda, peft=True) == 1
+    assert sleep_level(1, cuda, peft=False) == 1 and sleep_level("off", cuda, peft=False) is None
+    assert sleep_level("auto", cpu, peft=False) is None
+    with pytest.raises(ConfigError, match=r"rollout.vllm_sleep=2 needs a CUDA engine, but the policy is on cpu"):
+        sleep_level(2, cpu, peft=False)
+    common = {"seed": 0, "dtype": "bfloat16", "gpu_memory_utilization": 0.3, "lora_ranks": None}
+    kw = engine_kwargs(tmp_path, sleep=2, in_process=True, device=cuda, llm_kwargs=None, **common)
+    assert kw["enable_sleep_mode"] is True and kw["dtype"] == "bfloat16" and "worker_extension_cls" not in kw
+    kw = engine_kwargs(tmp_path, sleep=None, in_process=False, device=cuda, llm_kwargs={"dtype": "float32"}, **common)
+    assert "enable_sleep_mode" not in kw and kw["dtype"] == "float32"
+    assert kw["worker_extension_cls"] == WORKER_EXTENSION
+    module, _, cls = WORKER_EXTENSION.rpartition(".")
+    assert hasattr(importlib.import_module(module).__dict__[cls], "accord_load_ipc_weights")  # vLLM imports it by name
+    kw = engine_kwargs(tmp_path, sleep=None, in_process=False, device=cpu, llm_kwargs=None,
+                       **{**common, "lora_ranks": [8, 12]})
+    assert "worker_extension_cls" not in kw and (kw["max_lora_rank"], kw["max_loras"]) == (16, 2)
+
+
+class _Engine:
+    """Records the calls a VLLMGenerator makes on its ``vllm.LLM`` (vLLM is not installed here; the real engine
+    runs in tests/test_gpu.py)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def collective_rpc(self, method, args=(), kwargs=None):
+        self.calls.append(("push", method))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+
+def _generator(model, level):
+    from accord.generation.vllm_backend import VLLMGenerator
+
+    gen = VLLMGenerator.__new__(VLLMGenerator)   # the engine-facing half only: no vLLM here
+    gen.llm, gen.sleep_level, gen.asleep, gen.sleeps, gen.syncs = _Engine(), level, False, 0, 0
+    gen.in_process, gen.peft, gen.device = True, False, torch.device("cpu")
+    gen._weights_fp = gen._base_fingerprint(model)
+    return gen
+
+
+def test_sleep_mode_order_around_an_update():
+    """Sleep before the update; before the next generation: weights awake, the learner's weights pushed (after
+    level 2 even unchanged ones: the engine dropped its copy), the KV cache awake, the prefix cache reset; no
+    sleep without sleep mode."""
+    from accord.models import build_tiny_model
+
+    model, _ = build_tiny_model("qwen2", hidden_size=64, num_layers=2)
+    gen = _generator(model, 2)
+    gen._ready(model, [])
+    assert gen.llm.calls == []  # awake and unchanged: nothing to do
+    gen.sleep()
+    gen.sleep()  # a second policy's update (LoRA group): already asleep
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # the update's optimizer step
+    gen._ready(model, [])
+    assert gen.llm.calls == [("sleep", 2), ("wake_up", ("weights",)), ("push", "reload_weights"),
+                             ("wake_up", ("kv_cache",)), ("reset_prefix_cache",)]
+    assert not gen.asleep and gen.syncs == 1 and gen.sleeps == 1
+    gen.llm.calls.clear()
+    gen.sleep()
+    gen._ready(model, [])   # no update in between (evaluation after a checkpoint): level 2 still pushes
+    assert ("push", "reload_weights") in gen.llm.calls and gen.syncs == 2
+    level1 = _generator(model, 1)
+    level1.sleep()
+    level1._ready(model, [])   # weights kept in CPU memory and unchanged: no push
+    assert level1.llm.calls == [("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+    off = _generator(model, None)
+    off.sleep()
+    assert off.llm.calls == [] and not off.asleep
+
+
 # --- with vLLM ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def policy():

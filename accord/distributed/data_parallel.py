@@ -174,11 +174,26 @@ def _receive() -> tuple:
     return box[0]
 
 
+def bind_cuda(cfg: Config, names: list[str], reps: dict[str, int], rank: int, local_rank: int) -> torch.device | None:
+    """This process's GPU (``cuda:<local rank>``) made current, where one of its ranks is on CUDA; None
+    otherwise. Called before any NCCL group is created: NCCL binds a communicator to the current device, and
+    a group created before ``set_device`` would use ``cuda:0`` on every process."""
+    for n in names:
+        k = reps.get(n)
+        if k is not None and rank < k:
+            device = rank_device(cfg, n, local_rank)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+                return device
+    return None
+
+
 def _groups(cfg: Config, names: list[str], reps: dict[str, int], world: int, total_optimizer_steps: int,
             rank: int) -> dict[str, DataParallelPolicy]:
     """Create every policy's process groups (every process, same order) and build this process's ranks."""
     mine = {}
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    bound = bind_cuda(cfg, names, reps, rank, local_rank)  # before any group: see bind_cuda
     for i, n in enumerate(names):
         k = reps.get(n)
         if k is None:
@@ -187,13 +202,13 @@ def _groups(cfg: Config, names: list[str], reps: dict[str, int], world: int, tot
         group = obj = None
         if world > 1:
             ranks = list(range(k))
-            # every process takes part in creating every group (same order); NCCL where the policy is on GPUs
+            # every process takes part in creating every group (same order); NCCL where the policy is on GPUs,
+            # formed at once on this process's GPU (device_id)
             backend = tensor_backend(rank_device(cfg, n, 0))
-            group = dist.new_group(ranks, backend=backend, timeout=TIMEOUT)
+            extra = {"device_id": bound} if backend == "nccl" and bound is not None else {}
+            group = dist.new_group(ranks, backend=backend, timeout=TIMEOUT, **extra)
             obj = dist.new_group(ranks, backend="gloo", timeout=TIMEOUT) if backend != "gloo" else group
         if rank < k:
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
             mine[n] = build_rank(cfg, n, i, total_optimizer_steps, rank=rank, world=k, device=device,
                                  group=group, object_group=obj)
     return mine

@@ -30,7 +30,9 @@ CUDA). What differs from plain replicas:
   normally; ``load`` reads the full files on every rank and shards them. ``save`` and ``export`` are
   collectives: every rank is called.
 
-Devices: CPU (gloo) and CUDA (NCCL); checked before any model loads (:func:`check_fsdp_support`).
+Devices: CPU (gloo) and CUDA (NCCL); checked before any model loads (:func:`check_fsdp_support`), with
+the FSDP2 methods used here (torch >= 2.8: ``set_force_sum_reduction_for_comms``,
+``set_gradient_divide_factor`` and ``set_reshard_after_forward`` are not in torch 2.7).
 """
 
 from __future__ import annotations
@@ -50,12 +52,20 @@ from accord.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
 
-MIN_TORCH = (2, 6)  # torch.distributed.fsdp.fully_shard is public from 2.6
+# the FSDP2 calls this module makes; the last three are new in torch 2.8 (2.7's FSDPModule lacks them)
+FSDP_METHODS = ("unshard", "reshard", "set_reshard_after_forward", "set_force_sum_reduction_for_comms",
+                "set_gradient_divide_factor")
+TORCH_NEEDED = "2.8"
 
 
-def _torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+def missing_fsdp_api() -> list[str]:
+    """What of FSDP2 this module calls is missing from this torch (checked by name, not by version: a
+    build of another version number, or a backport, is judged by what it has)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401
+    except ImportError:
+        return ["torch.distributed.fsdp.fully_shard"]
+    return [f"FSDPModule.{m}" for m in FSDP_METHODS if not callable(getattr(FSDPModule, m, None))]
 
 
 def check_fsdp_support(cfg: Config, names: list[str], *, cuda_count: int | None = None) -> None:
@@ -65,9 +75,10 @@ def check_fsdp_support(cfg: Config, names: list[str], *, cuda_count: int | None 
     if not dist.is_available():
         raise ConfigError(f"training.fsdp=true needs torch.distributed, which this torch build ({torch.__version__}) "
                           "lacks; install a torch build with distributed support or set training.fsdp=false")
-    if _torch_version() < MIN_TORCH:
-        raise ConfigError(f"training.fsdp=true needs torch >= {'.'.join(map(str, MIN_TORCH))} (FSDP2 fully_shard); "
-                          f"this is torch {torch.__version__}; upgrade torch or set training.fsdp=false")
+    missing = missing_fsdp_api()
+    if missing:
+        raise ConfigError(f"training.fsdp=true needs FSDP2's {', '.join(missing)}, which torch {torch.__version__} "
+                          f"lacks (torch >= {TORCH_NEEDED} has them); upgrade torch or set training.fsdp=false")
     if cuda_count is None:
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for n in names:

@@ -189,11 +189,13 @@ class PolicyWorker:
 
         import_modules(cfg.imports)
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
-        if device.type == "cuda":
+        extra = {}
+        if device.type == "cuda":  # the device first, then the group bound to it (NCCL's communicator at once)
             torch.cuda.set_device(device)
+            extra["device_id"] = device
         backend = tensor_backend(device)
         dist.init_process_group(backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=rank,
-                                world_size=world, timeout=TIMEOUT)
+                                world_size=world, timeout=TIMEOUT, **extra)
         objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else None
         seed_everything(cfg.run.seed + index)
         self.policy = build_rank(cfg, name, index, total_optimizer_steps, rank=rank, world=world, device=device,

@@ -60,6 +60,10 @@ class GenerationBackend:
         (``sampling``: each adapter's prompts' settings, as :meth:`generate`'s)."""
         raise NotImplementedError(f"generation backend {self.name!r} cannot mix LoRA adapters in one call")
 
+    def before_update(self) -> None:
+        """The policy is about to update its weights: release what generation holds on the device until the
+        next call (vLLM: sleep mode). The next generate call restores it."""
+
     def close(self) -> None:
         """Release what the backend holds (an engine, its files); the policy is not used afterwards."""
 
@@ -119,7 +123,8 @@ class HFBackend(GenerationBackend):
 class VLLMBackend(GenerationBackend):
     """One vLLM engine (:class:`accord.generation.vllm_backend.VLLMGenerator`), built on the first call from
     the model it is called with and kept for that model; weights (and the requested adapters) are pushed
-    into it when they changed since the last call. Each LoRA policy calls it with its own adapter (vLLM
+    into it when they changed since the last call; on a GPU it sleeps during each update
+    (``rollout.vllm_sleep``). Each LoRA policy calls it with its own adapter (vLLM
     batches the requests of different adapters itself); ``row_generators`` are not supported (replicas
     with vLLM are refused when the config is checked)."""
 
@@ -137,8 +142,13 @@ class VLLMBackend(GenerationBackend):
             r = self.rollout
             self.engine = VLLMGenerator(model, tokenizer, name=name, seed=self.seed,
                                         gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                                        llm_kwargs=dict(r.vllm_kwargs or {}))
+                                        llm_kwargs=dict(r.vllm_kwargs or {}), sleep=r.vllm_sleep)
         return self.engine
+
+    def before_update(self) -> None:
+        """Sleep mode: the engine frees its weights and KV cache for the update (see VLLMGenerator.sleep)."""
+        if self.engine is not None:
+            self.engine.sleep()
 
     def generate(self, model, tokenizer, prompts, *, greedy, temperature, generator, name, adapter=None,
                  row_generators=None, sampling=None):

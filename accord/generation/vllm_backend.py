@@ -34,10 +34,30 @@ group's backend: one engine for the shared base and one vLLM LoRA adapter per po
   parameters (their autograd version counters, bumped by every in-place write such as
   ``optimizer.step()`` or ``load``) with the one it last pushed; when they differ (i.e. after every
   ``update()`` and after a checkpoint load) it pushes the current state dict into the engine with
-  vLLM's in-place ``reload_weights`` (``LLM.collective_rpc("reload_weights", ...)``; the tensors are
-  handed over directly when the engine runs in this process, which is the default here, or written to
-  ``directory`` and reloaded from disk when ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) and resets the
-  prefix cache. Cost: one copy of the weights.
+  vLLM's in-place ``reload_weights`` and resets the prefix cache. Cost: one copy of the weights, in
+  memory: the tensors are handed over directly when the engine runs in this process (the default
+  here); when it runs in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) a CUDA learner sends
+  CUDA IPC handles of its parameters (:mod:`accord.generation.vllm_worker` rebuilds them in the
+  engine's worker, which copies from them on the same GPU), and only a CPU learner still goes through
+  ``directory`` on disk.
+- **Precision.** The engine runs in bf16 on a CUDA device with bf16 (compute capability >= 8), else
+  in the learner's dtype (fp32); ``rollout.vllm_kwargs: {dtype: ...}`` overrides it. A bf16 sampler
+  differs from the fp32 learner by bf16 rounding: ``algorithm.tis: auto`` turns the mismatch
+  correction on for every backend other than hf, and ``loss/<policy>/logp_diff`` shows the size of
+  the gap.
+- **Sleep mode** (``rollout.vllm_sleep``, CUDA engines). A colocated engine holds
+  ``vllm_gpu_memory_utilization`` of the GPU for its weights and KV cache; while its policy updates
+  (:meth:`VLLMGenerator.sleep`, called by the policy before each update) vLLM's sleep mode frees that
+  memory: level 2 (default for full fine-tuning) drops the weights and the KV cache, level 1
+  (default under LoRA, whose base never changes) keeps the weights in CPU memory. Before the next
+  generation the engine wakes its weights, the learner's current weights are pushed (always after
+  level 2), then the KV cache wakes. Torch's cached blocks are returned to the driver first
+  (``torch.cuda.empty_cache``), since vLLM maps its memory afresh on waking.
+- **Device.** vLLM's worker in this process uses the process's first GPU (``cuda:0``); an engine for a
+  policy on another GPU, and a second CUDA engine in one process (vLLM's sleep-mode allocator serves
+  one engine per process, and two engines at the default utilisation fail vLLM's free-memory check),
+  are refused before any model loads (:func:`accord.devices.check_vllm_devices`): one policy per GPU
+  runs under ``run.backend: ray``, where each actor's GPU is its ``cuda:0``.
 - **LoRA** (``specialization: lora``). The engine is started with ``enable_lora=True``; every adapter
   whose parameters changed since its last sync is re-saved in PEFT format to
   ``directory/adapters/NAME/vN`` and registered under a new ``LoRARequest`` id (the old id is removed
@@ -54,7 +74,8 @@ Building the engine also seeds the global RNGs and sets torch to 1 thread; both 
 afterwards. Closing an in-process engine tears down vLLM's process-wide state, so a closed engine is
 parked until the last one of the process closes (:meth:`VLLMGenerator.close`). Set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to run the engine in its own process instead (GPU setups that
-keep the trainer and the engine apart); weights then go through ``directory`` on disk.
+keep the trainer and the engine apart); weights then go as CUDA IPC handles (CPU learner: through
+``directory`` on disk).
 
 ``python bench/vllm_speed.py MODEL THREADS`` compares vLLM's generation with Hugging Face ``generate``
 (speed, engine start, weight sync); ``bench/README.md`` has its results. vLLM is meant for GPUs and
@@ -69,6 +90,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -91,6 +113,7 @@ VLLM_MISSING = ("rollout.generation_backend=vllm needs the `vllm` package: pip i
                 "or set rollout.generation_backend=hf")
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+WORKER_EXTENSION = "accord.generation.vllm_worker.WeightReceiver"
 _LIVE: weakref.WeakSet[VLLMGenerator] = weakref.WeakSet()  # engines not yet closed
 _PARKED: list = []  # closed in-process engines kept until the last one closes (see VLLMGenerator.close)
 
@@ -178,6 +201,60 @@ def _preserve_process_state():
         torch.set_num_threads(threads)
 
 
+def engine_multiprocessing() -> bool:
+    """Whether a new engine runs in its own process: vLLM's view of ``VLLM_ENABLE_V1_MULTIPROCESSING``, which
+    it freezes once an engine of this process has started (``vllm.envs`` caches the environment then), so a
+    later change of the variable does not count."""
+    try:
+        from vllm import envs
+
+        return bool(envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+    except (ImportError, AttributeError):   # a vLLM without the variable: the environment as it is
+        return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() not in ("0", "false", "False")
+
+
+def sleep_level(setting, device: torch.device, peft: bool) -> int | None:
+    """vLLM sleep level of an engine for a policy on ``device`` (``rollout.vllm_sleep``), None: no sleep mode.
+
+    ``auto``: 2 for full fine-tuning (the weights are pushed after every update anyway), 1 under LoRA (the
+    frozen base is kept in CPU memory instead of being pushed again); CUDA engines only."""
+    if setting in ("off", False):
+        return None
+    if device.type != "cuda":
+        if setting != "auto":
+            raise ConfigError(f"rollout.vllm_sleep={setting} needs a CUDA engine, but the policy is on {device} "
+                              "(vLLM's CPU backend has no sleep mode); set rollout.vllm_sleep=auto or off")
+        return None
+    if setting == "auto":
+        return 1 if peft else 2
+    return int(setting)
+
+
+def engine_dtype(learner: torch.dtype, device: torch.device, bf16: bool) -> str:
+    """vLLM's dtype for a learner of dtype ``learner`` on ``device``: bf16 on a CUDA device with bf16 units
+    (``bf16``), else the learner's (fp32 on the CPU and on GPUs without bf16, where fp16 could overflow)."""
+    if device.type == "cuda" and bf16:
+        return "bfloat16"
+    return str(learner).removeprefix("torch.")
+
+
+def engine_kwargs(directory: Path, *, seed: int, dtype: str, gpu_memory_utilization: float,
+                  lora_ranks: list[int] | None, sleep: int | None, in_process: bool, device: torch.device,
+                  llm_kwargs: dict | None) -> dict:
+    """The ``vllm.LLM`` arguments of an engine (``llm_kwargs`` last: the user's override accord's)."""
+    kwargs = {"model": str(directory), "tokenizer": str(directory), "seed": seed, "dtype": dtype,
+              "logprobs_mode": "processed_logprobs", "generation_config": "vllm",
+              "gpu_memory_utilization": gpu_memory_utilization, "disable_log_stats": True}
+    if lora_ranks:
+        kwargs.update(enable_lora=True, max_lora_rank=_round_rank(max(lora_ranks)), max_loras=len(lora_ranks))
+    if sleep is not None:
+        kwargs["enable_sleep_mode"] = True
+    if not in_process and device.type == "cuda":  # weights pushed as CUDA IPC handles (accord.generation.vllm_worker)
+        kwargs["worker_extension_cls"] = WORKER_EXTENSION
+    kwargs.update(llm_kwargs or {})
+    return kwargs
+
+
 def _round_rank(r: int) -> int:
     for allowed in _LORA_RANKS:
         if r <= allowed:
@@ -193,7 +270,8 @@ class VLLMGenerator:
     """
 
     def __init__(self, model, tokenizer, *, name: str = "model", gpu_memory_utilization: float = 0.5,
-                 llm_kwargs: dict | None = None, seed: int = 0, workdir: str | os.PathLike | None = None):
+                 llm_kwargs: dict | None = None, seed: int = 0, workdir: str | os.PathLike | None = None,
+                 sleep: str | int = "off"):
         vllm = import_vllm()
         from vllm import LLM
 
@@ -201,21 +279,31 @@ class VLLMGenerator:
         self.tokenizer = tokenizer
         self.peft = is_peft_model(model)
         self.eos = _eos_ids(model, tokenizer)
+        param = next(model.parameters())
+        self.device = param.device
+        if self.device.type == "cuda" and (self.device.index or 0) != 0:
+            raise ConfigError(f"policy {name!r} is on {self.device}, but vLLM starts its engine on the first GPU of "
+                              "the process (cuda:0); run one policy per GPU under run.backend=ray (each actor's GPU is "
+                              "its cuda:0), or put the policy on cuda:0")
+        self.sleep_level = sleep_level(sleep, self.device, self.peft)
+        self.asleep = False
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.in_process = not engine_multiprocessing()
         self.directory = Path(tempfile.mkdtemp(prefix=f"accord-vllm-{name.replace('/', '_')}-", dir=workdir))
         self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.directory), True)
         self._base_dir = self.directory / "base"
         _save_hf_dir(model, tokenizer, self._base_dir)
-        dtype = next(model.parameters()).dtype
-        kwargs = {"model": str(self._base_dir), "tokenizer": str(self._base_dir), "seed": seed,
-                  "dtype": str(dtype).removeprefix("torch."), "logprobs_mode": "processed_logprobs",
-                  "generation_config": "vllm", "gpu_memory_utilization": gpu_memory_utilization,
-                  "disable_log_stats": True}
-        if self.peft:
-            ranks = [c.r for c in model.peft_config.values()]
-            kwargs.update(enable_lora=True, max_lora_rank=_round_rank(max(ranks)), max_loras=len(ranks))
-        kwargs.update(llm_kwargs or {})
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"].strip() in ("0", "false", "False")
+        bf16 = False
+        if self.device.type == "cuda":
+            from accord.policies import cuda_bf16
+
+            bf16 = cuda_bf16(self.device)
+        kwargs = engine_kwargs(self._base_dir, seed=seed, dtype=engine_dtype(param.dtype, self.device, bf16),
+                               gpu_memory_utilization=gpu_memory_utilization,
+                               lora_ranks=[c.r for c in model.peft_config.values()] if self.peft else None,
+                               sleep=self.sleep_level, in_process=self.in_process, device=self.device,
+                               llm_kwargs=llm_kwargs)
+        self.dtype = kwargs["dtype"]
         self.recompute = False
         with _preserve_process_state():
             try:
@@ -234,6 +322,10 @@ class VLLMGenerator:
         self._adapter_fp: dict[str, tuple] = {}
         self._next_lora_id = 1
         self.syncs = 0  # full weight pushes (for tests and logs)
+        self.sleeps = 0  # times the engine was put to sleep
+        logger.info("vLLM engine for %s: dtype %s on %s, %s, sleep mode %s", name, self.dtype, self.device,
+                    "in this process" if self.in_process else "in its own process",
+                    f"level {self.sleep_level}" if self.sleep_level else "off")
 
     # --- weights --------------------------------------------------------------------------------
     @staticmethod
@@ -242,15 +334,18 @@ class VLLMGenerator:
             return _fingerprint(p for k, p in model.named_parameters() if "lora_" not in k and p.requires_grad)
         return _fingerprint(model.parameters())
 
-    def sync(self, model, adapters=()) -> None:
-        """Push the model's weights (and the named adapters) into the engine if they changed."""
+    def sync(self, model, adapters=()) -> bool:
+        """Push the model's weights (and the named adapters) into the engine if they changed (or were dropped
+        by a level-2 sleep); True when the weights were pushed."""
         fp = self._base_fingerprint(model)
-        if fp != self._weights_fp:
+        pushed = fp != self._weights_fp
+        if pushed:
             self._push_weights(model)
             self._weights_fp = fp
         for name in adapters:
             if name is not None:
                 self._sync_adapter(model, name)
+        return pushed
 
     def _push_weights(self, model) -> None:
         state = base_state_dict(model)
@@ -260,11 +355,41 @@ class VLLMGenerator:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             except TypeError:  # a vLLM whose reload_weights takes no iterator: the model's own loader
                 self.llm.apply_model(lambda m: m.load_weights(iter(weights)))
-        else:  # the engine is another process: go through the disk
+        elif self.device.type == "cuda":  # another process on this GPU: it copies from our memory
+            from accord.generation.vllm_worker import ipc_payload
+
+            payload = ipc_payload(state)
+            torch.cuda.synchronize(self.device)  # the optimizer's writes land before the engine reads
+            self.llm.collective_rpc("accord_load_ipc_weights", args=(payload,))
+        else:  # a CPU learner and an engine in another process: through the disk
             _write_weights(state, self._base_dir / "model.safetensors")
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._base_dir)})
-        self.llm.reset_prefix_cache()
         self.syncs += 1
+
+    # --- sleep mode -----------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the learner updates (``rollout.vllm_sleep``; no-op without it).
+        The next :meth:`generate` wakes it."""
+        if self.sleep_level is None or self.asleep or "llm" not in self.__dict__:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = True
+        self.sleeps += 1
+        if self.sleep_level == 2:  # the engine's weights are gone: push them again on waking
+            self._weights_fp = None
+
+    def _ready(self, model, adapters) -> None:
+        """Wake the weights (if asleep), push what changed, then wake the KV cache."""
+        asleep = self.asleep
+        if asleep:
+            torch.cuda.empty_cache()  # the update's cached blocks back to the driver: vLLM maps its memory anew
+            self.llm.wake_up(tags=["weights"])
+        pushed = self.sync(model, adapters)
+        if asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        if pushed:
+            self.llm.reset_prefix_cache()
 
     def _sync_adapter(self, model, name: str) -> None:
         from vllm.lora.request import LoRARequest
@@ -313,7 +438,7 @@ class VLLMGenerator:
             raise ValueError(f"{len(adapters)} adapter names for {len(prompts)} prompts")
         if any(a is not None for a in adapters) and not self.peft:
             raise ValueError("LoRA adapters were named, but this engine serves a model without adapters")
-        self.sync(model, sorted({a for a in adapters if a is not None}))
+        self._ready(model, sorted({a for a in adapters if a is not None}))
         self.eos = _eos_ids(model, self.tokenizer)  # read per call, like the HF backend
         if greedy:
             temperature, top_k, top_p = 0.0, 0, 1.0
@@ -377,6 +502,10 @@ class VLLMGenerator:
                         engine.llm_engine.engine_core.shutdown()
                 if self.in_process:
                     _PARKED.clear()
+                del llm, engines, engine
+                if self.device.type == "cuda":  # free the engine's tensors now: vLLM's sleep-mode allocator serves
+                    gc.collect()                # one engine per process, and the next engine measures free memory
+                    torch.cuda.empty_cache()
         self._finalizer()
 
 
