@@ -248,7 +248,8 @@ def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
 def test_direct_decode_step_refuses_what_it_does_not_implement():
-    """Adapters, other dtypes, hooks and sliding windows leave decoding to the model's forward."""
+    """Adapters other than plain LoRA on the projections, other dtypes, hooks and sliding windows leave
+    decoding to the model's forward."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -259,8 +260,14 @@ def test_direct_decode_step_refuses_what_it_does_not_implement():
     assert unsupported_reason(model) is None
     lora = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
                           LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert "PeftModel" in unsupported_reason(lora)
-    assert "not a plain nn.Linear" in unsupported_reason(lora.get_base_model())
+    assert unsupported_reason(lora) is None  # plain LoRA: the direct step adds the adapters itself
+    assert "not a plain nn.Linear" in unsupported_reason(lora.get_base_model())  # adapters without PEFT's model
+    dora = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                          LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=True))
+    assert "DoRA" in unsupported_reason(dora)
+    head = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                          LoraConfig(r=2, target_modules=["q_proj", "lm_head"]))
+    assert "output head" in unsupported_reason(head)
     assert "bfloat16" in unsupported_reason(transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16))
     hooked = transformers.AutoModelForCausalLM.from_config(config)
     hooked.model.layers[1].mlp.register_forward_hook(lambda *args: None)

@@ -28,10 +28,13 @@ changes the last bits of the logits, so a token drawn within rounding distance o
 can differ from another path's, which the tests' draws never are.
 
 It applies only where the arithmetic is known exactly: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
-``MistralForCausalLM`` and ``Qwen3ForCausalLM`` (checked by exact class, so PEFT wrappers, quantised or
-patched layers and subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose
-table does not depend on the sequence length, SDPA or eager attention, no hooks on any module, torch >= 2.4
-(for ``rms_norm``). Everything else goes through the model's forward; the prefill always does.
+``MistralForCausalLM`` and ``Qwen3ForCausalLM`` (checked by exact class, so quantised or patched layers and
+subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose table does not depend on
+the sequence length, SDPA or eager attention, no hooks on any module, torch >= 2.4 (for ``rms_norm``). Such a
+model under PEFT qualifies when its adapters are plain LoRA on the attention and MLP projections (no DoRA,
+LoRA biases, merged or disabled adapters, nor adapters on the embedding or the output head): each
+:class:`Projection` adds the adapters' term itself, per row (PEFT's ``adapter_names``) or for every row (the
+active adapter). Everything else goes through the model's forward; the prefill always does.
 """
 
 from __future__ import annotations
@@ -64,8 +67,40 @@ def _has_hooks(model: nn.Module) -> bool:
     return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
 
 
+def peft_base(model: nn.Module) -> tuple[nn.Module, bool]:
+    """(the Hugging Face model, whether it is wrapped by PEFT) of ``model``."""
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        return model.get_base_model(), True
+    return model, False
+
+
+def _is_lora_linear(module: nn.Module) -> bool:
+    cls = type(module)
+    return cls.__name__ == "Linear" and cls.__module__.startswith("peft.tuners.lora")
+
+
+def _projection_reason(module: nn.Module) -> str | None:
+    """Why a projection is neither a plain ``nn.Linear`` nor a plain LoRA layer over one."""
+    if type(module) is nn.Linear:
+        return None
+    if not _is_lora_linear(module):
+        return f"a projection is a {type(module).__name__}, not a plain nn.Linear or LoRA layer (quantisation?)"
+    if type(module.base_layer) is not nn.Linear or module.fan_in_fan_out:
+        return "a LoRA layer wraps something else than a plain nn.Linear"
+    if module.merged or module.disable_adapters:
+        return "LoRA adapters merged into the weights or disabled"
+    if (any(module.use_dora.values()) or any(getattr(module, "lora_bias", {}).values())
+            or getattr(module, "lora_variant", None)):
+        return "DoRA, LoRA biases or another LoRA variant"
+    if any(type(a) is not nn.Linear or a.bias is not None for a in (*module.lora_A.values(), *module.lora_B.values())):
+        return "a LoRA factor is not a bias-free nn.Linear"
+    return None
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why :class:`DecodeStep` cannot run ``model`` (``None`` when it can)."""
+    """Why :class:`DecodeStep` cannot run ``model`` (``None`` when it can). A PEFT model qualifies when its
+    base does and its adapters are plain LoRA on the attention and MLP projections."""
+    model, peft = peft_base(model)
     name = type(model).__name__
     if not hasattr(F, "rms_norm"):
         return f"torch {torch.__version__} has no rms_norm (torch >= 2.4 does)"
@@ -85,7 +120,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if rope is None or getattr(rope, "rope_type", None) not in _STATIC_ROPE:
         return f"rotary type {getattr(rope, 'rope_type', None)!r}"
     norm = _SUPPORTED[name]
-    linears = [model.lm_head]
+    projections = []
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -97,11 +132,16 @@ def unsupported_reason(model: nn.Module) -> str | None:
             return f"MLP activation {type(mlp.act_fn).__name__}"
         if getattr(attn, "sliding_window", None):
             return "sliding-window attention"
-        linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
     if not _transformers_class(inner.norm, norm) or type(inner.embed_tokens) is not nn.Embedding:
-        return "the final norm or the embedding is not the model's own"
-    if any(type(linear) is not nn.Linear for linear in linears):
-        return "a projection is not a plain nn.Linear (adapters, quantisation)"
+        return "the final norm or the embedding is not the model's own (or carries an adapter)"
+    if type(model.lm_head) is not nn.Linear:
+        return "the output head is not a plain nn.Linear (adapters, quantisation)"
+    for projection in projections:
+        reason = _projection_reason(projection) if peft else (
+            None if type(projection) is nn.Linear else "a projection is not a plain nn.Linear (adapters, quantisation)")
+        if reason is not None:
+            return reason
     if _has_hooks(model):
         return "a module has hooks or a patched forward"
     return None
@@ -124,33 +164,92 @@ def onednn_linear_available() -> bool:
 
 class Projection:
     """Linear layers sharing an input, as one matrix product (their weights concatenated along the output),
-    optionally followed by an elementwise step fused into it (oneDNN post-ops).
+    optionally followed by an elementwise step fused into it (oneDNN post-ops), plus their LoRA adapters.
 
     On the CPU with oneDNN the weight is re-laid out once here (a copy the size of the weights, freed with
     this object) for ``rows`` rows at a time (a hint: any row count works); elsewhere the product is
     ``F.linear`` on the concatenated weight, or on the layer's own weight when there is only one.
     ``scales``: a factor per layer multiplied into its weight and bias (the attention's query scaling);
     ``columns``: a factor per input feature multiplied into the weights (the weight of the RMSNorm before).
+
+    LoRA layers (PEFT's, over a plain ``nn.Linear``) add ``scaling * B (A x)`` for each adapter: all adapters'
+    A stacked into one product and their B side by side into another (B placed at its layer's output rows),
+    ``adapters`` numbering the adapters to include (``None``: each layer's active adapters, for every
+    row). With numbered adapters, :meth:`lora` keeps each row's own adapter through a 0/1 mask over the
+    stacked A's outputs (``tags``: the adapter of each of them), as PEFT's ``adapter_names`` routes rows.
     """
 
-    def __init__(self, linears: list[tuple[torch.Tensor, torch.Tensor | None]], rows: int, pack: bool,
-                 scales: list[float] | None = None, columns: torch.Tensor | None = None):
-        scales = scales or [1.0] * len(linears)
-        weights = [w.detach() if f == 1.0 else w.detach() * f for (w, _), f in zip(linears, scales)]
+    def __init__(self, modules: list[nn.Module], rows: int, pack: bool, scales: list[float] | None = None,
+                 columns: torch.Tensor | None = None, adapters: dict[str, int] | None = None):
+        scales = scales or [1.0] * len(modules)
+        bases = [m.base_layer if _is_lora_linear(m) else m for m in modules]
+        weights = [b.weight.detach() if f == 1.0 else b.weight.detach() * f for b, f in zip(bases, scales)]
         self.weight = weights[0] if len(weights) == 1 else torch.cat(weights)
         if columns is not None:  # a preceding RMSNorm's weight: W (w * x) = (W diag(w)) x
             self.weight = self.weight * columns.detach()
-        biases = [None if b is None else b.detach() if f == 1.0 else b.detach() * f
-                  for (_, b), f in zip(linears, scales)]
+        biases = [None if b.bias is None else b.bias.detach() if f == 1.0 else b.bias.detach() * f
+                  for b, f in zip(bases, scales)]
         self.bias = None
         if any(b is not None for b in biases):
             self.bias = torch.cat([w.new_zeros(w.size(0)) if b is None else b for w, b in zip(weights, biases)])
+        self.factors = self._lora_factors(modules, weights, scales, columns, adapters)
         self.packed = None
         if pack:
             self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows), None
 
-    def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` times the weights (plus bias), then ``post``: ``swish`` (SiLU), ``add`` or ``mul`` (with ``other``)."""
+    @staticmethod
+    def _lora_factors(modules, weights, scales, columns, adapters):
+        """(stacked A, B side by side, the adapter number of each stacked row) or None without adapters."""
+        a_parts, b_parts, tags = [], [], []
+        out, start = sum(w.size(0) for w in weights), 0
+        for module, weight, f in zip(modules, weights, scales):
+            if _is_lora_linear(module):
+                names = adapters if adapters is not None else {n: 0 for n in module.active_adapters}
+                for name, tag in names.items():
+                    if name not in module.lora_A:
+                        continue
+                    a = module.lora_A[name].weight.detach()
+                    b = weight.new_zeros(out, a.size(0))
+                    b[start:start + weight.size(0)] = module.lora_B[name].weight.detach() * (module.scaling[name] * f)
+                    a_parts.append(a)
+                    b_parts.append(b)
+                    tags += [tag] * a.size(0)
+            start += weight.size(0)
+        if not a_parts:
+            return None
+        a = torch.cat(a_parts)
+        if columns is not None:
+            a = a * columns.detach()
+        return a, torch.cat(b_parts, dim=1), torch.tensor(tags, device=a.device)
+
+    def lora(self, x: torch.Tensor, masks: dict | None) -> torch.Tensor | None:
+        """The adapters' contribution for ``x`` (None without adapters); ``masks``: per-step cache of the
+        0/1 masks of the rows' adapters (None: every row gets every adapter)."""
+        if self.factors is None:
+            return None
+        a, b, tags = self.factors
+        h = F.linear(x, a)
+        if masks is not None:
+            mask = masks.get(id(tags))
+            if mask is None:
+                mask = masks[id(tags)] = (masks["rows"][:, None] == tags[None, :]).to(h.dtype)
+            h = h * mask
+        return F.linear(h, b)
+
+    def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None,
+                 masks: dict | None = None) -> torch.Tensor:
+        """``x`` times the weights (plus bias and adapters), then ``post``: ``swish`` (SiLU), ``add`` or ``mul``
+        (with ``other``)."""
+        delta = self.lora(x, masks)
+        if delta is not None:  # the adapters' term joins before the post-op
+            if post == "swish":
+                return F.silu(self._product(x, "add", delta))
+            if post == "mul":
+                return self._product(x, "add", delta) * other
+            return self._product(x, "add", delta if post == "none" else delta + other)
+        return self._product(x, post, other)
+
+    def _product(self, x: torch.Tensor, post: str, other: torch.Tensor | None) -> torch.Tensor:
         if self.packed is not None:
             if other is not None:
                 return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, post)
@@ -171,7 +270,7 @@ class SharedPrefixCache:
     ``prefix``: per layer, the keys and values of each distinct prompt, (prompts, kv_heads, width, head_dim),
     ``prefix_lengths``: each prompt's true length (positions past it are padding, masked), ``row_prompt``: the
     prompt of each row, in ascending order (rows of one prompt adjacent). Each row's generated tokens go to
-    its own preallocated part of ``steps`` positions.
+    its own preallocated part of ``steps`` positions. ``row_tags``: each row's LoRA adapter, if any.
 
     Attention of a row is one softmax over [its prompt's positions, its own generated positions]. It is
     computed in the prompts' layout, ``slots``: the queries of a prompt's rows side by side (padded to the
@@ -180,8 +279,9 @@ class SharedPrefixCache:
     """
 
     def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_lengths: torch.Tensor,
-                 row_prompt: torch.Tensor, steps: int):
+                 row_prompt: torch.Tensor, steps: int, row_tags: torch.Tensor | None = None):
         self.prefix = [(k.contiguous(), v.contiguous()) for k, v in prefix]
+        self.row_tags = row_tags  # each row's LoRA adapter number (DecodeStep.row_tags), kept with the rows
         prompts, kv_heads, width, head_dim = self.prefix[0][0].shape
         self.prompts, self.width = prompts, width
         device = self.prefix[0][0].device
@@ -217,6 +317,8 @@ class SharedPrefixCache:
             nv[:, :, :t].copy_(v[:, :, :t].index_select(0, index))
             self.generated[i] = (nk, nv)
         self._layout(self.row_prompt.index_select(0, index))
+        if self.row_tags is not None:
+            self.row_tags = self.row_tags.index_select(0, index)
 
     def _to_slots(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, kv_heads, group, n) -> (prompts * kv_heads, per_prompt * group, n)."""
@@ -273,7 +375,8 @@ class DecodeStep:
     ``max_positions`` positions. ``rows``: the batch size, a hint for the weights' layout.
     """
 
-    def __init__(self, model: nn.Module, max_positions: int, rows: int = 1):
+    def __init__(self, model: nn.Module, max_positions: int, rows: int = 1, row_adapters: list[str] | None = None):
+        model, _ = peft_base(model)
         inner, config = model.model, model.config
         first = inner.layers[0].self_attn
         self.head_dim = first.head_dim
@@ -284,7 +387,12 @@ class DecodeStep:
         pack = self.embed.device.type == "cpu" and onednn_linear_available()
         # the RMSNorms' weights are multiplied into the projections that read them (``columns``)
         self.final_eps = inner.norm.variance_epsilon
-        self.head = Projection([(model.lm_head.weight, model.lm_head.bias)], rows, pack, columns=inner.norm.weight)
+        self.head = Projection([model.lm_head], rows, pack, columns=inner.norm.weight)
+        # per-row LoRA adapters (PEFT's adapter_names; "__base__" is none): each row's number, or -1
+        adapters, self.row_tags = None, None
+        if row_adapters is not None:
+            adapters = {n: i for i, n in enumerate(sorted(set(row_adapters) - {"__base__"}))}
+            self.row_tags = torch.tensor([adapters.get(n, -1) for n in row_adapters], device=self.embed.device)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -294,18 +402,17 @@ class DecodeStep:
                 qk_norms = ((attn.q_norm.weight.detach() * self.scaling, attn.q_norm.variance_epsilon),
                             (attn.k_norm.weight, attn.k_norm.variance_epsilon))
                 scales = None
+            post_norm = layer.post_attention_layernorm.weight
             self.layers.append((
                 layer.input_layernorm.variance_epsilon,
-                Projection([(p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], rows, pack, scales,
-                           columns=layer.input_layernorm.weight),
+                Projection([attn.q_proj, attn.k_proj, attn.v_proj], rows, pack, scales,
+                           columns=layer.input_layernorm.weight, adapters=adapters),
                 qk_norms,
-                Projection([(attn.o_proj.weight, attn.o_proj.bias)], rows, pack),
+                Projection([attn.o_proj], rows, pack, adapters=adapters),
                 layer.post_attention_layernorm.variance_epsilon,
-                Projection([(mlp.gate_proj.weight, mlp.gate_proj.bias)], rows, pack,
-                           columns=layer.post_attention_layernorm.weight),
-                Projection([(mlp.up_proj.weight, mlp.up_proj.bias)], rows, pack,
-                           columns=layer.post_attention_layernorm.weight),
-                Projection([(mlp.down_proj.weight, mlp.down_proj.bias)], rows, pack),
+                Projection([mlp.gate_proj], rows, pack, columns=post_norm, adapters=adapters),
+                Projection([mlp.up_proj], rows, pack, columns=post_norm, adapters=adapters),
+                Projection([mlp.down_proj], rows, pack, adapters=adapters),
             ))
         positions = torch.arange(max_positions, device=self.embed.device)[None]
         cos, sin = inner.rotary_emb(self.embed[:1], positions)  # the model's own table, its dtype
@@ -314,12 +421,13 @@ class DecodeStep:
         self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     @classmethod
-    def build(cls, model: nn.Module, max_positions: int, rows: int = 1) -> DecodeStep | None:
+    def build(cls, model: nn.Module, max_positions: int, rows: int = 1,
+              row_adapters: list[str] | None = None) -> DecodeStep | None:
         reason = unsupported_reason(model)
         if reason is not None:
             logger.debug("decoding %s through its forward: %s", type(model).__name__, reason)
             return None
-        return cls(model, max_positions, rows)
+        return cls(model, max_positions, rows, row_adapters)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return x * cos + x.roll(self.head_dim // 2, -1) * sin
@@ -332,8 +440,9 @@ class DecodeStep:
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
         x = F.embedding(tokens, self.embed)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        masks = None if cache.row_tags is None else {"rows": cache.row_tags}  # the rows' adapters, per step
         for i, (eps1, qkv_proj, qk_norms, o_proj, eps2, gate, up, down) in enumerate(self.layers):
-            qkv = qkv_proj(F.rms_norm(x, (dim,), None, eps1))
+            qkv = qkv_proj(F.rms_norm(x, (dim,), None, eps1), masks=masks)
             v = qkv[:, q_width + kv_width:].view(rows, kv_heads, head_dim)
             if qk_norms is None:  # q and k rotated together (q's weights carry the attention scaling)
                 qk = self._rotate(qkv[:, :q_width + kv_width].view(rows, heads + kv_heads, head_dim), cos, sin)
@@ -345,8 +454,8 @@ class DecodeStep:
                 q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             # one query per row: its heads that share a key/value head are that head's group of queries
             out = cache.attend(i, q.reshape(rows, kv_heads, heads // kv_heads, head_dim), k, v)
-            x = o_proj(out.reshape(rows, q_width), "add", x)
+            x = o_proj(out.reshape(rows, q_width), "add", x, masks)
             h = F.rms_norm(x, (dim,), None, eps2)
-            x = down(up(h, "mul", gate(h, "swish")), "add", x)
+            x = down(up(h, "mul", gate(h, "swish", masks=masks), masks), "add", x, masks)
         cache.advance()
         return self.head(F.rms_norm(x, (dim,), None, self.final_eps))

@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - older transformers: Hugging Face gener
     DynamicLayer = None
 
 from accord.algorithms.losses import process_logits
-from accord.generation.fast_decode import DecodeStep, SharedPrefixCache, unsupported_reason
+from accord.generation.fast_decode import DecodeStep, SharedPrefixCache, peft_base, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -211,11 +211,13 @@ def generate(
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     own_loop = supports_own_loop(model)
-    # the direct decoding step needs no per-row forward arguments (PEFT adapters go through the forward)
-    direct = own_loop and not row_args and unsupported_reason(model) is None
+    # the direct decoding step takes one per-row forward argument: PEFT's LoRA adapter names
+    reason = unsupported_reason(model) if own_loop else None
+    if reason is None and set(row_args) - {"adapter_names"} or row_args and not peft_base(model)[1]:
+        reason = f"per-row forward arguments {sorted(row_args)}"
+    direct = own_loop and reason is None
     if own_loop and not direct:
-        logger.debug("decoding %s through its forward: %s", type(model).__name__,
-                     "per-row forward arguments" if row_args else unsupported_reason(model))
+        logger.debug("decoding %s through its forward: %s", type(model).__name__, reason)
     was_training = model.training
     model.eval()
     out: list[Generation] = []
@@ -316,19 +318,24 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
 
 def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
     """The decoding loop with :class:`DecodeStep` (see :mod:`accord.generation.fast_decode`): each distinct
-    prompt prefilled once and its keys and values shared by its rows, finished rows dropped from the batch;
-    returns (rows, steps) token ids, pad after a row's first EOS."""
+    prompt (and LoRA adapter, ``row_args["adapter_names"]``) prefilled once and its keys and values shared by
+    its rows, finished rows dropped from the batch; returns (rows, steps) token ids, pad after a row's first
+    EOS."""
     device = next(model.parameters()).device
     n = len(prompts)
-    index, unique_rows = first_occurrences([tuple(p) for p in prompts])
-    logits, prefix, lengths = _prefill(model, [prompts[r] for r in unique_rows], device)
+    adapters = row_args.get("adapter_names")
+    index, unique_rows = first_occurrences([(tuple(p), None if adapters is None else adapters[i])
+                                            for i, p in enumerate(prompts)])
+    logits, prefix, lengths = _prefill(model, [prompts[r] for r in unique_rows], device,
+                                       None if adapters is None else [adapters[r] for r in unique_rows])
     # rows of one prompt adjacent (the cache's layout); ``rows`` maps them back to the caller's order
     order = sorted(range(n), key=index.__getitem__)
     rows = torch.tensor(order, device=device)
     row_prompt = torch.tensor([index[r] for r in order], device=device)
-    cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0))
+    step = DecodeStep(model, int(lengths.max()) + max_new_tokens, rows=n,
+                      row_adapters=None if adapters is None else [adapters[r] for r in order])
+    cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0), step.row_tags)
     del prefix
-    step = DecodeStep(model, int(lengths.max()) + max_new_tokens, rows=n)
     logits, position = logits[row_prompt], lengths.to(device)[row_prompt]
     eos_ids = torch.tensor(eos, device=device)
     tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
@@ -348,9 +355,11 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
     return tokens
 
 
-def _prefill(model, prompts: list[list[int]], device) -> tuple[torch.Tensor, list, torch.Tensor]:
+def _prefill(model, prompts: list[list[int]], device, adapters: list[str] | None = None
+             ) -> tuple[torch.Tensor, list, torch.Tensor]:
     """(last-position logits (prompts, vocab), per layer (keys, values) of shape (prompts, kv_heads, width,
-    head_dim), lengths) of distinct ``prompts`` through the model's forward.
+    head_dim), lengths) of distinct ``prompts`` through the model's forward (``adapters``: each prompt's
+    PEFT adapter name).
 
     Prompts of one length run as one batch, without padding or mask (left-padding them all to the longest
     cost the default job a quarter more prefill work); the caches are laid side by side, right-padded to
@@ -363,9 +372,10 @@ def _prefill(model, prompts: list[list[int]], device) -> tuple[torch.Tensor, lis
         groups.setdefault(len(p), []).append(u)
     logits = prefix = None
     for length, members in groups.items():
-        cache = DynamicCache(config=model.config)
+        cache = DynamicCache(config=peft_base(model)[0].config)
+        extra = {} if adapters is None else {"adapter_names": [adapters[u] for u in members]}
         out = model(input_ids=torch.tensor([prompts[u] for u in members], device=device), use_cache=True,
-                    **{_cache_kwarg(model): cache}, **_keep_last(model)).logits[:, -1]
+                    **{_cache_kwarg(model): cache}, **_keep_last(model), **extra).logits[:, -1]
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         if len(groups) == 1:
             return out, [(k.contiguous(), v.contiguous()) for k, v in layers], lengths
