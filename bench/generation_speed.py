@@ -32,7 +32,8 @@ at its EOS) against every weight, and their attention over their prompt and toke
 at least max(FLOP / GEMM rate, bytes / bandwidth), where the bytes are every weight once and each distinct
 prompt's keys and values once plus each row's own; the prefill is counted at the GEMM rate. The GEMM rate
 is fp32 ``2048 x 2048`` matrix products with the same threads, the bandwidth a sum over 512 MiB, both
-best-of-5, measured before the rounds. ``fraction of bound`` = bound / the path's best time.
+best-of-5, measured before the rounds (``--gemm-gflops`` / ``--read-gbs`` replace them: a machine shared with
+other jobs measures less than it has). ``fraction of bound`` = bound / the path's best time.
 """
 
 from __future__ import annotations
@@ -281,6 +282,11 @@ def compare(args) -> dict:
         for p, w in workers.items():
             print(f"{p}: accord from {w.ready['accord']}")
         rates = machine_rates(args.threads)
+        measured = dict(rates)
+        if args.gemm_gflops:
+            rates["gemm_gflops"] = args.gemm_gflops
+        if args.read_gbs:
+            rates["read_gbs"] = args.read_gbs
         torch.set_num_threads(args.threads)
         load = os.getloadavg()
         times: dict[str, list[float]] = {p: [] for p in paths}
@@ -302,7 +308,8 @@ def compare(args) -> dict:
           f"{min(map(len, job['prompts']))}-{max(map(len, job['prompts']))} tokens), up to {job['max_new_tokens']} new "
           f"tokens, temperature {job['temperature']}, top-k {job['top_k']}, top-p {job['top_p']}; {args.threads} "
           f"threads, {args.rounds} rounds; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after")
-    print(f"machine: fp32 GEMM {rates['gemm_gflops']:.0f} GFLOP/s, memory read {rates['read_gbs']:.1f} GB/s")
+    print(f"machine: fp32 GEMM {measured['gemm_gflops']:.0f} GFLOP/s, memory read {measured['read_gbs']:.1f} GB/s "
+          f"measured; the bound uses {rates['gemm_gflops']:.0f} GFLOP/s and {rates['read_gbs']:.1f} GB/s")
     results = {}
     ref = outs.get("old")
     header = (f"{'path':6} {'best s':>7} {'median s':>8} {'cpu s':>6} {'tokens':>6} {'tokens/s':>8} {'bound s':>7} "
@@ -313,7 +320,7 @@ def compare(args) -> dict:
         bound = bound_seconds(config, job["prompts"], lengths, rates)
         best = min(times[p])
         row = {"best_s": best, "median_s": statistics.median(times[p]), "times_s": times[p], "cpu_s": min(cpu[p]),
-               "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best, **bound,
+               "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best, "lengths": lengths, **bound,
                "fraction_of_bound": bound["bound_s"] / best}
         if ref is not None:
             row["speedup_vs_old"] = min(times["old"]) / best
@@ -335,7 +342,8 @@ def compare(args) -> dict:
         if p != "hf" and "hf" in results:
             print(f"{p} against Hugging Face generate: {min(times['hf']) / min(times[p]):.2f}x")
     return {"config": vars(args), "job": {k: v for k, v in job.items() if k != "prompts"},
-            "prompt_lengths": [len(p) for p in job["prompts"]], "machine": rates, "load": load, "results": results}
+            "prompt_lengths": [len(p) for p in job["prompts"]], "machine": measured, "bound_rates": rates, "load": load,
+            "results": results}
 
 
 def profile_path(args) -> None:
@@ -366,6 +374,9 @@ def main() -> None:
     p.add_argument("--old-ref", default=OLD_REF, help="git ref of the code to compare against (the 'old' path)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3, help="calls per path, alternating between the paths")
+    p.add_argument("--gemm-gflops", type=float, help="bound with this GEMM rate instead of the measured one "
+                   "(a shared machine measures less than it has)")
+    p.add_argument("--read-gbs", type=float, help="bound with this memory bandwidth instead of the measured one")
     p.add_argument("--profile", choices=PATHS, help="profile one call of this path instead of comparing")
     p.add_argument("--machine", action="store_true", help="only measure the GEMM rate and memory bandwidth")
     p.add_argument("--json", help="also write the results here")
