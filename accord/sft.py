@@ -209,6 +209,15 @@ def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
             f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
 
 
+def held_out_rows(cfg: Config) -> list[dict]:
+    """The ``sft.eval_size`` eval-split instances the oracle's held-out demonstrations come from."""
+    from accord.build import build_task
+
+    task = build_task(cfg)
+    split = task.tasks if is_env(task) else task.rows
+    return split("eval", limit=cfg.sft.eval_size, seed=cfg.run.seed)
+
+
 def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
     """(training, held-out) demonstrations as ``cfg.sft`` says; the task's agents resolved into ``cfg``."""
     from accord.build import build_task
@@ -350,6 +359,45 @@ def _batches(n: int, size: int, seed: int):
         stream = stream[size:]
 
 
+def step_counts(cfg: Config, sizes: dict[str, int]) -> dict[str, int]:
+    """Optimizer steps of each policy: ``sft.steps``, or with ``sft.epochs`` ceil(epochs x its demonstrations /
+    batch_size) (the batch is at most the number of demonstrations)."""
+    s = cfg.sft
+    if s.epochs is None:
+        return {name: s.steps for name in sizes}
+    return {name: max(1, math.ceil(s.epochs * n / min(s.batch_size, n))) for name, n in sizes.items()}
+
+
+def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]]], rows: list[dict]) -> dict:
+    """Play ``rows`` once each, greedily, with the fine-tuned policies, as ``accord train`` evaluates: the mean
+    team reward (return) and, where the task has a success check, the success rate."""
+    import functools
+
+    from accord.build import build_env
+    from accord.evaluate import EVAL_SEED_OFFSET
+    from accord.generation.agents import AgentGenerator
+    from accord.rollout import make_rollout, rollout_name
+
+    env = build_env(cfg)
+    agents = tuple(a.name for a in cfg.agents)
+    agent_policy = {a.name: name for name, (_, mine) in policies.items() for a in cfg.agents if a.name in mine}
+    rollout = make_rollout(rollout_name(cfg, env), cfg, env, functools.partial(build_env, cfg), agents, agent_policy)
+    generate = AgentGenerator({name: pol for name, (pol, _) in policies.items()}, agent_policy)
+    for pol, _ in policies.values():
+        pol.model.eval()
+    try:
+        played = rollout.play(rows, functools.partial(generate, temperature=1.0), n=1, greedy=True,
+                              seed=cfg.run.seed + EVAL_SEED_OFFSET, success=True)
+    finally:
+        for pol, _ in policies.values():
+            pol.model.train()
+    records = [per[0] for per in played.results]
+    out = {"sft/eval/team/reward": sum(r["team"] for r in records) / len(records)}
+    if "success" in records[0]:
+        out["sft/eval/success"] = sum(r["success"] for r in records) / len(records)
+    return out
+
+
 def output_dir(cfg: Config) -> Path:
     return Path(cfg.sft.output_dir) if cfg.sft.output_dir else cfg.run_dir / "sft"
 
@@ -390,7 +438,9 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     out.mkdir(parents=True)
     write_demos(train, out / "demos.jsonl")
     save_config(cfg, out / "config.yaml")
-    summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals)}
+    steps = step_counts(cfg, {name: len(d) for name, d in data.items()})
+    held_rows = held_out_rows(cfg) if s.eval_success and s.eval_size else []
+    summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals), "steps": steps}
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
         def record(step: int, metrics: dict) -> None:
             log.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -399,24 +449,41 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         before = {f"sft/{n}/eval_nll": mean_nll(p, held[n], micro) for n, (p, _) in policies.items() if held[n]}
         record(0, before)
         batches = {n: _batches(len(data[n]), s.batch_size, cfg.run.seed + i) for i, n in enumerate(policies)}
-        every = max(1, s.steps // 10)
-        for step in range(1, s.steps + 1):
+        last = max(steps.values())
+        every = max(1, last // 10)
+        tokens_total, train_s = 0, 0.0
+        for step in range(1, last + 1):
             t = time.perf_counter()
-            metrics = {}
+            metrics, tokens = {}, 0
             for name, (pol, _) in policies.items():
+                if step > steps[name]:
+                    continue
                 batch = [data[name][i] for i in next(batches[name])]
+                tokens += sum(len(e.prompt_ids) + len(e.completion_ids) for e in batch)
                 for key, v in sft_step(pol, batch, micro, cfg.training.max_grad_norm, step).items():
                     metrics[f"sft/{name}/{key}"] = v
-            metrics["time/step"] = time.perf_counter() - t
-            if step == s.steps:
+            elapsed = time.perf_counter() - t
+            tokens_total, train_s = tokens_total + tokens, train_s + elapsed
+            metrics.update({"time/step": elapsed, "perf/tokens": tokens, "perf/tokens_per_s": tokens / elapsed})
+            if step == last:
                 metrics.update({f"sft/{n}/eval_nll": mean_nll(p, held[n], micro)
                                 for n, (p, _) in policies.items() if held[n]})
+                if held_rows:
+                    t = time.perf_counter()
+                    played = held_out_play(cfg, policies, held_rows)
+                    metrics.update({**played, "time/eval": time.perf_counter() - t})
+                    logger.info("sft: held-out greedy play of %d instances: %s", len(held_rows), ", ".join(
+                        f"{k.removeprefix('sft/eval/')} {v:.3f}" for k, v in played.items()))
             record(step, metrics)
-            if step % every == 0 or step == s.steps:
-                logger.info("sft step %d/%d: %s (%.1fs)", step, s.steps, ", ".join(
+            if step % every == 0 or step == last:
+                logger.info("sft step %d/%d: %s (%.2fs, %.0f tokens/s)", step, last, ", ".join(
                     f"{k.split('/')[1]} loss {v:.4f}" for k, v in metrics.items() if k.endswith("/loss")),
-                    metrics["time/step"])
-        after = {k: v for k, v in metrics.items() if k.endswith("/eval_nll")}
+                    elapsed, tokens / elapsed)
+        after = {k: v for k, v in metrics.items() if k.endswith("/eval_nll") or k.startswith("sft/eval/")}
+        summary.update({"tokens": tokens_total, "train_s": round(train_s, 2),
+                        "tokens_per_s": round(tokens_total / max(train_s, 1e-9), 1)})
+        logger.info("sft: %d steps, %d prompt+completion tokens in %.1fs (%.0f tokens/s)", last, tokens_total,
+                    train_s, tokens_total / max(train_s, 1e-9))
     for name, (pol, _) in policies.items():
         pol.export(out / name)
         if before.get(f"sft/{name}/eval_nll") is not None:

@@ -174,6 +174,43 @@ def test_finished_rows_leave_the_batch_without_changing_the_draws(arch, monkeypa
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
 
 
+def test_per_row_sampling_through_the_direct_loop_draws_like_generate(monkeypatch):
+    """Rows with their own temperature, top-k, top-p and length cap, interleaved across prompts (the direct
+    loop reorders rows by prompt) and leaving the batch at EOS or at their cap: the direct decoding loop
+    draws Hugging Face generate's tokens and log-probs, and each row's are those of its own settings."""
+    import accord.generation.hf as hf
+    from accord.rollout.sample import Sampling
+
+    pol = Policy("p", PolicyConfig(model="tiny-qwen3", model_kwargs={"vocab_size": 300}),
+                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+    assert hf.unsupported_reason(pol.model) is None  # the direct decoding step applies
+    hot, nucleus, capped = Sampling(2.0, 0, 1.0, 24), Sampling(1.5, 0, 0.9, 24), Sampling(0.9, 7, 1.0, 5)
+    long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
+    short = pol.encode_chat([{"role": "user", "content": "hi"}])
+    prompts = [long_prompt, short, long_prompt, short, long_prompt, short, long_prompt, short, long_prompt]
+    rows = [hot, capped, nucleus, hot, capped, nucleus, hot, hot, nucleus]
+    runs = {}
+    for path in ("own", "hf"):
+        if path == "hf":
+            _hf_path(monkeypatch)
+        runs[path] = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=30, row_sampling=rows,
+                              generator=torch.Generator().manual_seed(11))
+    own, ref = runs["own"], runs["hf"]
+    assert [g.ids for g in own] == [g.ids for g in ref]
+    assert [g.finish_reason for g in own] == [g.finish_reason for g in ref]
+    for a, b in zip(own, ref):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    assert {len(g.ids) for g, s in zip(own, rows) if s is capped} == {5}
+    assert any(g.finish_reason == "stop" for g in own) and len({len(g.ids) for g in own}) >= 3
+    samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids,
+                      logprobs=g.logprobs, finish_reason=g.finish_reason, sampling=s)
+               for p, g, s in zip(prompts, own, rows)]
+    with torch.no_grad():
+        logp, _, mask = pol._forward_completion(pol.model, samples, want_entropy=False)
+    for i, s in enumerate(samples):   # the learner's log-probs under each row's own settings
+        assert torch.allclose(logp[i][mask[i]], torch.tensor(s.logprobs), atol=1e-4)
+
+
 def _decode_step_models():
     import transformers
 

@@ -85,6 +85,13 @@ def test_registered_and_options_validated():
             make_task(name, options)
 
 
+def test_a_split_with_no_layout_names_the_cause():
+    env = make_task("planpath", {"size": 4, "wall_frac": 0.0})   # one wall layout: it lands in one split only
+    assert len(env.tasks("train", 3)) == 3
+    with pytest.raises(TaskError, match=r"no 'eval' instance .*task.options.wall_frac above 0"):
+        env.tasks("eval", 3)
+
+
 def test_protocol_misuse_raises():
     env = PlanPathEnv(size=5, max_turns=1)
     task = env.tasks("train", 1)[0]

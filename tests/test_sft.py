@@ -1,5 +1,6 @@
 """``accord sft``: oracles, demonstrations (oracle and JSONL), the prompts RL shows, the warm start through the CLI."""
 
+import collections
 import json
 import os
 import random
@@ -153,7 +154,7 @@ def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
     trainer = Trainer(cfg)
     policy = trainer.policies["main"]
     rows = trainer.batch_rows(0)
-    samples = trainer.rollout(0, rows, MetricAccumulator())
+    samples, _ = trainer.rollout(0, rows, MetricAccumulator(), collections.defaultdict(float))
     row = rows[0]
     demos, _ = collect_demos_for(cfg, [row])
     planner_demo = next(d for d in demos if d.agent == "planner" and "turn 1" in d.where)
@@ -193,16 +194,22 @@ def test_warm_start_lowers_heldout_nll_and_rl_starts_from_it(tmp_path):
     before, after = lines[0]["sft/main/eval_nll"], lines[-1]["sft/main/eval_nll"]
     assert after < 0.6 * before, (before, after)
     assert [x["step"] for x in lines] == list(range(13))
+    assert all(x["perf/tokens_per_s"] > 0 for x in lines[1:])
+    played = {k: lines[-1][k] for k in ("sft/eval/success", "sft/eval/team/reward")}   # greedy play, 8 puzzles
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (out / "main").iterdir()}
     assert f"policies.main.model={out / 'main'}" in sft.stderr
     demos = read_demos(out / "demos.jsonl", ("planner", "executor"))   # its own output is valid input
     assert len(demos) >= 24
 
     rl = accord("train", str(config), f"policies.main.model={out / 'main'}", "policies.main.model_kwargs={}",
-                "run.name=rl", cwd=tmp_path)
+                "run.name=rl", "run.eval_before=true", "task.eval_size=8", cwd=tmp_path)
     assert rl.returncode == 0, rl.stderr
     run = tmp_path / "runs" / "rl"
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    # sft's held-out play is the RL run's evaluation of the same weights on the same puzzles
+    assert (metrics[0]["eval/success"], metrics[0]["eval/team/reward"]) == pytest.approx(
+        (played["sft/eval/success"], played["sft/eval/team/reward"]))
     assert yaml.safe_load((run / "config.yaml").read_text())["policies"]["main"]["model"] == str(out / "main")
     again = accord("sft", str(config), cwd=tmp_path)   # never overwrites a warm start
     assert again.returncode == 2 and "already holds a warm start" in again.stderr
@@ -265,3 +272,34 @@ def test_sft_config_errors():
         config_from_dict({"sft": {"noise": 0.2, "data": "d.jsonl"}})
     with pytest.raises(ConfigError, match="has no oracle"):
         collect_demos(config_from_dict({"task": {"name": "letters"}, "policies": {"main": TINY}}))
+
+
+def test_epochs_decide_each_policys_steps():
+    from accord.sft import step_counts
+
+    cfg = config_from_dict({"sft": {"steps": 7, "batch_size": 16}})
+    assert step_counts(cfg, {"a": 100, "b": 3}) == {"a": 7, "b": 7}
+    cfg = config_from_dict({"sft": {"epochs": 2.5, "batch_size": 16}})
+    # ceil(2.5 * 100 / 16) = 16; a policy with fewer demonstrations than a batch takes them all each step
+    assert step_counts(cfg, {"a": 100, "b": 3}) == {"a": 16, "b": 3}
+    with pytest.raises(Exception, match="sft.epochs=0"):
+        config_from_dict({"sft": {"epochs": 0}})
+
+
+def test_centralized_demos_answer_every_role_and_solve(tmp_path):
+    cfg = config_from_dict({**planpath_cfg(tmp_path, max_new_tokens=200),
+                            "algorithm": {"name": "atgrpo", "num_generations": 2, "baseline": "centralized"}})
+    train, _ = collect_demos(cfg)
+    assert {d.agent for d in train} == {"central"}
+    from accord.build import build_task
+
+    env = build_task(cfg)
+    # the first turn's demonstrations come first, one per puzzle in order
+    for demo, row in zip(train, env.tasks("train", limit=cfg.sft.instances, seed=cfg.run.seed)):
+        assert demo.where.endswith("turn 1") and row["id"] in demo.where
+        assert demo.completion.index("<planner>") < demo.completion.index("<executor>")
+        env.reset(row)
+        res = env.step({"central": demo.completion})
+        assert res.info["parse_failures"] == 0
+        if not demo.noisy:
+            assert res.info["success"], demo.completion

@@ -170,6 +170,11 @@ def generate_split(name: str, split: str, limit: int | None, seed: int,
             continue
         seen.add(digest)
         out.append({"id": f"{name}-{digest[:12]}", **task})
+    if not out and n:
+        raise TaskError(f"{name}: no {split!r} instance in {draws} draws with these options: an instance's split is "
+                        "decided by a hash of its layout (walls, level), so that no layout is in both splits, and "
+                        "these options give too few distinct layouts for both (planpath with wall_frac=0 has one); "
+                        "use options that vary the layout (task.options.wall_frac above 0, a larger size)")
     if len(out) < n:
         raise TaskError(f"{name}: found only {len(out)} distinct {split!r} instances in {draws} draws with these "
                         "options: too few distinct puzzles exist; ask for fewer (limit) or widen the puzzle space "
