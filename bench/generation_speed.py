@@ -172,9 +172,14 @@ class Worker:
         return self._read()
 
     def close(self) -> None:
+        """Let the worker exit; one still freeing a profiler's trace after 60 s is killed (its answers are in)."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def worker_main(path: str, work: Path, threads: int) -> None:
