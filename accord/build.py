@@ -12,6 +12,7 @@ The :class:`~accord.trainer.Trainer` runs the loop over these parts; ``accord ev
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import logging
@@ -26,12 +27,14 @@ from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
 from accord.audit import AuditRecorder, prune_after
-from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
+from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, prune_checkpoints,
+                               resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.registry import import_modules, make_env
 from accord.envs.centralized import centralize
+from accord.envs.protocol import task_instances
 from accord.generation.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy, seed_everything
@@ -59,14 +62,24 @@ class Run:
     run_dir: Path
     start_step: int = 0
     backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
+    releases: list = dataclasses.field(default_factory=list)   # of the run directory's lock (hold_run_dir)
     resume_state: dict | None = None      # the trainer state of the checkpoint resumed from (None: a new run)
 
     def close(self) -> None:
-        """Release the backend: Ray actors (and a local Ray cluster the run started) or data-parallel ranks;
-        no-op for policies in this process."""
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        """Release the backend (Ray actors and a local Ray cluster the run started, or data-parallel ranks; a
+        no-op for policies in this process) and the run directory's lock."""
+        try:
+            if self.backend is not None:
+                self.backend.close()
+                self.backend = None
+        finally:
+            while self.releases:
+                self.releases.pop()()
+
+
+class RunComplete(Exception):
+    """``--resume`` of a run whose newest checkpoint is already at ``run.steps``: there is nothing to train. The
+    message says so and how to extend the run; :func:`accord.trainer.train` logs it and returns."""
 
 
 def check_registered(cfg: Config) -> None:
@@ -177,13 +190,19 @@ def check_run(cfg: Config, env) -> dict[str, int]:
 
 def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
     """Train and eval instances; errors for an empty training set or instances in both splits."""
-    train_rows = env.tasks("train", limit=cfg.task.train_size, seed=cfg.run.seed)
-    eval_rows = env.tasks("eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
+    train_rows = task_instances(env, "train", limit=cfg.task.train_size, seed=cfg.run.seed)
+    eval_rows = task_instances(env, "eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
     if not train_rows:
         raise ConfigError(f"task {cfg.task.name!r} has no training instances; check task.options and task.train_size")
-    overlap = {r.get("id") for r in train_rows} & {r.get("id") for r in eval_rows}
-    if overlap - {None}:
-        raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits")
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        bad = next((row for row in rows if not isinstance(row, dict)), None)
+        if bad is not None:
+            raise ConfigError(f"task {cfg.task.name!r}: its {split} instances must be dicts, got a "
+                              f"{type(bad).__name__} ({bad!r:.80}); return a list of dicts from rows() / tasks()")
+    overlap = {r["id"] for r in train_rows} & {r["id"] for r in eval_rows}
+    if overlap:
+        raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits "
+                          f"(e.g. id {sorted(overlap)[0]!r}); keep the splits disjoint")
     return train_rows, eval_rows
 
 
@@ -208,55 +227,82 @@ def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, A
     return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> dict | None:
-    """Load the latest checkpoint into ``policies``; its trainer state (``step``: the step to continue from),
-    or None without one."""
-    state = resume_checkpoint(run_dir, policies)
+def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
+                 stop_if_finished: bool = False) -> Path | None:
+    """The checkpoint a resume will load (the newest that verifies; None: the run has none), checked against
+    ``run.steps`` before any model loads: a checkpoint past it is a :class:`ConfigError`; one at it, with
+    ``stop_if_finished``, a :class:`RunComplete` (nothing to do)."""
+    ckpt = verified_checkpoint(run_dir, allow_unverified)
+    if ckpt is None:
+        return None
+    step = checkpoint_step(ckpt)
+    if step > cfg.run.steps:
+        raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint {ckpt}; resume with "
+                          f"run.steps={step} or more")
+    if step == cfg.run.steps and stop_if_finished:
+        raise RunComplete(f"{run_dir} already reached run.steps={step} (checkpoint {ckpt.name}): nothing to do; to "
+                          f"train it further pass a larger run.steps, e.g. `accord train --resume {run_dir} "
+                          f"run.steps={2 * step}`")
+    return ckpt
+
+
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], allow_unverified: bool = False,
+               verified: Path | None = None) -> dict | None:
+    """Load the latest checkpoint into ``policies``; its trainer state (``step``: the step to continue from), or
+    None without one. ``verified``: a checkpoint :func:`resume_point` verified already (not hashed again)."""
+    state = resume_checkpoint(run_dir, policies, allow_unverified, verified=verified)
     if state is None:  # killed before its first checkpoint: the same seed replays it exactly
         logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
         discard_uncheckpointed(run_dir)
         return None
     step = state["step"]
-    if step > cfg.run.steps:
-        raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
-                          f"{state['path']}; resume with run.steps={step} or more")
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
     prune_after(run_dir, step)   # audit records of the steps after the checkpoint are re-run
-    logger.info("resumed %s at step %d", run_dir, step)
+    logger.info("resumed %s at step %d of %d", run_dir, step, cfg.run.steps)
     return state
 
 
-def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
+def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, allow_unverified: bool = False,
+              stop_if_finished: bool = False) -> Run:
     """Every part of a run of ``cfg`` (see the module docstring); ``resume`` continues from the latest
-    checkpoint, ``overwrite`` deletes an earlier run in the same directory."""
+    checkpoint (``allow_unverified``: also one without a manifest; ``stop_if_finished``: a checkpoint at
+    ``run.steps`` is a :class:`RunComplete` before any model loads, instead of a run with no step left),
+    ``overwrite`` deletes an earlier run in the same directory."""
     from accord.tracking.report_to import check_report_to
 
     check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
-    claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)  # before the (slow) build: fail fast
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
-    env = build_env(cfg)
-    per_policy = check_run(cfg, env)
-    agents = tuple(a.name for a in cfg.agents)
-    agent_policy = {a.name: a.policy for a in cfg.agents}
-    make_env_fn = functools.partial(build_env, cfg)
-    rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
-    if cfg.training.audit != "off":
-        rollout.recorder = AuditRecorder()
-    train_rows, eval_rows = split_data(cfg, env)
-    policies, backend = build_policies(cfg, per_policy)
-    run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies,
-              AgentGenerator(policies, agent_policy, agent_sampling(cfg)), train_rows, eval_rows, cfg.run_dir,
-              backend=backend)
+    releases = [claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)]  # before the (slow) build: fail fast
+    run = None
     try:
+        verified = resume_point(cfg, cfg.run_dir, allow_unverified, stop_if_finished) if resume else None
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        seed_everything(cfg.run.seed)
+        env = build_env(cfg)
+        per_policy = check_run(cfg, env)
+        agents = tuple(a.name for a in cfg.agents)
+        agent_policy = {a.name: a.policy for a in cfg.agents}
+        make_env_fn = functools.partial(build_env, cfg)
+        rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+        if cfg.training.audit != "off":
+            rollout.recorder = AuditRecorder()
+        train_rows, eval_rows = split_data(cfg, env)
+        policies, backend = build_policies(cfg, per_policy)
+        run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies,
+                  AgentGenerator(policies, agent_policy, agent_sampling(cfg)), train_rows, eval_rows, cfg.run_dir,
+                  backend=backend, releases=releases)
         check_context(cfg, policies)
         if resume:
-            run.resume_state = resume_run(cfg, run.run_dir, policies)
+            run.resume_state = resume_run(cfg, run.run_dir, policies, allow_unverified, verified=verified)
             run.start_step = run.resume_state["step"] if run.resume_state else 0
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        releases.append(hold_run_dir(run.run_dir))   # held from here on, also where the directory is new
         save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
     except BaseException:
-        run.close()
+        if run is not None:
+            run.close()
+        else:
+            for release in releases:
+                release()
         raise
     return run

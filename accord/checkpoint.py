@@ -15,6 +15,7 @@ checkpoint whose manifest verifies (:func:`resume_checkpoint`), naming each one 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from accord.config import ConfigError
 
@@ -39,9 +41,12 @@ class CheckpointError(Exception):
 
 
 def rng_state() -> dict:
-    """The process-wide random states. CUDA's default generators (one per visible GPU; dropout, e.g. LoRA's,
-    draws from them) are saved where CUDA is initialised; sampling uses the policies' own streams."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The process-wide random states, in types ``torch.load(weights_only=True)`` reads (NumPy's key as a list
+    of ints, not an array). CUDA's default generators (one per visible GPU; dropout, e.g. LoRA's, draws from
+    them) are saved where CUDA is initialised; sampling uses the policies' own streams."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (name, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -68,16 +73,81 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+class DiskFullError(CheckpointError):
+    """The disk of the run directory filled up. The message names the last intact checkpoint and the fix."""
+
+
+DISK_FULL_MARGIN = 1 << 20
+"""A write that failed with less than this many bytes left on the disk is taken for a full disk (torch.save
+says only "unexpected pos" when it runs out of space)."""
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(err: BaseException, where: Path | None = None) -> bool:
+    """Whether ``err`` means the disk is full: an OSError of ENOSPC or EDQUOT, the text safetensors gives
+    them, or, for a RuntimeError of a write under ``where`` (torch.save's bare "unexpected pos"), less than
+    :data:`DISK_FULL_MARGIN` left there."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    if "No space left on device" in str(err) or "os error 28" in str(err):
+        return True
+    if where is None or not isinstance(err, RuntimeError):
+        return False
+    free = _free_bytes(where)
+    return free is not None and free < DISK_FULL_MARGIN
+
+
+def disk_full_error(run_dir: Path, doing: str, err: BaseException) -> DiskFullError:
+    """The one-line error of a full disk: what failed, the newest checkpoint (verified now, so that "intact" is a
+    fact) and how to go on."""
+    found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    if not found:
+        kept = "the run has no checkpoint yet (a resume starts it over)"
+    else:
+        problem = verify_checkpoint(found[0])
+        kept = (f"the last checkpoint, {found[0]}, is intact (verified)" if problem is None else
+                f"the last checkpoint, {found[0]}, does not verify ({problem})")
+    free = _free_bytes(Path(run_dir))
+    left = f" ({free // 2**20} MiB free now)" if free is not None else ""
+    detail = (str(err).splitlines() or [type(err).__name__])[0]
+    return DiskFullError(f"disk full while {doing} ({type(err).__name__}: {detail}); {kept}; free space on the disk "
+                         f"of {run_dir}{left} and continue with `accord train --resume {run_dir}`")
+
+
 def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> Path:
     """Write the checkpoint of ``step`` into a temporary directory (fsynced, manifest last); return it.
 
     Nothing under ``step_*`` changes until :func:`commit_checkpoint` renames it into place; the trainer
-    logs the step's metrics in between, so a checkpoint never exists without its step's metrics."""
+    logs the step's metrics in between, so a checkpoint never exists without its step's metrics. A write that
+    fails removes the partial directory (freeing the space it took); a full disk is a :class:`DiskFullError`
+    naming the last checkpoint, which nothing here touched."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
+    try:
+        return _write_into(tmp, step, policies, state)
+    except (OSError, RuntimeError, SafetensorError) as err:
+        full = is_disk_full(err, root)  # before the partial files are removed and free their space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise disk_full_error(run_dir, f"writing the checkpoint of step {step}", err) from err
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _write_into(tmp: Path, step: int, policies: dict, state: dict) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
+    tmp.mkdir()
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name)
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
@@ -208,37 +278,59 @@ def _legacy_complete(path: Path) -> bool:
             and all((p / "optimizer.pt").is_file() for p in policies.iterdir()))
 
 
-def _usable(path: Path) -> str | None:
-    """None if ``path`` may be loaded (verified, or a complete checkpoint of an older accord); else the problem."""
+UNVERIFIED_HINT = "pass --allow-unverified to load it anyway"
+
+
+def checkpoint_problem(path: Path, allow_unverified: bool = False) -> str | None:
+    """None if the checkpoint ``path`` may be loaded; else the problem. A checkpoint without its manifest
+    (deleted, or written by an accord before manifests) cannot be verified: it is loaded, with a warning, only
+    when the user allows it (``--allow-unverified``); without that it is skipped like a corrupted one."""
     if not (path / MANIFEST).exists() and _legacy_complete(path):
-        logger.warning("checkpoint %s has no %s (written by an older accord): loading it unverified", path, MANIFEST)
-        return None
+        if allow_unverified:
+            logger.warning("checkpoint %s has no %s: loading it unverified (--allow-unverified)", path, MANIFEST)
+            return None
+        return f"no {MANIFEST}, so its files cannot be verified (deleted, or an older accord's); {UNVERIFIED_HINT}"
     return verify_checkpoint(path)
 
 
-def verified_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint of a run whose manifest verifies; each newer one that fails is named in a
-    warning. None if the run has no checkpoint; :class:`CheckpointError` if it has some but none verifies."""
+def _none_usable(found: list[Path], run_dir: Path, what: str, unverifiable: bool) -> CheckpointError:
+    hint = f"; or, for a checkpoint without {MANIFEST}, {UNVERIFIED_HINT}" if unverifiable else ""
+    return CheckpointError(f"none of the {len(found)} checkpoint(s) in {checkpoint_dir(run_dir)} {what} (see the "
+                           f"warnings above); restore them, or start the run over with `accord train --overwrite`"
+                           f"{hint}")
+
+
+def verified_checkpoint(run_dir: Path, allow_unverified: bool = False) -> Path | None:
+    """The newest checkpoint of a run whose manifest verifies (or, with ``allow_unverified``, that has none);
+    each newer one that fails is named in a warning. None if the run has no checkpoint; :class:`CheckpointError`
+    if it has some but none verifies."""
     found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    unverifiable = False
     for ckpt in found:
-        problem = _usable(ckpt)
+        problem = checkpoint_problem(ckpt, allow_unverified)
         if problem is None:
             return ckpt
+        unverifiable |= UNVERIFIED_HINT in problem
         logger.warning("skipping checkpoint %s: %s", ckpt, problem)
     if found:
-        raise CheckpointError(f"none of the {len(found)} checkpoint(s) in {checkpoint_dir(run_dir)} verifies (see the "
-                              "warnings above); restore them, or start the run over with `accord train --overwrite`")
+        raise _none_usable(found, run_dir, "verifies", unverifiable)
     return None
 
 
-def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
+def resume_checkpoint(run_dir: Path, policies: dict, allow_unverified: bool = False,
+                      verified: Path | None = None) -> dict | None:
     """Load the newest checkpoint that verifies and loads; return its trainer state (None: the run has none).
 
-    A checkpoint that fails verification or loading is named in a warning and the next older one is tried;
-    :class:`CheckpointError` when checkpoints exist but none can be used."""
+    A checkpoint that fails verification or loading, or has no manifest (unless ``allow_unverified``), is named
+    in a warning and the next older one is tried; :class:`CheckpointError` when checkpoints exist but none can
+    be used. ``verified``: the checkpoint the caller chose with :func:`verified_checkpoint` (not hashed again;
+    the newer ones it skipped, and warned about, are not tried again)."""
     found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    if verified is not None:
+        found = [ckpt for ckpt in found if ckpt.name <= verified.name]
+    unverifiable = False
     for ckpt in found:
-        problem = _usable(ckpt)
+        problem = None if verified is not None and ckpt == verified else checkpoint_problem(ckpt, allow_unverified)
         if problem is None:
             try:
                 state = load_checkpoint(ckpt, policies)
@@ -248,18 +340,42 @@ def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
                 logger.info("loaded checkpoint %s%s", ckpt, " (manifest verified)" if (ckpt / MANIFEST).exists() else "")
                 state["path"] = ckpt
                 return state
+        unverifiable |= UNVERIFIED_HINT in problem
         logger.warning("skipping checkpoint %s: %s", ckpt, problem)
     if found:
-        raise CheckpointError(f"none of the {len(found)} checkpoint(s) in {checkpoint_dir(run_dir)} verifies or loads "
-                              "(see the warnings above); restore them, or start the run over with "
-                              "`accord train --overwrite`")
+        raise _none_usable(found, run_dir, "verifies or loads", unverifiable)
     return None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint directory, from its name (``step_000010`` -> 10)."""
+    return int(Path(path).name.split("_", 1)[1])
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest ``step_*`` directory, verified or not (see :func:`verified_checkpoint`)."""
     found = sorted(checkpoint_dir(run_dir).glob("step_*"))
     return found[-1] if found else None
+
+
+def _numpy_globals() -> list:
+    """What unpickling a NumPy array needs: state.pt of an accord before the RNG state was saved as lists."""
+    reconstruct = np.zeros(1).__reduce__()[0]
+    return [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_state(path: Path) -> dict:
+    """A checkpoint's ``state.pt`` with ``torch.load(weights_only=True)``: plain containers, numbers and tensors
+    only, so a crafted file cannot run code. Files of older accords hold NumPy's random state as an array: they
+    are read with NumPy's array type allowed (still weights-only) where torch can allow it (>= 2.5)."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")  # written on any device
+    except pickle.UnpicklingError:
+        allow = getattr(torch.serialization, "safe_globals", None)
+        if allow is None:
+            raise
+        with allow(_numpy_globals()):
+            return torch.load(path, weights_only=True, map_location="cpu")
 
 
 def load_checkpoint(path: Path, policies: dict) -> dict:
@@ -277,7 +393,7 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
                                   f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
                                   "corrupted: resume from an older checkpoint or start over") from err
     try:
-        state = torch.load(path / "state.pt", weights_only=False, map_location="cpu")  # written on any device
+        state = load_state(path / "state.pt")
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         raise CheckpointError(f"checkpoint {path}: state.pt cannot be loaded ({type(err).__name__}: {err}); resume "
                               "from an older checkpoint or start over") from err
@@ -286,16 +402,98 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb", "audit")
-"""What makes a directory hold a run (any one of them); ``overwrite`` deletes these and ``report``, ``eval``,
-``crossplay``."""
+"""What makes a directory hold a run (any one of them)."""
+_RUN_OUTPUTS = (*RUN_FILES, "eval_completions", "trackers.json", "report", "eval", "crossplay")
+"""What a run writes: deleted by ``overwrite``, and when a run that never completed a step is started over."""
+LOCK_FILE = ".accord.lock"
 
 
-def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Make ``run_dir`` ready for a new run (or a resume) without overwriting another run by accident.
+def completed_step(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a completed training step: a checkpoint, or a metrics line of a step >= 1
+    (step 0 is the evaluation before training). A run that failed at start-up (a tracker that would not log in,
+    a model that would not load) or was stopped during its first step has none: there is nothing to protect."""
+    if any(checkpoint_dir(run_dir).glob("step_*")):
+        return True
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            return True  # a line we cannot read: protect the run, do not guess
+        if not isinstance(step, int) or step >= 1:
+            return True
+    return False
 
-    A new run into a directory that already holds one is a :class:`ConfigError` naming the fixes;
-    ``overwrite`` deletes the old run's files first (logged). A resume removes what a crash left behind.
-    Nothing is created here: a config refused later leaves no directory behind."""
+
+_HELD: dict[str, list] = {}  # run directory -> [open lock file, holders in this process]
+
+
+def hold_run_dir(run_dir: Path):
+    """Hold ``RUN_DIR/.accord.lock`` (an exclusive ``flock``) while this process runs in ``run_dir``; returns
+    the function that lets it go. Another process holding it is a :class:`ConfigError`: two runs in one
+    directory would write over each other. The kernel releases the lock when the process ends, however it
+    ends (SIGKILL too), so a crashed run never blocks its resume. Nested holds in one process are counted.
+    Where the file system has no locks (some network mounts) the run goes on unlocked."""
+    import fcntl
+
+    key = str(Path(run_dir).resolve())
+    if key in _HELD:
+        _HELD[key][1] += 1
+    else:
+        fh = open(Path(run_dir) / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held until released
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            owner = fh.read().strip() or "another process"
+            fh.close()
+            raise ConfigError(f"{run_dir} is in use by a running accord ({owner}); wait for it to end, or choose "
+                              "another run.name") from None
+        except OSError as err:
+            logger.debug("no lock on %s (%s): running unlocked", run_dir, err)
+            fh.close()
+            return lambda: None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        _HELD[key] = [fh, 1]
+
+    def release() -> None:
+        entry = _HELD.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _HELD[key]
+            entry[0].close()   # closing the file releases the flock
+
+    return release
+
+
+def _delete_run(run_dir: Path) -> None:
+    for name in _RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
+    """Make ``run_dir`` ready for a new run (or a resume) without overwriting another run by accident; returns
+    the release of the directory's lock (:func:`hold_run_dir`; a no-op when the directory does not exist yet).
+
+    A new run into a directory that holds a run with a completed step is a :class:`ConfigError` naming the
+    fixes; ``overwrite`` deletes the old run's files first (logged). A directory whose run never completed a
+    step (:func:`completed_step`) is started over with a warning, so that the same command can simply be run
+    again after a failed start. A resume removes what a crash left behind. A directory in use by another
+    process is refused in every case. Nothing is created here: a config refused later leaves no directory
+    behind."""
     run_dir = Path(run_dir)
     for parent in (run_dir, *run_dir.parents):
         if parent.exists() or parent.is_symlink():
@@ -303,22 +501,27 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
                 raise ConfigError(f"run directory {run_dir}: {parent} is a file, not a directory; set run.output_dir "
                                   "(or run.run_dir) to a directory path")
             break
-    if resume:
-        clean_checkpoints(run_dir)
-        return
-    held = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if held and not overwrite:
-        raise ConfigError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with "
-                          f"`accord train --resume {run_dir}`, start it over with --overwrite (deletes the old run), "
-                          "or choose another run.name")
-    if held:
-        logger.warning("--overwrite: deleting the earlier run in %s", run_dir)
-        for name in (*RUN_FILES, "report", "eval", "crossplay"):
-            path = run_dir / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
+    release = hold_run_dir(run_dir) if run_dir.is_dir() else (lambda: None)
+    try:
+        if resume:
+            clean_checkpoints(run_dir)
+            return release
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if held and overwrite:
+            logger.warning("--overwrite: deleting the earlier run in %s", run_dir)
+        elif held and completed_step(run_dir):
+            raise ConfigError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with "
+                              f"`accord train --resume {run_dir}`, start it over with --overwrite (deletes the old "
+                              "run), or choose another run.name")
+        elif held:
+            logger.warning("%s holds a run that stopped before completing a step (%s): starting it over", run_dir,
+                           ", ".join(held))
+        if held:
+            _delete_run(run_dir)
+    except BaseException:
+        release()
+        raise
+    return release
 
 
 def discard_uncheckpointed(run_dir: Path) -> None:

@@ -2,23 +2,24 @@
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
-    accord train --resume runs/writing-tldr [run.steps=30]
+    accord train --resume runs/writing-pydoc [run.steps=30]
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
-    accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord eval runs/writing-pydoc --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
     accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
     accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
     accord eval --crossplay runs/seed0 runs/seed1        # each role with base / own / other seed's partners
-    accord report runs/writing-tldr
-    accord audit runs/writing-tldr                       # rollout integrity: exit 1 on a violation
-    accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
+    accord report runs/writing-pydoc
+    accord audit runs/writing-pydoc                      # rollout integrity: exit 1 on a violation
+    accord export runs/writing-pydoc [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import inspect
 import os
 import logging
@@ -42,6 +43,7 @@ _USER_ERRORS = {
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
+    "accord.tracking.sinks": ("MetricsFileError",),
     "accord.audit": ("AuditError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
@@ -54,9 +56,28 @@ def _user_errors() -> tuple[type, ...]:
 
 
 def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"disk full{where} ({err.strerror}); free space on that disk and run the command again"
     if isinstance(err, OSError) and err.strerror and err.filename:
         return f"{err.filename}: {err.strerror}; check the path and its permissions"
     return " ".join(str(err).split("\n")) or type(err).__name__
+
+
+def _version() -> str:
+    """accord's version and those of the packages a bug report needs, read without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from accord import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return (f"accord {__version__} ({installed('torch')}, {installed('transformers')}, "
+            f"Python {sys.version.split()[0]})")
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -78,6 +99,9 @@ def _train(args: argparse.Namespace) -> int:
         return serve_worker()
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues a run and --overwrite deletes it; pass only one of them")
+    if args.allow_unverified and not args.resume:
+        raise ConfigError("--allow-unverified lets --resume load a checkpoint without a manifest; a new run loads "
+                          "none: drop it, or pass --resume RUN_DIR")
     positional = list(args.args)
     config_path = None
     if positional and "=" not in positional[0]:
@@ -91,12 +115,43 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
     else:
         cfg = load_config(config_path, positional)
-    from accord.trainer import train  # after the config: a config error comes before torch is imported
+    try:
+        from accord.trainer import TrainingInterrupted, train  # after the config: config errors come before torch
 
-    run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+        run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite,
+                        allow_unverified=args.allow_unverified)
+    except TrainingInterrupted as stopped:  # the first Ctrl-C: the step finished and checkpointed
+        if args.debug:
+            raise
+        logger.warning("%s", stopped)
+        return 130
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        if args.debug:
+            raise
+        logger.warning("stopped at once by Ctrl-C; %s", _after_interrupt(cfg.run_dir))
+        return 130
+    except OSError as err:  # a full disk outside the training loop (the resolved config, the lock file)
+        from accord.checkpoint import disk_full_error
+
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise disk_full_error(cfg.run_dir, "setting up the run", err) from err
     logger.info("run directory: %s (plots: accord report %s)", run_dir, run_dir)
+    if "tensorboard" in cfg.logging.report_to and (run_dir / "tb").is_dir():
+        logger.info("curves as they are logged: tensorboard --logdir %s", run_dir / "tb")
     _log_held_out(run_dir, cfg.rollout.eval_temperature)
     return 0
+
+
+def _after_interrupt(run_dir: Path) -> str:
+    """How to go on after a run was stopped without a checkpoint of its last step."""
+    from accord.checkpoint import completed_step
+
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return f"the steps after its last checkpoint are lost; continue with `accord train --resume {run_dir}`"
+    if completed_step(run_dir):
+        return f"it has no checkpoint yet: `accord train --resume {run_dir}` starts it over from step 0"
+    return "nothing was saved; run the same command again to start over"
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -129,7 +184,8 @@ def _eval(args: argparse.Namespace) -> int:
         from accord.crossplay import run_crossplay
 
         runs = ([args.target] if args.target else []) + list(args.crossplay)
-        out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out)
+        out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out,
+                            allow_unverified=args.allow_unverified)
         sys.stdout.write((out / "crossplay.md").read_text())
         sys.stdout.write(f"\n{out / 'crossplay.json'}\n")
         return 0
@@ -138,7 +194,8 @@ def _eval(args: argparse.Namespace) -> int:
     from accord.evaluate import run_eval
 
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
-                   compare_base=not args.no_base, out=args.out, pipeline=args.pipeline)
+                   compare_base=not args.no_base, out=args.out, pipeline=args.pipeline,
+                   allow_unverified=args.allow_unverified)
     sys.stdout.write((out / "eval.md").read_text())
     sys.stdout.write(f"\n{out / 'eval.json'}\n")
     return 0
@@ -180,7 +237,7 @@ def _audit(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from accord.export import export_run
 
-    out = export_run(args.run_dir, step=args.step, out=args.out)
+    out = export_run(args.run_dir, step=args.step, out=args.out, allow_unverified=args.allow_unverified)
     sys.stdout.write(f"{out}\n")
     return 0
 
@@ -209,17 +266,25 @@ def _envs(args: argparse.Namespace) -> int:
             task_factory(name)
         except TaskError as err:
             failed[name] = str(err)
-    sys.stdout.write(f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION\n")
+    # the whole table is made before any of it is printed: a task that does not build is a row saying why,
+    # not an error halfway through the listing
+    rows = [f"{'NAME':12s} {'KIND':34s} {'ROLES':20s} DESCRIPTION"]
     for name, (factory, description) in sorted(TASKS.items()):
         required = [p.name for p in inspect.signature(factory).parameters.values()
                     if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        kind, roles = _kind_and_roles(make_task(name)) if not required else (f"(needs options {required})", "-")
-        sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
-    for name, err in sorted(failed.items()):
-        sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
-    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n"
-                     "other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
-                     "(pip install 'accord[envs]'; see docs/pettingzoo.md)\n")
+        if required:
+            kind, roles = f"(needs options {required})", "-"
+        else:
+            try:
+                kind, roles = _kind_and_roles(make_task(name))
+            except TaskError as err:
+                kind, roles, description = "(does not build)", "-", str(err)
+        rows.append(f"{name:12s} {kind:34s} {roles:20s} {description}")
+    rows += [f"{name:12s} {'(does not load)':34s} {'-':20s} {err}" for name, err in sorted(failed.items())]
+    rows.append("(kind and roles with the default options; a task's options can change them, e.g. single_agent)")
+    rows.append("other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
+                "(pip install 'accord[envs]'; see docs/pettingzoo.md)")
+    sys.stdout.write("\n".join(rows) + "\n")
     return 0
 
 
@@ -228,10 +293,12 @@ def _kind_and_roles(task) -> tuple[str, str]:
     from accord.envs.protocol import is_env
 
     if is_env(task):
-        kind = f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns"
+        lacks = [a for a in ("simultaneous", "max_turns") if not hasattr(task, a)]
+        kind = (f"multi-turn (lacks {', '.join(lacks)}: see accord envs --check)" if lacks else
+                f"multi-turn, {'simultaneous' if task.simultaneous else 'turn-based'}, {task.max_turns} turns")
     else:
         kind = "single-turn"
-    return kind, ", ".join(task.agents)
+    return kind, ", ".join(map(str, task.agents))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -255,14 +322,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accord", description="Multi-agent RL for cooperating LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--version", action="version", version=_version(), help="show the versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
+    unverified = ("load a checkpoint that has no manifest.json (its files cannot be checked: deleted, or written by "
+                  "an older accord); without it such a checkpoint is skipped like a corrupted one")
     p = sub.add_parser("train", help="train agents", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="config keys:\n" + _config_help())
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint that "
                    "verifies (a run killed before its first checkpoint starts over)")
     p.add_argument("--overwrite", action="store_true", help="delete an earlier run in the run directory and start "
-                   "over (without it, training into a directory that holds a run is an error)")
+                   "over (without it, training into a directory that holds a run with a completed step is an error)")
+    p.add_argument("--allow-unverified", action="store_true", help="with --resume: " + unverified)
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_train)
     p = sub.add_parser("sft", help="warm start: fine-tune each policy on demonstrations (the task's oracle or "
@@ -309,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")
+    p.add_argument("--allow-unverified", action="store_true", help=unverified)
     p.add_argument("--crossplay", nargs="+", metavar="RUN_DIR", help="cross-play of trained runs (other seeds of one "
                    "config): each role's policy with the base, its own and the other runs' partners, roles swapped, "
                    "and the co-adaptation gap with 95%% intervals; writes RUN_DIR/crossplay (see docs/crossplay.md)")
@@ -327,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
     p.add_argument("--out", help="output directory, must not exist (default RUN_DIR/export/step_NNNNNN)")
+    p.add_argument("--allow-unverified", action="store_true", help=unverified)
     p.set_defaults(func=_export)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
@@ -345,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         logger.error("%s", _one_line(err))
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        logger.warning("stopped by Ctrl-C")
+        return 130
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.config import CompareConfig, Config, ConfigError, _read_yaml, apply_override, config_from_dict
+from accord.config import CompareConfig, Config, ConfigError, apply_override, read_yaml, config_from_dict
 from accord.stats import average, paired, rate, verdict
 
 logger = logging.getLogger(__name__)
@@ -750,7 +750,7 @@ def compare_main(args: list[str], *, out: str | None = None, overwrite: bool = F
     method) and overrides for all of them."""
     paths = [a for a in args if "=" not in a]
     overrides = [a for a in args if "=" in a]
-    sources = [(Path(p).stem, _read_yaml(Path(p))) for p in paths]
+    sources = [(Path(p).stem, read_yaml(Path(p))) for p in paths]
     plan = load_plan(sources, overrides, out=out)
     return run_compare(plan, overwrite=overwrite)
 

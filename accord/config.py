@@ -14,6 +14,8 @@ import difflib
 import logging
 import math
 import os
+import posixpath
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -58,9 +60,23 @@ MAX_SEED = 2**31 - 1
 VLLM_SLEEP = ("auto", "off", 1, 2)  # rollout.vllm_sleep
 
 
+def _run_name_problem(name: str) -> str | None:
+    """Why ``run.name`` would place the run outside ``run.output_dir`` (an absolute path, a ``..`` part, the
+    directory itself), or None. Subdirectories (``sweep/seed1``) stay inside and are allowed."""
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    parts = re.split(r"[/\\]", name)
+    if ".." in parts:
+        return "contains '..'"
+    if posixpath.normpath(name.replace("\\", "/")) == ".":
+        return "names run.output_dir itself"
+    return None
+
+
 @dataclass
 class RunConfig:
-    name: str = _f("writing-tldr", "Run name, used for the run directory under output_dir.")
+    name: str = _f("writing-pydoc", "Run name, used for the run directory under output_dir (the default job's is "
+                   "named after its data: passages of Python's documentation, the writing task's offline corpus).")
     output_dir: str = _f("runs", "Parent directory of run directories.")
     run_dir: str | None = _f(None, "Exact run directory; default output_dir/name.")
     seed: int = _f(0, "One seed drives model init, data order, sampling and dropout.")
@@ -88,6 +104,11 @@ class RunConfig:
                               "are 32-bit and each policy adds its index)")
         if not self.name.strip():
             raise ConfigError("run.name is empty; give the run a name (its directory is run.output_dir/run.name)")
+        problem = _run_name_problem(self.name)
+        if problem:
+            raise ConfigError(f"run.name={self.name!r} {problem}, so the run would not be written inside "
+                              "run.output_dir; give a plain name such as my-run (or a/b for a subdirectory), or set "
+                              "run.output_dir (or run.run_dir, the exact directory) to place it elsewhere")
         _positive("run", "steps", self.steps)
         _positive("run", "keep_checkpoints", self.keep_checkpoints)
         _positive("run", "checkpoint_every", self.checkpoint_every, 0)
@@ -793,10 +814,12 @@ class Config:
                               "the whole model per rank); use generation_backend=hf or training.fsdp=false")
 
     def _check_policies(self) -> None:
-        """Per-policy learning rates are > 0; model_kwargs fit the tiny model they configure."""
+        """Per-policy learning rates are > 0; a model name is not a misspelt built-in; model_kwargs fit the tiny
+        model they configure."""
         for name, p in self.policies.items():
             if p.lr is not None and p.lr <= 0:
                 raise ConfigError(f"policies.{name}.lr={p.lr} must be > 0 (or null to use training.lr)")
+            check_model_name(f"policies.{name}.model", p.model)
             if p.model_kwargs:
                 _check_model_kwargs(f"policies.{name}", p.model, p.model_kwargs)
 
@@ -1033,6 +1056,26 @@ def _check_finite(node: Any, path: str) -> None:
             _check_finite(value, f"{path}.{i}")
 
 
+BUILTIN_MODELS = ("smollm2-135m", "tiny-qwen2", "tiny-llama", "tiny-qwen3")
+"""The model names accord knows without a directory or the Hub (:mod:`accord.models.loading` builds them; kept
+here so that a config is checked before torch is imported)."""
+
+
+def check_model_name(key: str, spec: str) -> None:
+    """A model name close to a built-in one (``smolm2-135m``) that is not a local path is a typo: refused with
+    the closest name, before the slow path of asking the Hub for it. Hub ids (``org/name``) and names far from
+    every built-in pass; whether they exist is found out when the model loads."""
+    if not isinstance(spec, str) or spec in BUILTIN_MODELS or "/" in spec or os.sep in spec:
+        return
+    if Path(spec).expanduser().exists():
+        return
+    close = difflib.get_close_matches(spec.lower(), BUILTIN_MODELS, n=1, cutoff=0.75)
+    if close:
+        raise ConfigError(f"{key}={spec!r} is not a model accord knows, nor a local directory; did you mean "
+                          f"{close[0]!r}? Built-in models: {list(BUILTIN_MODELS)}; or give a local directory or a "
+                          "Hugging Face hub id (org/name)")
+
+
 def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
     """``model_kwargs`` only for the tiny models, with the names and types of :func:`build_tiny_model`."""
     from accord.models.loading import TINY_SPECS
@@ -1054,16 +1097,75 @@ def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
         raise ConfigError(f"{path}.model_kwargs: {problem}")
 
 
+MAX_CONFIG_VALUES = 100_000
+"""A config holds at most this many values once YAML aliases are expanded: a few nested anchors (an "alias
+bomb") would otherwise expand to billions and hang every walk over the config."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping names one key twice (PyYAML would keep the last silently)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
+        super().__init__(f"key {key!r} appears twice (line {first.line + 1} and line {again.line + 1})")
+        self.key, self.first, self.again = key, first, again
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: a second ``run:`` section would
+    otherwise replace the first without a word. Keys merged in with ``<<: *anchor`` may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first is not key_node.start_mark:
+                    raise _DuplicateKey(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys (see :class:`_ConfigLoader`)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _check_size(data: Any, what: str) -> None:
+    """At most :data:`MAX_CONFIG_VALUES` values with aliases expanded; counted with an early stop, so an
+    alias bomb is refused in bounded time."""
+    stack, count = [data], 0
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
+                              "nested into each other, an alias bomb?); write the values out instead of nesting "
+                              "aliases")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+
+
 def apply_override(data: dict, dotted: str) -> None:
     """Apply one ``a.b.c=value`` override to nested plain data (value parsed as YAML)."""
     if "=" not in dotted:
         raise ConfigError(f"override {dotted!r} must look like key.sub=value, e.g. rollout.batch_size=8")
     key, raw = dotted.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _load_yaml(raw) if raw.strip() else ""
+    except _DuplicateKey as err:
+        raise ConfigError(f"override {dotted!r}: {err}; give each key once") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
                           "fix the brackets, e.g. key=[1, 2] or key='text'") from err
+    _check_size(value, f"override {key!r}")
     parts = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
@@ -1097,7 +1199,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
     data: dict = {}
     if path is not None:
-        data = _read_yaml(Path(path))
+        data = read_yaml(Path(path))
     for item in overrides:
         apply_override(data, item)
     return config_from_dict(data)
@@ -1111,7 +1213,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return where + problem
 
 
-def _read_yaml(p: Path) -> dict:
+def read_yaml(p: Path) -> dict:
     """A config file's top-level mapping, or a one-line ConfigError naming the file, the problem and the fix."""
     if p.is_dir():
         raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file (to continue a run: "
@@ -1126,9 +1228,13 @@ def _read_yaml(p: Path) -> dict:
     except OSError as err:
         raise ConfigError(f"config file {p} cannot be read ({err.strerror}); check its permissions") from err
     try:
-        loaded = yaml.safe_load(text)
+        loaded = _load_yaml(text)
+    except _DuplicateKey as err:
+        raise ConfigError(f"config file {p}: {err}; the second would replace the first: merge them into one "
+                          f"{err.key!r} (YAML keeps only one value per key)") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
+    _check_size(loaded, f"config file {p}")
     if loaded is None:
         raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "
                           "defaults")

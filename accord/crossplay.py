@@ -72,14 +72,14 @@ class Source:
     policies: dict[str, Any]
 
 
-def _load_run(path: Path, overrides: list[str]) -> tuple[Config, Path]:
+def _load_run(path: Path, overrides: list[str], allow_unverified: bool = False) -> tuple[Config, Path]:
     if not (path / "config.yaml").is_file():
         raise ConfigError(f"--crossplay {path}: no config.yaml there; pass run directories of `accord train`")
     cfg = load_config(path / "config.yaml", list(overrides) + ["run.backend=local"])
     if cfg.specialization == "lora":
         raise ConfigError(f"--crossplay {path}: specialization=lora runs share one base between their adapters; "
                           "cross-play needs runs with specialization shared or separate")
-    ckpt = verified_checkpoint(path)
+    ckpt = verified_checkpoint(path, allow_unverified)
     if ckpt is None:
         raise ConfigError(f"--crossplay {path} has no checkpoint; train it (run.checkpoint_every or the end of the run "
                           "writes one) before cross-play")
@@ -94,9 +94,11 @@ def _source_names(paths: list[Path]) -> list[str]:
 
 
 def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples: int = 4,
-                  temperature: float | None = None, out: str | Path | None = None) -> Path:
+                  temperature: float | None = None, out: str | Path | None = None,
+                  allow_unverified: bool = False) -> Path:
     """Cross-play matrices, swapped roles and co-adaptation gaps of ``runs`` (see the module docstring);
-    writes ``OUT/crossplay.json`` and ``OUT/crossplay.md`` (default OUT: the first run's ``crossplay/``)."""
+    writes ``OUT/crossplay.json`` and ``OUT/crossplay.md`` (default OUT: the first run's ``crossplay/``).
+    Each run's newest checkpoint that verifies is played (``allow_unverified``: also one without a manifest)."""
     import math
 
     from accord.build import build_run
@@ -107,7 +109,7 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
         raise ConfigError("--crossplay needs at least one run directory")
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
-    loaded = [_load_run(p, list(overrides)) for p in paths]
+    loaded = [_load_run(p, list(overrides), allow_unverified) for p in paths]
     cfg0 = loaded[0][0]
     if temperature is None:
         temperature = cfg0.rollout.eval_temperature or cfg0.rollout.temperature

@@ -167,13 +167,15 @@ def evaluate_parts(run, *, samples: int, ks: list[int], temperature: float, pipe
     return metrics
 
 
-def _load(target: Path, overrides: list[str]) -> tuple[Config, Path | None, Path | None]:
-    """Config, run directory and latest checkpoint of a CONFIG.yaml or a RUN_DIR."""
+def _load(target: Path, overrides: list[str],
+          allow_unverified: bool = False) -> tuple[Config, Path | None, Path | None]:
+    """Config, run directory and latest checkpoint (that verifies; ``allow_unverified``: or has no manifest) of
+    a CONFIG.yaml or a RUN_DIR."""
     if target.is_dir():
         if not (target / "config.yaml").is_file():
             raise ConfigError(f"{target} has no config.yaml; pass a run directory of `accord train` or a config file")
         cfg = load_config(target / "config.yaml", overrides)
-        return cfg, target, verified_checkpoint(target)
+        return cfg, target, verified_checkpoint(target, allow_unverified)
     if not target.is_file():
         raise FileNotFoundError(f"{target} is neither a config file nor a run directory")
     return load_config(target, overrides), None, None
@@ -181,15 +183,16 @@ def _load(target: Path, overrides: list[str]) -> tuple[Config, Path | None, Path
 
 def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4, ks: list[int] | None = None,
              temperature: float | None = None, compare_base: bool = True, out: str | Path | None = None,
-             pipeline: str = "parallel") -> Path:
-    """Evaluate the base weights and (for a run directory) the latest checkpoint; write eval.json/.md.
-    ``pipeline``: ``parallel`` (agents answer independently), ``sequential`` or ``discussion`` (prompt-only
-    multi-agent pipelines of a single-turn task, see :mod:`accord.pipelines`)."""
-    from accord.build import build_run
-    from accord.pipelines import check_pipeline_name, transcript_path
+             pipeline: str = "parallel", allow_unverified: bool = False) -> Path:
+    """Evaluate the base weights and (for a run directory) the newest checkpoint that verifies
+    (``allow_unverified``: or has no manifest); write eval.json/.md. ``pipeline``: ``parallel`` (agents answer
+    independently), ``sequential`` or ``discussion`` (prompt-only multi-agent pipelines of a single-turn task,
+    see :mod:`accord.pipelines`). The scratch run directory of the evaluating run, ``OUT/_work``, is removed
+    at the end."""
+    from accord.pipelines import check_pipeline_name
 
     target = Path(target)
-    cfg, run_dir, ckpt = _load(target, list(overrides))
+    cfg, run_dir, ckpt = _load(target, list(overrides), allow_unverified)
     ks = sorted(set(ks or [1]))
     check_pipeline_name(pipeline)
     if samples < 0:
@@ -211,6 +214,25 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if work.is_dir():
         shutil.rmtree(work)
     cfg.run = replace(cfg.run, run_dir=str(work))
+    try:
+        variants = _evaluate_variants(cfg, run_dir, ckpt, out_dir, samples=samples, ks=ks, temperature=temperature,
+                                      compare_base=compare_base, pipeline=pipeline)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the evaluating run's config.yaml and lock: scratch
+    report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
+              "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
+              "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
+    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
+    (out_dir / "eval.md").write_text(markdown_table(report))
+    return out_dir
+
+
+def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out_dir: Path, *, samples: int,
+                       ks: list[int], temperature: float, compare_base: bool, pipeline: str) -> dict[str, dict]:
+    """The base weights' and the checkpoint's results, evaluated by a run of ``cfg`` (its scratch directory)."""
+    from accord.build import build_run
+    from accord.pipelines import transcript_path
+
     run = build_run(cfg)
     try:
         variants: dict[str, dict[str, float]] = {}
@@ -233,12 +255,7 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
             logger.warning("%s has no checkpoint: only the base weights were evaluated", run_dir)
     finally:
         run.close()
-    report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
-              "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
-              "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "eval.md").write_text(markdown_table(report))
-    return out_dir
+    return variants
 
 
 def markdown_table(report: dict[str, Any]) -> str:

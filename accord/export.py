@@ -14,7 +14,8 @@ The output directory (default ``RUN_DIR/export/step_NNNNNN``) holds one director
   loads it, as does ``peft.AutoPeftModelForCausalLM.from_pretrained(OUT/<policy>)`` while ``OUT``
   stays where it was written.
 
-The checkpoint is ``RUN_DIR/checkpoints/step_NNNNNN`` (``--step N``; default the latest). Models are
+The checkpoint is ``RUN_DIR/checkpoints/step_NNNNNN`` (``--step N``; default the newest whose manifest
+verifies; one without a manifest only with ``--allow-unverified``). Models are
 rebuilt from ``RUN_DIR/config.yaml`` on this machine's CPU whatever ``run.backend`` trained them.
 Everything is written into a temporary sibling directory first and renamed to ``OUT`` at the end;
 an existing ``OUT`` is an error, never overwritten.
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from safetensors.torch import load_model
 
-from accord.checkpoint import checkpoint_dir, latest_checkpoint
+from accord.checkpoint import CheckpointError, checkpoint_dir, checkpoint_problem, checkpoint_step, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 
 __all__ = ["checkpoint_of", "export_run"]
@@ -39,19 +40,24 @@ __all__ = ["checkpoint_of", "export_run"]
 logger = logging.getLogger(__name__)
 
 
-def checkpoint_of(run_dir: Path, step: int | None) -> Path:
-    """The checkpoint directory of ``step`` (None: the latest) in ``run_dir``."""
+def checkpoint_of(run_dir: Path, step: int | None, allow_unverified: bool = False) -> Path:
+    """The checkpoint directory of ``step`` in ``run_dir``, verified against its manifest (None: the newest that
+    verifies). ``allow_unverified``: a checkpoint without a manifest is exported too, with a warning."""
     if step is None:
-        found = latest_checkpoint(run_dir)
+        found = verified_checkpoint(run_dir, allow_unverified)
         if found is None:
             raise FileNotFoundError(f"{run_dir} has no checkpoint under {checkpoint_dir(run_dir)}; train it first "
                                     "(every run saves one at its last step)")
         return found
     path = checkpoint_dir(run_dir) / f"step_{step:06d}"
     if not path.is_dir():
-        steps = sorted(int(p.name.split("_")[1]) for p in checkpoint_dir(run_dir).glob("step_*"))
+        steps = sorted(checkpoint_step(p) for p in checkpoint_dir(run_dir).glob("step_*"))
         raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps} (pass one of them "
                                 "with --step, or leave --step out for the latest)")
+    problem = checkpoint_problem(path, allow_unverified)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} cannot be exported: {problem}; export another --step (or leave "
+                              "--step out for the newest that verifies)")
     return path
 
 
@@ -105,16 +111,18 @@ def _export_lora(cfg: Config, names: list[str], ckpt: Path, out: Path, final_out
     tokenizer.save_pretrained(out / "base")
 
 
-def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path | None = None) -> Path:
-    """Write the checkpoint of ``step`` (None: the latest) of ``run_dir`` as Hugging Face model (or PEFT
-    adapter) directories under ``out`` (default ``RUN_DIR/export/step_NNNNNN``); return ``out``."""
+def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path | None = None,
+               allow_unverified: bool = False) -> Path:
+    """Write the checkpoint of ``step`` (None: the newest that verifies) of ``run_dir`` as Hugging Face model (or
+    PEFT adapter) directories under ``out`` (default ``RUN_DIR/export/step_NNNNNN``); return ``out``. A
+    checkpoint without a manifest is exported only with ``allow_unverified``."""
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} has no config.yaml; pass the directory of a training run")
     if step is not None and step < 0:
         raise ConfigError(f"--step {step} is negative; pass a checkpoint's step")
     cfg = load_config(run_dir / "config.yaml")
-    ckpt = checkpoint_of(run_dir, step)
+    ckpt = checkpoint_of(run_dir, step, allow_unverified)
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
     if out.exists():
         raise ConfigError(f"{out} already exists; pass another --out or delete it")

@@ -23,7 +23,8 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   its input (h floats per token) and one layer is recomputed at a time; LoRA adds, per token and
   adapted projection of input width d, the dropout's fp32 output and mask (5d bytes, when
   ``lora.dropout > 0``) and the adapter's bf16 copy of its input (2d bytes, under bf16 autocast);
-- generation: a KV cache of rows x (p + c) x layers x 2kv floats plus 4 rows x V floats of logits;
+- generation: a KV cache of rows x (p + c) x layers x 2kv floats plus 4 rows x V floats of logits; on a
+  CPU, a full model's decoding step also holds its weights re-laid out for oneDNN (4P more, for the call);
 - a device holds the static parts (weights, reference, AdamW) of all its policies plus the largest
   transient part (gradients + activations, or generation) of one of them (policies update one after
   another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`;
@@ -100,15 +101,11 @@ def load_plan_config(path: str | None, overrides: list[str]) -> Config:
     still gives the engine its share of the GPU."""
     import importlib.util
 
-    import yaml
-
-    from accord.config import apply_override, config_from_dict
+    from accord.config import apply_override, config_from_dict, read_yaml
 
     data: dict = {}
     if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(Path(path))  # the checks of accord train: duplicate keys, alias bombs, encoding
     for item in overrides:
         apply_override(data, item)
     rollout = data.get("rollout") or {}
@@ -282,6 +279,8 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     plan.activations = acts
     rows = plan.gen_rows
     plan.generation = rows * (prompt + c) * layers * 2 * kv * 4.0 + 4.0 * rows * vocab * 4.0
+    if plan.device == "cpu" and not lora:  # DecodeStep's prepacked copy (accord.generation.fast_decode)
+        plan.generation += 4.0 * plan.params
 
 
 def _bf16_guess(setting, device: str) -> bool:

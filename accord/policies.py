@@ -38,6 +38,7 @@ from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
+from accord.models.common import cache_kwargs
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 
 logger = logging.getLogger(__name__)
@@ -370,14 +371,14 @@ class Policy:
         cache = DynamicCache(config=model.config)
         kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
         with self.autocast():
-            head = model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+            head = model(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(model, cache),
                          use_cache=True, **kwargs).logits[:, -1:].index_select(0, rows)
             if c > 1:
                 cache.batch_select_indices(rows)
                 full_attn = torch.cat([attn.index_select(0, rows), left_mask[:, :c - 1].long()], dim=1)
                 rest = model(input_ids=completion[:, :c - 1], attention_mask=full_attn,
                              position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1, device=self.device)[None, :],
-                             past_key_values=cache, use_cache=True).logits
+                             **cache_kwargs(model, cache), use_cache=True).logits
                 logits = torch.cat([head, rest], dim=1)
             else:
                 logits = head

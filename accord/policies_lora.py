@@ -29,16 +29,17 @@ its own prompts in its own call, from its own stream. The two paths give identic
 row whenever the random numbers line up (greedy decoding, or the same stream over the same batch
 shape); ``tests/test_lora.py`` checks both.
 
-``python -m accord.policies_lora MODEL [THREADS]`` times the two modes and the bare base;
-``bench/README.md`` has its results. PEFT's mixed path gathers and scatters each adapter's rows in
-every adapted layer at every step, which costs more as batches grow; one call saves a whole decoding
-loop, which matters more for small batches. Hence ``mixed_generation: true`` by default (a
-single-turn MAGRPO step at the examples' sizes, 4 tasks x K=4 x 2 agents, is 32 rows); for batches of
-64 rows and more, ``mixed_generation: false`` can be the better setting. Only requests that name
-several adapters at once are mixed: single-turn MAGRPO steps, simultaneous environments and their
-evaluation. Turn-based rollouts (AT-GRPO) ask for one agent at a time, since later agents see
-earlier agents' actions. Adapters on every projection add to the decoding time of the bare base;
-``lora.target_modules: [q_proj, v_proj]`` costs less.
+``bench/lora_generation.py MODEL [THREADS]`` times the two modes and the bare base; ``bench/README.md``
+has its results. Where accord's direct decoding step applies (:mod:`accord.generation.fast_decode`: plain
+LoRA on the projections of a Llama, Qwen2, Mistral or Qwen3 base), it adds the adapters' terms itself: one
+product with all adapters' A stacked and one with their B side by side per projection, each row keeping its
+own adapter's part through a 0/1 mask, so a mixed call costs little more than one adapter's. Elsewhere PEFT's
+mixed path gathers and scatters each adapter's rows in every adapted layer at every step, which costs more as
+batches grow. One call saves a whole decoding loop, which matters more for small batches; hence
+``mixed_generation: true`` by default. Only requests that name several adapters at once are mixed:
+single-turn MAGRPO steps, simultaneous environments and their evaluation. Turn-based rollouts (AT-GRPO) ask
+for one agent at a time, since later agents see earlier agents' actions. Adapters on every projection add to
+the decoding time of the bare base; ``lora.target_modules: [q_proj, v_proj]`` costs less.
 """
 
 from __future__ import annotations

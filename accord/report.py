@@ -29,6 +29,7 @@ import json
 import logging as _logging
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,13 +254,22 @@ def _plot_eval(ax, series: _Series, label: str, color: str | None = None) -> str
     return line.get_color()
 
 
+LEGEND_WIDTH = 30
+"""Characters per line of a legend entry: long entries (curves drawn once for several equal series) wrap."""
+
+
 def _style(ax, title: str, ylabel: str, legend_title: str | None = None) -> None:
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 70))
     ax.set_ylabel(ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize="small", title=legend_title)
+    handles, labels = ax.get_legend_handles_labels()
+    if labels:
+        # beside the plot, not on it: inside the axes a legend of six parts covers curves wherever "best" puts
+        # it; the constrained layout narrows the axes to make room
+        labels = [textwrap.fill(label, LEGEND_WIDTH, break_on_hyphens=False) for label in labels]
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                  fontsize="small", title=legend_title)
 
 
 def _save(fig: Figure, axes: list, path: Path, smoothed: bool, title: str | None = None) -> Path:

@@ -93,7 +93,8 @@ def oracle_demos(cfg: Config, make_task, rows: list[dict], *, noise: float, seed
     task = make_task()
     oracle = oracle_for(task)
     if oracle is None:
-        raise ConfigError(f"task {task.name!r} has no oracle (oracles: planpath, sudoku, sokoban, code, humaneval); "
+        raise ConfigError(f"task {task.name!r} has no oracle (oracles: planpath, sudoku, sokoban, code, humaneval, "
+                          "handoff); "
                           "give demonstrations as a JSONL file with sft.data=FILE.jsonl")
     rng = random.Random(seed)
     out: list[Demo] = []

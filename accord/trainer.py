@@ -29,7 +29,9 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import signal
 import sys
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -43,9 +45,9 @@ from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.algorithms.schedule import AlternationSchedule
 from accord.algorithms.shaping import overlong_penalty
 from accord.audit import audit_step
-from accord.build import Run, build_run
+from accord.build import Run, RunComplete, build_run
 from accord.callbacks import check_callbacks
-from accord.checkpoint import commit_checkpoint, write_checkpoint
+from accord.checkpoint import commit_checkpoint, disk_full_error, is_disk_full, write_checkpoint
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
@@ -96,13 +98,58 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
     return out
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped a run after the step it was in: the last completed step is checkpointed
+    (``checkpoint``; None when no step completed) and the message says how to resume. A KeyboardInterrupt,
+    so that code which does not know accord stops as on any Ctrl-C."""
+
+    def __init__(self, message: str, step: int, checkpoint: Path | None):
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
+class GracefulStop:
+    """While active (a ``with`` block in the main thread), the first SIGINT asks the run to stop after the step
+    in progress, which is finished and checkpointed, so no completed step is lost and the resumed run is exactly
+    the uninterrupted one; a second SIGINT raises KeyboardInterrupt at once (the steps after the last checkpoint
+    are then lost). Elsewhere (another thread) SIGINT keeps Python's default, a KeyboardInterrupt at once.
+
+    Finishing the step, rather than abandoning it, keeps resume exact: the step's sampling has already moved
+    the random streams a checkpoint saves, and a half-applied update cannot be saved as any step."""
+
+    def __init__(self, describe: Callable[[], str]):
+        self.requested = False
+        self._describe = describe
+        self._previous = None
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.requested = True
+        logger.warning("Ctrl-C: %s; Ctrl-C again to stop at once (the steps after the last checkpoint are then lost)",
+                       self._describe())
+
+
 class Trainer:
     """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config."""
 
-    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None):
+    def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None,
+                 allow_unverified: bool = False, stop_if_finished: bool = False):
         self.cfg = cfg
         self.callbacks = check_callbacks(callbacks)  # see accord.callbacks
-        self.run: Run = build_run(cfg, resume=resume, overwrite=overwrite)
+        self.run: Run = build_run(cfg, resume=resume, overwrite=overwrite, allow_unverified=allow_unverified,
+                                  stop_if_finished=stop_if_finished)
         run = self.run
         self.task, self.agents, self.agent_policy = run.env, run.agents, run.agent_policy
         self.policies, self.train_rows, self.eval_rows = run.policies, run.train_rows, run.eval_rows
@@ -342,60 +389,119 @@ class Trainer:
         that step's evaluation); True makes that step the last one, as step ``run.steps`` would be: it is
         evaluated (``run.eval_after``), its completions written and a checkpoint saved (``accord compare``
         stops each method at its token budget this way). Returns the last step's metrics merged with the
-        final evaluation.
+        final evaluation. Ctrl-C stops the run after the step in progress, checkpointed (:class:`GracefulStop`),
+        and raises :class:`TrainingInterrupted`; a full disk is a :class:`accord.checkpoint.DiskFullError`
+        naming the last intact checkpoint.
         """
         cfg = self.cfg
         self.sinks = run_sinks(cfg, self.run_dir, start_step=self.start_step)
         last: dict[str, float] = {}
         end = cfg.run.steps if stop_after is None else min(stop_after, cfg.run.steps)
+        progress = {"done": self.start_step, "saved": self.start_step if self.start_step else None, "doing": None}
+        stop = GracefulStop(functools.partial(self._stopping, progress))
         try:
-            if self.start_step == 0 and cfg.run.eval_before and self.eval_rows:
-                before = self.evaluate(step=0)
-                self._callback("on_evaluate", 0, dict(before))
-                self.sinks.log(0, before)
-                logger.info("eval before training: team reward %.4f", before["eval/team/reward"])
-            for step in range(self.start_step, end):
-                metrics, table = self.train_step(step)
-                n = step + 1
-                stop = stop_when is not None and bool(stop_when(n, dict(metrics)))
-                final = n == cfg.run.steps or stop
-                if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
-                    evaluation = self.evaluate(step=n)
-                    self._callback("on_evaluate", n, dict(evaluation))
-                    metrics.update(evaluation)
-                ce = cfg.logging.completions_every
-                if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
-                    self.sinks.log_completions(n, table)
-                if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or stop:
-                    t = time.perf_counter()
-                    state = {"data_position": n * cfg.rollout.batch_size}
-                    if self.schedule is not None:
-                        state["alternation"] = self.schedule.state()
-                    tmp = write_checkpoint(self.run_dir, n, self.policies, state)
-                    metrics["time/checkpoint"] = time.perf_counter() - t
-                    # the step's metrics (fsynced) before the rename: a checkpoint never exists without them, and
-                    # a resume cuts metrics.jsonl back to the checkpoint it loads, so every step is logged once
-                    self.sinks.log(n, metrics)
-                    self.sinks.flush()
-                    path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
-                    self._callback("on_checkpoint", n, path)
-                else:
-                    self.sinks.log(n, metrics)
-                self._callback("on_step_end", n, dict(metrics))
-                last = metrics
-                if stop:
-                    break
-            self._callback("on_train_end", dict(last))
+            with stop:
+                if self.start_step == 0 and cfg.run.eval_before and self.eval_rows:
+                    progress["doing"] = "the evaluation before training"
+                    before = self.evaluate(step=0)
+                    self._callback("on_evaluate", 0, dict(before))
+                    self.sinks.log(0, before)
+                    logger.info("eval before training: team reward %.4f", before["eval/team/reward"])
+                for step in range(self.start_step, end):
+                    if stop.requested:
+                        break
+                    progress["doing"] = f"step {step + 1}/{cfg.run.steps}"
+                    last, halt = self._step(step, end, stop, progress, stop_when)
+                    if halt:
+                        break
+                progress["doing"] = None
+                if stop.requested:
+                    if progress["done"] and progress["saved"] != progress["done"]:  # Ctrl-C just after a step
+                        self._save(progress["done"], progress)
+                    raise self._interrupted(progress)
+                self._callback("on_train_end", dict(last))
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            raise disk_full_error(self.run_dir, f"writing the logs of {progress['doing'] or 'the run'}", err) from err
         finally:
             self.sinks.close()
         return last
 
+    def _step(self, step: int, end: int, stop: GracefulStop, progress: dict,
+              stop_when: Callable[[int, dict[str, float]], bool] | None = None) -> tuple[dict[str, float], bool]:
+        """One training step with its evaluation, logs and checkpoint (also when a stop was asked for during it);
+        its metrics, and whether ``stop_when`` made it the last step."""
+        cfg = self.cfg
+        metrics, table = self.train_step(step)
+        n = step + 1
+        halt = stop_when is not None and bool(stop_when(n, dict(metrics)))
+        final = n == cfg.run.steps or halt
+        if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
+            evaluation = self.evaluate(step=n)
+            self._callback("on_evaluate", n, dict(evaluation))
+            metrics.update(evaluation)
+        ce = cfg.logging.completions_every
+        if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
+            self.sinks.log_completions(n, table)
+        if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or halt or stop.requested:
+            self._save(n, progress, metrics)
+        else:
+            self.sinks.log(n, metrics)
+        progress["done"] = n
+        self._callback("on_step_end", n, dict(metrics))
+        return metrics, halt
 
-def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None) -> Path:
+    def _save(self, n: int, progress: dict, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint step ``n``; with ``metrics``, log them (fsynced) between writing it and renaming it into
+        place, so that a checkpoint never exists without its step's metrics and a resume, which cuts
+        metrics.jsonl back to the checkpoint it loads, logs every step once."""
+        cfg = self.cfg
+        t = time.perf_counter()
+        state = {"data_position": n * cfg.rollout.batch_size}
+        if self.schedule is not None:
+            state["alternation"] = self.schedule.state()
+        tmp = write_checkpoint(self.run_dir, n, self.policies, state)
+        if metrics is not None:
+            metrics["time/checkpoint"] = time.perf_counter() - t
+            self.sinks.log(n, metrics)
+        self.sinks.flush()
+        path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+        progress["saved"] = n
+        self._callback("on_checkpoint", n, path)
+
+    def _stopping(self, progress: dict) -> str:
+        """What the first Ctrl-C will do, for its notice."""
+        doing = progress["doing"]
+        if doing is None:
+            return "stopping"
+        if doing.startswith("step"):
+            return f"finishing {doing}, then a checkpoint of it and stop"
+        return f"finishing {doing}, then stop"
+
+    def _interrupted(self, progress: dict) -> TrainingInterrupted:
+        done, saved = progress["done"], progress["saved"]
+        if not done:
+            return TrainingInterrupted(f"stopped by Ctrl-C before the first step completed: nothing to save; run the "
+                                       "same command again to start over", 0, None)
+        ckpt = self.run_dir / "checkpoints" / f"step_{saved:06d}"
+        return TrainingInterrupted(f"stopped by Ctrl-C after step {done}/{self.cfg.run.steps} (checkpoint {ckpt}); "
+                                   f"continue with `accord train --resume {self.run_dir}`", done, ckpt)
+
+
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None,
+          allow_unverified: bool = False) -> Path:
     """Build a trainer from a config, run it (calling ``callbacks``, see :mod:`accord.callbacks`), and return
     the run directory (``overwrite``: delete an earlier run in the same directory first; without it that is
-    an error)."""
-    trainer = Trainer(cfg, resume=resume, overwrite=overwrite, callbacks=callbacks)
+    an error). ``resume`` of a run that already reached ``run.steps`` logs that there is nothing to do and how
+    to extend it, and returns before any model loads (``Trainer(cfg, resume=True)`` loads such a run, with no
+    step left to train); ``allow_unverified`` lets it load a checkpoint without a manifest."""
+    try:
+        trainer = Trainer(cfg, resume=resume, overwrite=overwrite, callbacks=callbacks,
+                          allow_unverified=allow_unverified, stop_if_finished=True)
+    except RunComplete as done:
+        logger.warning("%s", done)
+        return cfg.run_dir
     try:
         trainer.train()
     finally:

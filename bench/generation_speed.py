@@ -1,101 +1,404 @@
 #!/usr/bin/env python
-"""Decoding speed: accord's own loop against Hugging Face ``generate`` driving the same sampler.
+"""Generation of the default job's step: accord's decoding loop against its code before issue 25, Hugging
+Face ``generate`` and (where installed) vLLM, side by side, with tokens per second and the fraction of
+this machine's bound.
 
-    python bench/generation_speed.py                          # SmolLM2-135M, 4 prompts x K=4, 96 new tokens
-    python bench/generation_speed.py --model tiny-qwen2 --prompt-repeats 3 --max-new-tokens 32
-    python bench/generation_speed.py --json /tmp/gen.json
+    python bench/generation_speed.py                         # SmolLM2-135M, the default job's first step
+    python bench/generation_speed.py --model tiny-qwen2      # the tiny test model on the same texts
+    python bench/generation_speed.py --rounds 3 --json /tmp/gen.json
+    python bench/generation_speed.py --profile new           # where one call's time goes (torch profiler)
+    python bench/generation_speed.py --machine               # only this machine's fp32 GEMM rate and bandwidth
 
-All three paths are :func:`accord.generation.generate`: the default one (accord's loop, for models
-with a plain full-attention cache, whose decoding steps run as ``DecodeStep`` where it applies), the
-loop with every decoding step through the model's forward ("loop, forward"), and the call with the
-loop switched off, which hands decoding to ``model.generate`` with the same sampler and random
-stream. The speed-up is ``generate`` against the default path. The batch is ``--prompts`` distinct
-chat prompts (a filler text repeated ``--prompt-repeats`` times) each repeated ``--k`` times, as a
-training step asks for. Each path runs sampled and greedy, ``--rounds`` times, in alternating order;
-the best time is reported. The table also says whether the default path and ``generate`` drew the
-same tokens and the largest log-prob difference between them on identical rows.
+The workload is the generate call of the first step of ``accord train`` without a config (the quickstart's
+job): the default config's first 3 training texts, each prompted to its 2 agents and sampled K=4 times
+(24 rows from 6 distinct prompts), ``rollout.max_new_tokens`` new tokens at ``rollout.temperature`` (and its
+top-k / top-p), from one seeded random stream. ``--model`` swaps the policy's model (``policies.main.model``).
+
+Each path runs in its own worker process, all started before the first round and fed the same token ids;
+the rounds alternate between the paths, so that the load of a shared machine falls on all of them alike:
+
+- ``new``: :func:`accord.generation.generate` of this tree;
+- ``old``: the same function of the tree before issue 25 (``--old-ref``, default ``7f2afbf``), extracted
+  with ``git archive`` into a temporary folder and put first on the worker's ``PYTHONPATH``;
+- ``hf``: this tree's :func:`accord.generation.generate` with accord's loop switched off, so that
+  ``model.generate`` decodes, with accord's sampler as its only logits processor (same distribution and
+  random stream);
+- ``vllm``: accord's vLLM generator (:mod:`accord.generation.vllm_backend`) on the same prompts and
+  settings, when ``vllm`` is importable; otherwise the path is skipped with a line saying so.
+
+The bound is the least time this machine needs for the work the call must do: the prefill of each
+distinct prompt once, and for each decoding step the products of the rows still generating (a row stops
+at its EOS) against every weight, and their attention over their prompt and tokens so far. A step takes
+at least max(FLOP / GEMM rate, bytes / bandwidth), where the bytes are every weight once and each distinct
+prompt's keys and values once plus each row's own; the prefill is counted at the GEMM rate. The GEMM rate
+is fp32 ``2048 x 2048`` matrix products with the same threads, the bandwidth a sum over 512 MiB, both
+best-of-5, measured before the rounds (``--gemm-gflops`` / ``--read-gbs`` replace them: a machine shared with
+other jobs measures less than it has). ``fraction of bound`` = bound / the path's best time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import torch
+REPO = Path(__file__).resolve().parents[1]
+OLD_REF = "7f2afbf"  # accord before issue 25 (the decoding loop this benchmark compares against)
+PATHS = ("new", "old", "hf", "vllm")
 
-import accord.generation.hf as hf
-from accord.models import load_model_and_tokenizer
 
-FILLER = ("The committee met on Tuesday to discuss the budget for next year, and several members raised "
-          "concerns about rising costs.")
+# --- the workload ---------------------------------------------------------------------------------
+def default_job_requests(model: str) -> dict:
+    """Token ids and sampling settings of the first step's generate call of ``accord train`` (no config),
+    with ``policies.main.model`` set to ``model``."""
+    import random
+    from types import SimpleNamespace
+
+    from accord.build import build_env, check_run, split_data
+    from accord.config import load_config
+    from accord.models import load_model_and_tokenizer
+    from accord.policies import Policy
+
+    cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}"])
+    env = build_env(cfg)
+    check_run(cfg, env)
+    train_rows, _ = split_data(cfg, env)
+    perm = list(range(len(train_rows)))  # the trainer's order of step 0 (Trainer.batch_rows)
+    random.Random(cfg.run.seed * 1_000_003).shuffle(perm)
+    rows = [train_rows[perm[i]] for i in range(cfg.rollout.batch_size)]
+    _, tokenizer = load_model_and_tokenizer(model)
+    r, k = cfg.rollout, cfg.algorithm.num_generations
+    # Policy.encode_chat without loading a second model: it reads only these attributes
+    policy = SimpleNamespace(tokenizer=tokenizer, rollout=r, name="main", context_len=None)
+    prompts = []
+    for agent in cfg.agents:  # the rollout's order: agent, text, sample (accord.rollout.magrpo)
+        for row in rows:
+            prompts += [Policy.encode_chat(policy, env.prompt(agent.name, row))] * k
+    return {"model": model, "prompts": prompts, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+            "top_k": r.top_k, "top_p": r.top_p, "seed": cfg.run.seed + 7_000_003}
+
+
+# --- this machine ---------------------------------------------------------------------------------
+def machine_rates(threads: int) -> dict[str, float]:
+    """fp32 GEMM GFLOP/s (2048^3, best of 5) and memory read GB/s (sum over 512 MiB, best of 5)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    x = torch.randn(512 * 2**20 // 4)
+    gemm, read = float("inf"), float("inf")
+    a @ b
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        gemm = min(gemm, time.perf_counter() - t)
+        t = time.perf_counter()
+        x.sum()
+        read = min(read, time.perf_counter() - t)
+    return {"gemm_gflops": 2 * 2048**3 / gemm / 1e9, "read_gbs": x.numel() * 4 / read / 1e9}
+
+
+def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: dict[str, float]) -> dict[str, float]:
+    """Least time for a generate call that produced completions of ``lengths`` tokens from ``prompts``
+    (see the module docstring): FLOP at the GEMM rate, bytes at the read bandwidth, per decoding step the
+    larger of the two."""
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    q, kv = heads * head_dim, getattr(config, "num_key_value_heads", heads) * head_dim
+    inter, vocab = config.intermediate_size, config.vocab_size
+    body = layers * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter)  # multiply-adds per token
+    head = vocab * hidden
+    peak, bandwidth = rates["gemm_gflops"] * 1e9, rates["read_gbs"] * 1e9
+    distinct: dict[tuple, int] = {}
+    row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    prompt_len = [0] * len(distinct)
+    for p, u in zip(prompts, row_prompt):
+        prompt_len[u] = len(p)
+    prefill_flop = sum(2 * body * n + 2 * layers * q * n * (n + 1) + 2 * head for n in prompt_len)
+    prefill = max(prefill_flop / peak, 4 * (body + head) / bandwidth)
+    decode, decode_flop = 0.0, 0
+    for s in range(1, max(lengths)):
+        active = [r for r, n in enumerate(lengths) if n > s]
+        context = sum(prompt_len[row_prompt[r]] + s for r in active)
+        flop = len(active) * 2 * (body + head) + 4 * layers * q * context
+        prompts_live = {row_prompt[r] for r in active}
+        kv_bytes = 4 * layers * 2 * kv * (sum(prompt_len[u] for u in prompts_live) + s * len(active))
+        decode += max(flop / peak, (4 * (body + head) + kv_bytes) / bandwidth)
+        decode_flop += flop
+    return {"bound_s": prefill + decode, "prefill_bound_s": prefill, "decode_bound_s": decode,
+            "prefill_tflop": prefill_flop / 1e12, "decode_tflop": decode_flop / 1e12}
+
+
+# --- workers --------------------------------------------------------------------------------------
+def old_tree(ref: str) -> Path:
+    """The ``accord`` package of git ``ref``, extracted into a temporary folder (its parent is returned)."""
+    folder = Path(tempfile.mkdtemp(prefix="accord-old-"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "accord"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+class Worker:
+    """One path in its own process: loads the model once, then runs the generate call on request."""
+
+    def __init__(self, path: str, work: Path, threads: int, old: Path | None):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+        env.pop("PYTHONPATH", None)
+        if path == "old":
+            env["PYTHONPATH"] = str(old)  # ahead of the installed (editable) accord of this tree
+        self.path = path
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", path, "--work", str(work),
+                                      "--threads", str(threads)], cwd=tempfile.gettempdir(), env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.path!r} exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, op: str) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        """Let the worker exit; one still freeing a profiler's trace after 60 s is killed (its answers are in)."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def worker_main(path: str, work: Path, threads: int) -> None:
+    """Serve ``run`` / ``profile`` requests on stdin for one path; answers are JSON lines on stdout."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # library chatter stays off the answer channel
+    import accord
+    import accord.generation.hf as hf
+    from accord.models import load_model_and_tokenizer
+
+    job = json.loads(work.read_text())
+    model, tokenizer = load_model_and_tokenizer(job["model"])
+    kwargs = dict(max_new_tokens=job["max_new_tokens"], temperature=job["temperature"], top_k=job["top_k"],
+                  top_p=job["top_p"])
+    if path == "hf":
+        hf.supports_own_loop = lambda m: False
+    if path == "vllm":
+        from accord.generation.vllm_backend import VLLMGenerator
+
+        engine = VLLMGenerator(model, tokenizer, name="main", seed=0, gpu_memory_utilization=0.5,
+                               llm_kwargs={"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30})
+
+        def call(generator):
+            return engine.generate(model, job["prompts"], greedy=False, name="main", generator=generator, **kwargs)
+    else:
+        def call(generator):
+            return hf.generate(model, tokenizer, job["prompts"], generator=generator, batch_size=len(job["prompts"]),
+                               **kwargs)
+
+    def answer(data: dict) -> None:
+        out.write(json.dumps(data) + "\n")
+        out.flush()
+
+    answer({"accord": accord.__file__})
+    for line in sys.stdin:
+        op = json.loads(line)["op"]
+        generator = torch.Generator().manual_seed(job["seed"])
+        if op == "profile":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                t = time.perf_counter()
+                gens = call(generator)
+                seconds = time.perf_counter() - t
+            answer({"seconds": seconds, "shares": profile_shares(prof, len(job["prompts"]), model.config, seconds),
+                    "table": prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
+                                                                                row_limit=30)})
+            continue
+        t, c = time.perf_counter(), time.process_time()
+        gens = call(generator)
+        answer({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+                "ids": [g.ids for g in gens], "logprobs": [g.logprobs for g in gens]})
+
+
+def profile_shares(prof, rows: int, config, seconds: float) -> dict[str, float]:
+    """Seconds of the profiled call by kind of work, from the operators' own (self) times; the rest of the
+    wall time is Python and dispatch between operators."""
+    vocab = config.vocab_size
+    shares: dict[str, float] = {}
+    for event in prof.key_averages(group_by_input_shape=True):
+        name, shapes = event.key, event.input_shapes or []
+        first = shapes[0] if shapes and shapes[0] else []
+        second = shapes[1] if len(shapes) > 1 and shapes[1] else []
+        if name in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"):
+            m = first[0] if first else 0
+            n = (second[0] if name == "mkldnn::_linear_pointwise" else second[-1]) if second else 0
+            if name == "aten::addmm":  # addmm(bias, x, w)
+                m = second[0] if second else 0
+                n = shapes[2][-1] if len(shapes) > 2 and shapes[2] else 0
+            kind = ("prefill products" if m > rows else "output head (decoding)" if n == vocab
+                    else "projections (decoding)")
+        elif name == "mkldnn::_reorder_linear_weight":
+            kind = "weight layout (oneDNN)"
+        elif "attention" in name or name in ("aten::bmm", "aten::baddbmm", "aten::_softmax") and (
+                not first or first[-1] != vocab):
+            kind = "attention"
+        elif first and first[-1] == vocab or name in ("aten::searchsorted", "aten::cumsum_", "aten::cumsum"):
+            kind = "sampling (full-vocabulary passes)"
+        elif name in ("aten::index_select", "aten::index", "aten::cat", "aten::_index_put_impl_", "aten::index_copy_"):
+            kind = "cache and row copies"
+        else:
+            kind = "other operators (norms, rotary, activations, small copies)"
+        shares[kind] = shares.get(kind, 0.0) + event.self_cpu_time_total / 1e6
+    shares["Python and dispatch between operators"] = max(0.0, seconds - sum(shares.values()))
+    return shares
+
+
+# --- the comparison -------------------------------------------------------------------------------
+def compare(args) -> dict:
+    import torch
+    from accord.models import load_model_and_tokenizer
+
+    job = default_job_requests(args.model)
+    work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
+    work.write_text(json.dumps(job))
+    paths = [p for p in args.paths if p != "vllm" or importlib.util.find_spec("vllm") is not None]
+    if "vllm" in args.paths and "vllm" not in paths:
+        print("vllm: not installed here (pip install 'accord[vllm]'); skipped")
+    old = old_tree(args.old_ref) if "old" in paths else None
+    workers = {p: Worker(p, work, args.threads, old) for p in paths}
+    try:
+        for p, w in workers.items():
+            print(f"{p}: accord from {w.ready['accord']}")
+        rates = machine_rates(args.threads)
+        measured = dict(rates)
+        if args.gemm_gflops:
+            rates["gemm_gflops"] = args.gemm_gflops
+        if args.read_gbs:
+            rates["read_gbs"] = args.read_gbs
+        torch.set_num_threads(args.threads)
+        load = os.getloadavg()
+        times: dict[str, list[float]] = {p: [] for p in paths}
+        cpu: dict[str, list[float]] = {p: [] for p in paths}
+        outs = {}
+        for r in range(args.rounds):
+            for p in (paths if r % 2 == 0 else paths[::-1]):
+                res = workers[p].ask("run")
+                times[p].append(res["seconds"])
+                cpu[p].append(res["cpu_seconds"])
+                outs[p] = res
+        load = (load, os.getloadavg())
+    finally:
+        for w in workers.values():
+            w.close()
+    config = load_model_and_tokenizer(args.model)[0].config
+    distinct = len({tuple(p) for p in job["prompts"]})
+    print(f"{args.model}: {len(job['prompts'])} rows ({distinct} distinct prompts of "
+          f"{min(map(len, job['prompts']))}-{max(map(len, job['prompts']))} tokens), up to {job['max_new_tokens']} new "
+          f"tokens, temperature {job['temperature']}, top-k {job['top_k']}, top-p {job['top_p']}; {args.threads} "
+          f"threads, {args.rounds} rounds; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after")
+    print(f"machine: fp32 GEMM {measured['gemm_gflops']:.0f} GFLOP/s, memory read {measured['read_gbs']:.1f} GB/s "
+          f"measured; the bound uses {rates['gemm_gflops']:.0f} GFLOP/s and {rates['read_gbs']:.1f} GB/s")
+    results = {}
+    ref = outs.get("old")
+    header = (f"{'path':6} {'best s':>7} {'median s':>8} {'cpu s':>6} {'tokens':>6} {'tokens/s':>8} {'bound s':>7} "
+              f"{'of bound':>8} {'vs old':>7} {'same rows as old':>16} {'max logp gap':>12}")
+    print(header)
+    for p in paths:
+        lengths = [len(ids) for ids in outs[p]["ids"]]
+        bound = bound_seconds(config, job["prompts"], lengths, rates)
+        best = min(times[p])
+        row = {"best_s": best, "median_s": statistics.median(times[p]), "times_s": times[p], "cpu_s": min(cpu[p]),
+               "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best, "lengths": lengths, **bound,
+               "fraction_of_bound": bound["bound_s"] / best}
+        if ref is not None:
+            row["speedup_vs_old"] = min(times["old"]) / best
+            row["same_rows_as_old"] = sum(a == b for a, b in zip(outs[p]["ids"], ref["ids"]))
+            row["max_logprob_gap"] = max((abs(u - v) for a, b, la, lb in zip(outs[p]["ids"], ref["ids"],
+                                                                           outs[p]["logprobs"], ref["logprobs"])
+                                          if a == b for u, v in zip(la, lb)), default=0.0)
+        results[p] = row
+        vs = f"{row['speedup_vs_old']:6.2f}x" if ref is not None else ""
+        same = f"{row['same_rows_as_old']}/{len(lengths)}" if ref is not None else ""
+        gap = f"{row['max_logprob_gap']:.1e}" if ref is not None else ""
+        print(f"{p:6} {best:7.2f} {row['median_s']:8.2f} {row['cpu_s']:6.2f} {row['tokens']:6d} "
+              f"{row['tokens_per_s']:8.1f} {bound['bound_s']:7.2f} {row['fraction_of_bound']:8.2f} {vs:>7} {same:>16} "
+              f"{gap:>12}")
+    b = results[paths[0]]
+    print(f"bound: prefill {b['prefill_tflop']:.3f} TFLOP ({b['prefill_bound_s']:.2f} s), decoding "
+          f"{b['decode_tflop']:.3f} TFLOP ({b['decode_bound_s']:.2f} s) for the {paths[0]} path's completions")
+    for p in paths:
+        if p != "hf" and "hf" in results:
+            print(f"{p} against Hugging Face generate: {min(times['hf']) / min(times[p]):.2f}x")
+    return {"config": vars(args), "job": {k: v for k, v in job.items() if k != "prompts"},
+            "prompt_lengths": [len(p) for p in job["prompts"]], "machine": measured, "bound_rates": rates, "load": load,
+            "results": results}
+
+
+def profile_path(args) -> None:
+    """One profiled generate call of a path: seconds by kind of work, then the operator table."""
+    job = default_job_requests(args.model)
+    work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
+    work.write_text(json.dumps(job))
+    old = old_tree(args.old_ref) if args.profile == "old" else None
+    worker = Worker(args.profile, work, args.threads, old)
+    try:
+        worker.ask("run")  # warm-up
+        res = worker.ask("profile")
+    finally:
+        worker.close()
+    print(f"{args.profile} ({worker.ready['accord']}), {args.model}, {args.threads} threads, load average "
+          f"{os.getloadavg()[0]:.1f}: {res['seconds']:.2f} s under the profiler")
+    for kind, s in sorted(res["shares"].items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:58} {s:7.2f} s {100 * s / res['seconds']:5.1f} %")
+    print(res["table"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="accord model spec (smollm2-135m, tiny-qwen2, a path)")
-    p.add_argument("--prompts", type=int, default=4, help="distinct prompts")
-    p.add_argument("--k", type=int, default=4, help="copies of each prompt (samples per prompt)")
-    p.add_argument("--prompt-repeats", type=int, default=14, help="filler sentences per prompt (14: ~350 tokens)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS, help="paths to compare")
+    p.add_argument("--old-ref", default=OLD_REF, help="git ref of the code to compare against (the 'old' path)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="calls per path, alternating between the paths")
+    p.add_argument("--gemm-gflops", type=float, help="bound with this GEMM rate instead of the measured one "
+                   "(a shared machine measures less than it has)")
+    p.add_argument("--read-gbs", type=float, help="bound with this memory bandwidth instead of the measured one")
+    p.add_argument("--profile", choices=PATHS, help="profile one call of this path instead of comparing")
+    p.add_argument("--machine", action="store_true", help="only measure the GEMM rate and memory bandwidth")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
+    p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tok = load_model_and_tokenizer(args.model)
-    text = " ".join([FILLER] * args.prompt_repeats)
-    prompts = []
-    for i in range(args.prompts):
-        ids = tok.apply_chat_template([{"role": "user", "content": f"Summarise text {i}:\n{text}"}],
-                                      add_generation_prompt=True)
-        ids = ids if isinstance(ids, list) else ids["input_ids"]
-        prompts += [ids] * args.k
-    own_loop, build_step = hf.supports_own_loop, hf.DecodeStep.build
-    paths = ("own loop", "loop, forward", "generate")
-
-    def run(path: str, greedy: bool):
-        if path == "generate":
-            hf.supports_own_loop = lambda m: False
-        elif path == "loop, forward":  # the loop with every decoding step through the model's forward
-            hf.DecodeStep.build = lambda *a: None
-        try:
-            gen = torch.Generator().manual_seed(0)
-            start = time.perf_counter()
-            out = hf.generate(model, tok, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              greedy=greedy, generator=gen)
-            return time.perf_counter() - start, out
-        finally:
-            hf.supports_own_loop, hf.DecodeStep.build = own_loop, build_step
-
-    results = []
-    print(f"{args.model}: {len(prompts)} rows ({args.prompts} prompts x K={args.k}, {len(prompts[0])} prompt tokens), "
-          f"{args.max_new_tokens} new tokens, {args.threads} threads; own loop applies: {own_loop(model)}; "
-          f"direct decoding step applies: {hf.DecodeStep.build(model, 8) is not None}")
-    print(f"{'mode':8} {'own loop s':>10} {'loop, forward s':>15} {'generate s':>10} {'speed-up':>8} {'tokens':>7} "
-          f"{'same tokens':>11} {'max logp gap':>12}")
-    for greedy in (False, True):
-        best = {path: float("inf") for path in paths}
-        outs = {}
-        for _ in range(args.rounds):
-            for path in paths:
-                dt, outs[path] = run(path, greedy)
-                best[path] = min(best[path], dt)
-        a, b = outs["own loop"], outs["generate"]
-        same = sum(x.ids == y.ids for x, y in zip(a, b))
-        gap = max((abs(u - v) for x, y in zip(a, b) if x.ids == y.ids for u, v in zip(x.logprobs, y.logprobs)),
-                  default=0.0)
-        row = {"mode": "greedy" if greedy else "sampled", "own_loop_s": best["own loop"],
-               "loop_forward_s": best["loop, forward"], "generate_s": best["generate"],
-               "speedup": best["generate"] / best["own loop"], "tokens": sum(len(x.ids) for x in a),
-               "identical_rows": same, "rows": len(a), "max_logprob_gap": gap}
-        results.append(row)
-        print(f"{row['mode']:8} {row['own_loop_s']:10.2f} {row['loop_forward_s']:15.2f} {row['generate_s']:10.2f} "
-              f"{row['speedup']:7.2f}x {row['tokens']:7d} {f'{same}/{len(a)}':>11} {gap:12.1e}")
+    if args.worker:
+        return worker_main(args.worker, args.work, args.threads)
+    if args.machine:
+        print(json.dumps(machine_rates(args.threads)))
+        return None
+    if args.profile:
+        return profile_path(args)
+    results = compare(args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "prompt_tokens": len(prompts[0]), "results": results}, f, indent=1)
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return None
 
 
 if __name__ == "__main__":

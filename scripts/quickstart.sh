@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-accord train "$@"   # runs/writing-tldr; again: pass --overwrite (deletes it) or --resume runs/writing-tldr
-accord report runs/writing-tldr
+accord train "$@"   # runs/writing-pydoc; again: pass --overwrite (deletes it) or --resume runs/writing-pydoc
+accord report runs/writing-pydoc

@@ -165,6 +165,10 @@ CASES = [
     ("planpath", {}, {"name": "magrpo"}),
     ("sudoku", {}, {"name": "atgrpo"}),
     ("sokoban", {}, {"name": "atgrpo"}),
+    ("signal", {"rounds": 2}, {"name": "atgrpo"}),
+    ("signal", {}, {"name": "magrpo"}),
+    ("handoff", {"start": "given"}, {"name": "atgrpo"}),
+    ("handoff", {"single_turn": True}, {"name": "magrpo"}),
 ]
 
 

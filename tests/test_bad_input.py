@@ -45,9 +45,12 @@ def _files(tmp: Path) -> None:
     (tmp / "empty.yaml").write_text("")
     (tmp / "list.yaml").write_text("- 1\n- 2\n")
     (tmp / "afile").write_text("not a directory\n")
+    (tmp / "dup.yaml").write_text("run:\n  steps: 3\ntask:\n  name: letters\nrun:\n  seed: 4\n")
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 12)]
+    (tmp / "bomb.yaml").write_text("task:\n  options:\n" + "".join(f"    {line}\n" for line in bomb))
     (tmp / "held" / "tiny").mkdir(parents=True)
     (tmp / "held" / "tiny" / "config.yaml").write_text("run: {name: tiny}\n")
-    (tmp / "held" / "tiny" / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp / "held" / "tiny" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')   # a completed step
 
 
 # (id, arguments, what the error line must contain: the key or file, the problem, the fix)
@@ -68,6 +71,16 @@ CASES = [
     ("config-missing", ["train", "nope.yaml"], ["nope.yaml", "does not exist", "examples/tiny.yaml"]),
     ("config-is-dir", ["train", "held"], ["held", "is a directory", "--resume"]),
     ("override-bad-yaml", ["train", "rollout.batch_size=[1"], ["rollout.batch_size", "not valid YAML", "column 3"]),
+    ("yaml-duplicate-section", ["train", "dup.yaml"], ["dup.yaml", "'run' appears twice (line 1 and line 5)",
+                                                       "merge them"]),
+    ("yaml-alias-bomb", ["train", "bomb.yaml"], ["bomb.yaml", "more than 100000 values", "aliases"]),
+    ("override-duplicate-key", ["train", "task.options={a: 1, a: 2}"], ["task.options", "'a' appears twice"]),
+    ("run-name-up", ["train", TINY, "run.name=../x"], ["run.name='../x'", "contains '..'", "run.output_dir"]),
+    ("run-name-absolute", ["train", TINY, "run.name=/tmp/x"], ["run.name='/tmp/x'", "absolute path", "run.run_dir"]),
+    ("model-typo", ["train", "policies.main.model=smolm2-135m", "task.name=letters"],
+     ["policies.main.model='smolm2-135m'", "did you mean 'smollm2-135m'"]),
+    ("model-typo-tiny-config", ["train", TINY, "policies.main.model=smolm2-135m"],
+     ["policies.main.model='smolm2-135m'", "did you mean 'smollm2-135m'"]),
     ("unknown-model-with-kwargs", ["train", "policies.main.model=nosuch", "policies.main.model_kwargs.hidden_size=32"],
      ["policies.main.model_kwargs", "'nosuch'", "drop model_kwargs or pick a tiny model"]),
     ("unknown-model-kwarg", ["train", "policies.main.model=tiny-qwen2", "policies.main.model_kwargs.hidden_sise=64"],

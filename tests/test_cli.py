@@ -23,6 +23,7 @@ def test_train_report_resume_from_the_cli(tmp_path):
                  "task.eval_size=4", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     run_dir = tmp_path / "tiny"
+    assert f"tensorboard --logdir {run_dir / 'tb'}" in run.stderr   # how to look at the curves
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]
     assert (run_dir / "config.yaml").is_file() and list((run_dir / "tb").iterdir())
@@ -57,3 +58,11 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     assert "/no/such/model" in missing.stderr
     no_run = accord("train", "--resume", str(tmp_path / "nothing"), cwd=tmp_path)
     assert no_run.returncode == 2 and "no config.yaml" in no_run.stderr
+
+
+def test_version(tmp_path):
+    from accord import __version__
+
+    out = accord("--version", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"accord {__version__} (torch ") and "transformers" in out.stdout, out.stdout

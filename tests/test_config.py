@@ -73,3 +73,84 @@ def test_missing_file():
 def test_every_field_has_help():
     rows = describe()
     assert all(text for _, _, text in rows), [k for k, _, t in rows if not t]
+
+
+# --- input that used to be taken silently or hang (issue 23, item 11) ------------------------------------
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys: the first section's settings would vanish without a word."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("run:\n  steps: 3\ntask:\n  name: letters\nrun:\n  seed: 4\n")
+    with pytest.raises(ConfigError, match=r"'run' appears twice \(line 1 and line 5\).*merge them"):
+        load_config(path)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("run:\n  steps: 3\n  steps: 4\n")
+    with pytest.raises(ConfigError, match="'steps' appears twice"):
+        load_config(nested)
+    with pytest.raises(ConfigError, match="'a' appears twice"):
+        apply_override({}, "task.options={a: 1, a: 2}")
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("policies:\n  main: &p {model: tiny-qwen2, lr: 0.01}\n  other:\n    <<: *p\n    lr: 0.02\n"
+                    "specialization: separate\n")
+    cfg = load_config(path)
+    assert cfg.policies["other"].lr == 0.02 and cfg.policies["other"].model == "tiny-qwen2"
+
+
+def _alias_bomb(levels: int = 12) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "task:\n  options:\n" + "".join(f"    {line}\n" for line in lines)
+
+
+def test_an_alias_bomb_is_refused_in_bounded_time(tmp_path):
+    """Nine aliases per level, twelve levels: 9**12 values once expanded. Refused before anything walks them."""
+    import time
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    t = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"more than 100000 values.*alias"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'task.options.x' expands to more than 100000 values"):
+        load_config(None, ["task.options.x=[&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1], " + ", ".join(
+            [f"&a{i} [" + ", ".join([f"*a{i - 1}" if i > 1 else "*a"] * 10) + "]" for i in range(1, 7)]) + "]"])
+    assert time.perf_counter() - t < 2.0
+
+
+@pytest.mark.parametrize("name, problem", [("../x", "contains '..'"), ("a/../../x", "contains '..'"),
+                                           ("/tmp/elsewhere", "is an absolute path"), (".", "names run.output_dir"),
+                                           ("./", "names run.output_dir")])
+def test_a_run_name_that_leaves_the_output_dir_is_refused(name, problem):
+    with pytest.raises(ConfigError, match=f"run.name={name!r} {problem}.*run.output_dir"):
+        load_config(None, [f"run.name={name}"])
+
+
+def test_a_run_name_may_hold_subdirectories():
+    cfg = load_config(None, ["run.name=sweep/seed1", "run.output_dir=out"])
+    assert str(cfg.run_dir) == "out/sweep/seed1"
+
+
+@pytest.mark.parametrize("model, closest", [("smolm2-135m", "smollm2-135m"), ("tiny-qwen", "tiny-qwen3"),
+                                            ("tiny-lama", "tiny-llama"), ("SmolLM2-135M", "smollm2-135m")])
+def test_a_misspelt_built_in_model_gets_the_closest_name(model, closest):
+    """Before the model_kwargs check (a tiny config) and before any Hub request (the default config)."""
+    for overrides in ([], ["policies.main.model_kwargs={hidden_size: 32}"]):
+        with pytest.raises(ConfigError, match=f"policies.main.model={model!r} is not a model.*did you mean {closest!r}"):
+            load_config(None, [f"policies.main.model={model}", *overrides])
+
+
+def test_model_names_far_from_the_built_ins_and_local_directories_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny-qwen").mkdir()   # a local directory of that name is the user's model, not a typo
+    for model in ("tiny-qwen", "Qwen/Qwen3-0.6B", "gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct", "./my-model"):
+        assert load_config(None, [f"policies.main.model={model}"]).policies["main"].model == model
+
+
+def test_the_config_knows_the_models_the_loader_builds():
+    from accord.config import BUILTIN_MODELS
+    from accord.models.loading import SMOLLM2_SPEC, TINY_SPECS
+
+    assert set(BUILTIN_MODELS) == {SMOLLM2_SPEC, *TINY_SPECS}

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from accord.checkpoint import CheckpointError
 from accord.config import ConfigError, config_from_dict
 from accord.crossplay import bootstrap_ci, run_crossplay
 from accord.evaluate import run_eval
@@ -67,3 +68,17 @@ def test_crossplay_needs_a_checkpoint(tiny_cfg, tmp_path):
     cli = subprocess.run([sys.executable, "-m", "accord.cli", "eval", "--crossplay", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and "no config.yaml there" in cli.stderr and len(cli.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_crossplay_plays_a_checkpoint_without_its_manifest_only_when_allowed(tiny_cfg, tmp_path):
+    """As accord train --resume and accord eval: a checkpoint whose files cannot be verified is not played
+    unless --allow-unverified is given."""
+    run = _run(tiny_cfg, tmp_path, 0)
+    for manifest in (run / "checkpoints").glob("step_*/manifest.json"):
+        manifest.unlink()
+    with pytest.raises(CheckpointError, match="pass --allow-unverified to load it anyway"):
+        run_crossplay([run], samples=0)
+    out = run_crossplay([run], samples=0, allow_unverified=True)
+    assert json.loads((out / "crossplay.json").read_text())["runs"] == [str(run)]
+    assert not (out / "_work").exists()

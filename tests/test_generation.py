@@ -145,6 +145,72 @@ def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
     assert runs["own", True, 5][0].ids == runs["own", True, 5][7].ids   # and greedy ones agree
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_finished_rows_leave_the_batch_without_changing_the_draws(arch, monkeypatch):
+    """Rows that emit EOS leave accord's batch at different steps; the others draw the same tokens with the
+    same log-probs as Hugging Face generate, which computes every row to the end: the random stream
+    advances for finished rows too."""
+    import accord.generation.hf as hf
+
+    # a 300-token vocabulary sampled at temperature 2: EOS comes by chance, to some rows, at different steps
+    kwargs = {"pad_is_eos": arch == "llama", "vocab_size": 300}
+    pol = Policy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs=kwargs),
+                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+    assert hf.unsupported_reason(pol.model) is None  # the direct decoding step applies
+    long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
+    short = pol.encode_chat([{"role": "user", "content": "hi"}])
+    prompts = [long_prompt] * 5 + [short] * 3 + [long_prompt] * 4
+    runs = {}
+    for path in ("own", "hf"):
+        if path == "hf":
+            _hf_path(monkeypatch)
+        runs[path] = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=24, temperature=2.0,
+                              generator=torch.Generator().manual_seed(5))
+    own, ref = runs["own"], runs["hf"]
+    assert len({len(g.ids) for g in own}) >= 3, [len(g.ids) for g in own]  # rows left at different steps
+    assert [g.ids for g in own] == [g.ids for g in ref]
+    for a, b in zip(own, ref):
+        assert a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_per_row_sampling_through_the_direct_loop_draws_like_generate(monkeypatch):
+    """Rows with their own temperature, top-k, top-p and length cap, interleaved across prompts (the direct
+    loop reorders rows by prompt) and leaving the batch at EOS or at their cap: the direct decoding loop
+    draws Hugging Face generate's tokens and log-probs, and each row's are those of its own settings."""
+    import accord.generation.hf as hf
+    from accord.rollout.sample import Sampling
+
+    pol = Policy("p", PolicyConfig(model="tiny-qwen3", model_kwargs={"vocab_size": 300}),
+                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+    assert hf.unsupported_reason(pol.model) is None  # the direct decoding step applies
+    hot, nucleus, capped = Sampling(2.0, 0, 1.0, 24), Sampling(1.5, 0, 0.9, 24), Sampling(0.9, 7, 1.0, 5)
+    long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
+    short = pol.encode_chat([{"role": "user", "content": "hi"}])
+    prompts = [long_prompt, short, long_prompt, short, long_prompt, short, long_prompt, short, long_prompt]
+    rows = [hot, capped, nucleus, hot, capped, nucleus, hot, hot, nucleus]
+    runs = {}
+    for path in ("own", "hf"):
+        if path == "hf":
+            _hf_path(monkeypatch)
+        runs[path] = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=30, row_sampling=rows,
+                              generator=torch.Generator().manual_seed(11))
+    own, ref = runs["own"], runs["hf"]
+    assert [g.ids for g in own] == [g.ids for g in ref]
+    assert [g.finish_reason for g in own] == [g.finish_reason for g in ref]
+    for a, b in zip(own, ref):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    assert {len(g.ids) for g, s in zip(own, rows) if s is capped} == {5}
+    assert any(g.finish_reason == "stop" for g in own) and len({len(g.ids) for g in own}) >= 3
+    samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids,
+                      logprobs=g.logprobs, finish_reason=g.finish_reason, sampling=s)
+               for p, g, s in zip(prompts, own, rows)]
+    with torch.no_grad():
+        logp, _, mask = pol._forward_completion(pol.model, samples, want_entropy=False)
+    for i, s in enumerate(samples):   # the learner's log-probs under each row's own settings
+        assert torch.allclose(logp[i][mask[i]], torch.tensor(s.logprobs), atol=1e-4)
+
+
 def _decode_step_models():
     import transformers
 
@@ -159,18 +225,26 @@ def _decode_step_models():
         "mistral (no sliding window, head_dim 32)": transformers.MistralConfig(
             num_key_value_heads=1, head_dim=32, sliding_window=None, **common),
         "llama eager attention": transformers.LlamaConfig(num_key_value_heads=2, attn_implementation="eager", **common),
+        "qwen3 (q/k norms, GQA, biases)": transformers.Qwen3Config(num_key_value_heads=2, attention_bias=True,
+                                                                    head_dim=16, **common),
     }
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "F.linear"])
 @pytest.mark.parametrize("name", list(_decode_step_models()))
-def test_direct_decode_step_matches_the_model_forward(name):
-    """DecodeStep (the arithmetic of the HF modules on the model's weights) gives the model's logits,
-    on left-padded rows (mask) and unpadded ones (no mask), and extends the same cache."""
+def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
+    """DecodeStep over a SharedPrefixCache (each distinct prompt prefilled once, its rows' own tokens apart,
+    a finished row dropped midway) gives, row by row, the logits of the model's forward over the row's
+    whole sequence; with oneDNN's prepacked products and with F.linear."""
     import transformers
 
-    from accord.generation.fast_decode import DecodeStep
-    from accord.generation.hf import _GrowingLayer, left_pad
+    import accord.generation.fast_decode as fast_decode
+    from accord.generation.fast_decode import DecodeStep, SharedPrefixCache
+    from accord.generation.hf import _prefill, first_occurrences
 
+    if pack and not fast_decode.onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN prepacked products")
+    monkeypatch.setattr(fast_decode, "onednn_linear_available", lambda: pack)
     config = _decode_step_models()[name]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -178,39 +252,41 @@ def test_direct_decode_step_matches_the_model_forward(name):
         for param in model.parameters():  # random biases and norm weights, not zeros and ones
             param.add_(torch.randn_like(param) * 0.05)
     steps = 6
-    for prompts in ([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], [[3, 4, 5]] * 3):
-        ids, attention = left_pad(prompts, pad=0, extra=steps)
-        width = ids.size(1)
-        attention[:, width:] = 1
-        padded = not bool(attention[:, :width].all())
-        positions = (attention[:, :width].cumsum(-1) - 1).clamp_(min=0)
-        caches = []
-        for _ in range(2):
-            cache = transformers.DynamicCache(config=model.config)
-            cache.layers = [_GrowingLayer(width + steps) for _ in cache.layers]
-            with torch.no_grad():
-                model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
-                      past_key_values=cache, use_cache=True)
-            caches.append(cache)
-        step = DecodeStep.build(model, width + steps)
+    for prompts in ([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]],                   # one row each, three lengths
+                    [[3, 4, 5]] * 3,                                              # one prompt, three rows
+                    [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [12, 13]]):
+        index, first = first_occurrences([tuple(p) for p in prompts])
+        order = sorted(range(len(prompts)), key=index.__getitem__)  # rows of one prompt adjacent
+        with torch.no_grad():
+            logits, prefix, lengths = _prefill(model, [prompts[r] for r in first], torch.device("cpu"))
+            for u, r in enumerate(first):
+                want = model(input_ids=torch.tensor([prompts[r]])).logits[0, -1]
+                assert torch.allclose(logits[u], want, atol=1e-5, rtol=1e-5), (name, "prefill", u)
+        cache = SharedPrefixCache(prefix, lengths, torch.tensor([index[r] for r in order]), steps)
+        step = DecodeStep.build(model, int(lengths.max()) + steps, rows=len(prompts))
         assert step is not None, name
-        mask = attention.bool()[:, None, None, :] if padded else None
-        position = positions[:, -1:]
-        tokens = torch.randint(1, config.vocab_size, (steps, len(prompts)))
+        sequences = [list(prompts[r]) for r in order]
+        rows = list(range(len(order)))
+        tokens = torch.randint(1, config.vocab_size, (steps, len(order)))
         with torch.no_grad():
             for t in range(steps):
-                position = position + 1
-                seen = attention[:, :width + t + 1] if padded else None
-                want = model(input_ids=tokens[t, :, None], attention_mask=seen, position_ids=position,
-                             past_key_values=caches[0], use_cache=True).logits[:, -1]
-                got = step(tokens[t], position, None if mask is None else mask[..., :width + t + 1], caches[1])
-                assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, t, (got - want).abs().max())
-        assert caches[1].layers[0].get_seq_length() == width + steps
+                if t == 3 and len(rows) > 1:  # the second row emitted EOS: it leaves the batch
+                    keep = torch.ones(len(rows), dtype=torch.bool)
+                    keep[1] = False
+                    cache.keep(keep)
+                    rows = [r for r, k in zip(rows, keep) if k]
+                for r in rows:
+                    sequences[r].append(int(tokens[t, r]))
+                got = step(tokens[t, rows], torch.tensor([len(sequences[r]) - 1 for r in rows]), cache)
+                want = torch.stack([model(input_ids=torch.tensor([sequences[r]])).logits[0, -1] for r in rows])
+                assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, prompts, t, (got - want).abs().max())
+        assert cache.length == steps
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
 def test_direct_decode_step_refuses_what_it_does_not_implement():
-    """Adapters, other dtypes, hooks and sliding windows leave decoding to the model's forward."""
+    """Adapters other than plain LoRA on the projections, other dtypes, hooks and sliding windows leave
+    decoding to the model's forward."""
     import transformers
     from peft import LoraConfig, get_peft_model
 
@@ -221,8 +297,14 @@ def test_direct_decode_step_refuses_what_it_does_not_implement():
     assert unsupported_reason(model) is None
     lora = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
                           LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert "PeftModel" in unsupported_reason(lora)
-    assert "not a plain nn.Linear" in unsupported_reason(lora.get_base_model())
+    assert unsupported_reason(lora) is None  # plain LoRA: the direct step adds the adapters itself
+    assert "not a plain nn.Linear" in unsupported_reason(lora.get_base_model())  # adapters without PEFT's model
+    dora = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                          LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=True))
+    assert "DoRA" in unsupported_reason(dora)
+    head = get_peft_model(transformers.AutoModelForCausalLM.from_config(config),
+                          LoraConfig(r=2, target_modules=["q_proj", "lm_head"]))
+    assert "output head" in unsupported_reason(head)
     assert "bfloat16" in unsupported_reason(transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16))
     hooked = transformers.AutoModelForCausalLM.from_config(config)
     hooked.model.layers[1].mlp.register_forward_hook(lambda *args: None)
@@ -302,3 +384,25 @@ def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypat
     assert torch.allclose(shared[0][mask], torch.tensor([x for s in samples for x in s.logprobs]), atol=1e-4)
     for a, b in zip(shared[3], full[3]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_decoding_and_the_update_forward_raise_no_deprecation_warning(arch):
+    """The KV cache is passed by the keyword the installed transformers names (``cache`` in 5.24, where
+    ``past_key_values`` warns on every forward): accord's own decoding loop, Hugging Face generate and the
+    update's shared-prompt forward run with FutureWarning and DeprecationWarning turned into errors."""
+    import warnings
+
+    pol = Policy("p", PolicyConfig(model=f"tiny-{arch}"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                 RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
+    prompts = [pol.encode_chat([{"role": "user", "content": text}]) for text in ("hello there", "hi")] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        gens = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=4, temperature=1.0,
+                        generator=torch.Generator().manual_seed(0))
+        samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids,
+                          logprobs=g.logprobs, finish_reason=g.finish_reason) for p, g in zip(prompts, gens)]
+        assert pol._can_share_prompts(pol.model)
+        with torch.no_grad():
+            pol._forward_completion(pol.model, samples, want_entropy=False)

@@ -233,3 +233,95 @@ def test_bad_module_reference_is_one_line_naming_module_error_and_fix(project, n
     assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr
     for text in expected:
         assert text in errors[0], errors[0]
+
+
+# A newcomer's task, as the README lists what a task needs: no `name` attribute (register_task names it) and
+# rows without an `id` (accord gives each one, a hash of its content, in train and in envs --check alike).
+MINIMAL_MODULE = textwrap.dedent('''
+    from accord.envs import register_task
+
+
+    class Shout:
+        """two agents shout a word"""
+        agents = ("a", "b")
+
+        def rows(self, split, limit=None, seed=0):
+            words = ["alpha", "beta", "gamma", "delta", "eps", "zeta"] if split == "train" else ["eta", "theta"]
+            return [{"word": w} for w in words][:limit]
+
+        def prompt(self, agent, row):
+            return [{"role": "user", "content": f"Shout {row['word']}"}]
+
+        def reward(self, *, prompts, completions, agents, word, **columns):
+            return [float(w in x) for w, x in zip(word, completions["a"])]
+
+
+    @register_task("shout", "a newcomer's task")
+    def make_shout():
+        return Shout()
+
+
+    class Broken:
+        agents = ("a",)
+
+        def __init__(self):
+            raise RuntimeError("the data file is missing")
+
+
+    @register_task("broken", "a task whose constructor fails")
+    def make_broken():
+        return Broken()
+''')
+
+
+def test_a_task_needs_no_name_and_its_rows_no_id(tmp_path, monkeypatch):
+    """make_task names a task by its registered name; a row without an id gets a content hash in the
+    instances train reads and in the checker: both accept the same task."""
+    import sys as _sys
+
+    from accord.envs import make_task
+    from accord.envs.check import check_env
+    from accord.envs.protocol import instance_id, task_instances
+    from accord.envs.registry import TASKS, make_env
+
+    (tmp_path / "newcomer.py").write_text(MINIMAL_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr("accord.envs.registry.TASKS", dict(TASKS))
+    import importlib
+
+    importlib.import_module("newcomer")
+    try:
+        assert make_task("shout").name == "shout"
+        env = make_env("shout")
+        rows = task_instances(env, "train")
+        assert [r["id"] for r in rows] == [instance_id({"word": w}) for w in ("alpha", "beta", "gamma", "delta",
+                                                                              "eps", "zeta")]
+        assert "id" not in env.task.rows("train")[0]   # the task's own rows are not changed
+        check_env(lambda: make_env("shout"))
+    finally:
+        _sys.modules.pop("newcomer", None)
+
+
+@pytest.mark.slow
+def test_a_newcomers_task_trains_and_checks_and_a_broken_one_is_a_row_of_the_listing(tmp_path):
+    (tmp_path / "newcomer.py").write_text(MINIMAL_MODULE)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(CONFIG.replace('"mypkg.tasks:GreetTask"', "shout").replace("options: {size: 12}", "options: {}")
+                   + "imports: [newcomer]\n")
+    train = run("train", str(cfg), cwd=tmp_path)
+    assert train.returncode == 0, train.stderr
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "own" / "completions" / "step_000002.jsonl")
+            .read_text().splitlines()]
+    assert all(r["instance"].startswith("row-") for r in rows)
+    check = run("envs", "--import", "newcomer", "--check", "shout", cwd=tmp_path)
+    assert check.returncode == 0 and "shout: conforms" in check.stdout, check.stderr
+    listed = run("envs", "--import", "newcomer", cwd=tmp_path)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    out = listed.stdout.splitlines()
+    assert out[0].startswith("NAME") and out[-2].startswith("(kind and roles")   # the whole table, then the notes
+    assert out[-1].startswith("other libraries' environments")
+    assert any(line.startswith("letters ") for line in out) and any(line.startswith("writing ") for line in out)
+    broken = next(line for line in out if line.startswith("broken "))
+    assert "(does not build)" in broken and "RuntimeError: the data file is missing" in broken
+    shout = next(line for line in out if line.startswith("shout "))
+    assert "single-turn" in shout and "a, b" in shout

@@ -119,3 +119,54 @@ def test_write_report_empty_metrics(tmp_path):
 def test_moving_average_ignores_nan():
     out = moving_average(np.array([1.0, 3.0, math.nan, 5.0]), 2)
     assert out.tolist() == [1.0, 2.0, 3.0, 5.0]
+
+
+def test_legends_never_cover_the_curves(tmp_path, monkeypatch):
+    """Every legend of every plot sits outside its axes (components.png with six parts and lengths.png with the
+    cap line used to put theirs over the curves)."""
+    import accord.report as report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rng = np.random.default_rng(0)
+    parts = ["l1", "l2", "l3", "l4", "faithfulness", "source_overlap"]
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step in range(21):
+            row = {"step": step}
+            if step:
+                row["team/reward"] = 1.5 + 0.02 * step
+                row["loss/main/pg"] = rng.normal()
+                row["time/gen"], row["time/step"] = 1.0, 2.0
+                for i, part in enumerate(parts):
+                    row[f"reward/{part}"] = i / 6 + rng.normal(0, 0.05)
+                for agent in ("concise", "detailed"):
+                    row[f"agent/{agent}/reward"] = row["team/reward"]
+                    row[f"agent/{agent}/completion_len"] = 50 + 25 * (agent == "detailed") - step
+                    row[f"agent/{agent}/stop_frac"] = 0.3 + step * 0.03
+            if step % 5 == 0:
+                row["eval/team/reward"] = 1.2 + step * 0.03
+                for i, part in enumerate(parts):
+                    row[f"eval/reward/{part}"] = i / 6
+                for agent in ("concise", "detailed"):
+                    row[f"eval/agent/{agent}/completion_len"] = 52 - step
+            fh.write(json.dumps(row) + "\n")
+    (run / "config.yaml").write_text("run: {name: demo}\nrollout: {max_new_tokens: 80}\ntask: {name: writing}\n")
+    figures = {}
+    save = report._save
+
+    def keep(fig, axes, path, *args, **kwargs):
+        figures[Path(path).name] = (fig, axes)
+        return save(fig, axes, path, *args, **kwargs)
+
+    monkeypatch.setattr(report, "_save", keep)
+    write_report(run)
+    assert {"components.png", "lengths.png", "reward.png"} <= set(figures)
+    for name, (fig, axes) in figures.items():
+        renderer = fig.canvas.get_renderer()
+        for ax in axes:
+            legend = ax.get_legend()
+            if legend is None:
+                continue
+            box, plot = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert box.x0 >= plot.x1 or box.y1 <= plot.y0, (name, ax.get_title(), box, plot)
+            assert box.x1 <= fig.bbox.x1 + 1, (name, "legend cut off at the figure's edge")

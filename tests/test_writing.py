@@ -503,7 +503,7 @@ def test_auto_uses_hub_when_usable(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="accord.envs.writing.core"):
         rows = load_writing_rows("tldr", "eval")
     assert [r["text"] for r in rows] == ["Post body number 9."]
-    assert any("Hub dataset" in rec.getMessage() for rec in caplog.records)
+    assert any("1 TL;DR posts from the Hub dataset trl-lib/tldr" in rec.getMessage() for rec in caplog.records)
 
 
 def test_auto_falls_back_to_offline(monkeypatch, caplog):
@@ -511,7 +511,11 @@ def test_auto_falls_back_to_offline(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="accord.envs.writing.core"):
         rows = load_writing_rows("tldr", "train", limit=5)
     assert len(rows) == 5 and all(r["source"] == "offline" for r in rows)
-    assert any("offline corpus" in rec.getMessage() for rec in caplog.records)
+    # the log line says what the run trains on (not TL;DR) and how to get TL;DR
+    line = next(rec.getMessage() for rec in caplog.records if "offline corpus" in rec.getMessage())
+    assert "passages of Python's own documentation" in line and "not TL;DR posts" in line, line
+    assert "OFFLINE=1 is set" in line and "task.options.source=hub" in line, line
+    assert "task.options.data_files=FILE.jsonl" in line and "pip install 'accord[hub]'" in line, line
 
 
 def test_argument_validation():

@@ -3,6 +3,8 @@
 # the built-in tasks register themselves on import (this order is the registry's order)
 import accord.envs.coding.atgrpo  # noqa: F401
 import accord.envs.coding.magrpo  # noqa: F401
+import accord.envs.cooperation.handoff  # noqa: F401
+import accord.envs.cooperation.signalling  # noqa: F401
 import accord.envs.maths.env  # noqa: F401
 import accord.envs.puzzles.planpath  # noqa: F401
 import accord.envs.synthetic.relay  # noqa: F401

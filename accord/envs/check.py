@@ -6,7 +6,9 @@
 It checks, and raises :class:`EnvCheckError` naming the method at fault:
 
 - **API shape**: ``name``, ``agents`` (non-empty tuple of unique strings), ``simultaneous``, ``max_turns``;
-  ``tasks`` returns dicts with unique ``id`` keys and disjoint train/eval splits, deterministic per seed;
+  ``tasks`` returns dicts with unique ids (an instance without an ``id`` key is identified by a hash of its
+  content, as in ``accord train``: :func:`accord.envs.protocol.task_instances`) and disjoint train/eval
+  splits, deterministic per seed;
   ``instructions`` returns a non-empty string per agent; ``reset`` returns a string observation for every
   agent; ``acting`` names agents in turn order; ``step`` returns a :class:`StepResult` with an observation
   and a finite local reward for every agent, a finite team reward and a bool ``done``; a step after
@@ -30,7 +32,7 @@ import math
 import random
 from typing import Any, Callable, Sequence
 
-from accord.envs.protocol import Env, StepResult
+from accord.envs.protocol import Env, StepResult, task_instances
 from accord.envs.single_turn import RewardError, SingleTurnEnv
 
 GARBAGE = ("", "   ", "\x00\ufffd}{][", "lorem " * 2000, "```python\nwhile True: pass\n```", "🙂" * 50)
@@ -67,7 +69,7 @@ def _check_tasks(env: Env, n: int) -> list[dict]:
     splits = {}
     for split in ("train", "eval"):
         try:
-            rows = env.tasks(split, limit=n, seed=0)
+            rows = task_instances(env, split, limit=n, seed=0)
         except TypeError as err:
             raise _fail(env, "tasks", f"must accept (split, limit=None, seed=0): {err}") from err
         if not isinstance(rows, list) or not rows:
@@ -76,12 +78,13 @@ def _check_tasks(env: Env, n: int) -> list[dict]:
             raise _fail(env, "tasks", f"returned {len(rows)} {split!r} instances for limit={n}")
         ids = []
         for row in rows:
-            if not isinstance(row, dict) or "id" not in row:
-                raise _fail(env, "tasks", f"must return dicts with an 'id' key, got {row!r:.120}")
+            if not isinstance(row, dict):
+                raise _fail(env, "tasks", f"must return dicts (an 'id' key optional), got {row!r:.120}")
             ids.append(row["id"])
         if len(set(ids)) != len(ids):
-            raise _fail(env, "tasks", f"returned duplicate ids in split {split!r}")
-        again = env.tasks(split, limit=n, seed=0)
+            raise _fail(env, "tasks", f"returned duplicate ids in split {split!r} (an instance without an 'id' is "
+                                      "identified by its content: two equal instances)")
+        again = task_instances(env, split, limit=n, seed=0)
         if [r["id"] for r in again] != ids:
             raise _fail(env, "tasks", f"is not deterministic: two calls with seed=0 gave different {split!r} ids")
         splits[split] = rows

@@ -10,6 +10,8 @@ An oracle answers one agent in the format the environment parses, from the state
 - ``code`` (coder + tester): the problem's canonical solution for the coder; for the tester, the
   reference tests that the tester's own reader accepts, rewritten to call the entry point (a problem
   whose reference tests have no literal values, e.g. randomised ones, has no tester answer);
+- ``handoff`` (turn-based): the path's letters for each agent's part (the second's continuation read from
+  what the first wrote);
 - ``humaneval`` (helper + main, single-turn and multi-turn): the canonical solution as ``aux`` for the
   helper and an entry point that returns ``aux``'s result for main: correct and collaborative, but a
   trivial wrapper, so it earns 3.5 of the task's 4.5 (the non-trivial split is left for RL to find).
@@ -431,6 +433,33 @@ def centralized_oracle(env: Any, agent: str, row: dict, rng: random.Random, nois
     return "\n".join(sections)
 
 
+def handoff_oracle(env: Any, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
+    """``handoff`` (turn-based): the path's letters for the agent's part (the first's half from the start the
+    ``start`` option gives, a free start drawn at random; the second's continuation of the first's last clean
+    item, read from the environment's state; ``solo`` both halves). Noisy: one letter replaced by another
+    (wrong). None for the second when the first wrote no clean item (nothing to continue)."""
+    from accord.envs.cooperation.handoff import SECOND, last_clean, path
+    from accord.envs.cooperation.items import items
+
+    rules = env.rules
+    letters, n = rules.letters, rules.length
+    if agent == SECOND:
+        stop = last_clean(items(env._first_text or "", letters))
+        if stop is None:
+            return None
+        seq = path(letters, stop, n + 1)[1:]
+    else:
+        if rules.start == "given":
+            seq = path(letters, row["start"], 2 * n + 1)[1:]
+        else:
+            seq = path(letters, letters[0] if rules.start == "fixed" else rng.choice(letters), 2 * n)
+        seq = seq if agent != "first" else seq[:n]
+    if noisy:
+        i = rng.randrange(len(seq))
+        seq[i] = rng.choice([c for c in letters if c != seq[i]])
+    return " ".join(seq)
+
+
 def oracle_for(task: Any) -> Oracle | None:
     """The oracle of a task or environment, or None when it has none (demonstrations then come from a file)."""
     from accord.envs.centralized import CentralizedEnv
@@ -449,4 +478,7 @@ def oracle_for(task: Any) -> Oracle | None:
         return code_oracle
     if isinstance(task, (HelperMainTask, HelperMainEnv)):
         return humaneval_oracle
+    from accord.envs.cooperation.handoff import HandoffEnv
+    if isinstance(task, HandoffEnv):
+        return handoff_oracle
     return None

@@ -25,12 +25,16 @@ never raises on model output. It raises only on protocol misuse (a step after ``
 ``clone()`` returns an independent copy of the state: stepping the copy never changes the original
 (AT-GRPO steps each of K candidates on a clone; MAGRPO's tree branches on clones).
 
-Task instances come from :meth:`Env.tasks`: plain dicts with a unique ``id``, generated from seeds or
-loaded from data; the ``train`` and ``eval`` splits never share an id.
+Task instances come from :meth:`Env.tasks`: plain dicts, generated from seeds or loaded from data; the
+``train`` and ``eval`` splits never share an instance. Each has an ``id``: the task's own, or, for an
+instance without one, a hash of its content that :func:`task_instances` adds (``accord train`` and the
+conformance checker read instances through it alike, so both accept the same rows).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, runtime_checkable
 
@@ -103,3 +107,20 @@ def check_step_actions(env: Env, actions: Mapping[str, Any], *, started: bool, d
         if not isinstance(actions[agent], str):
             raise TypeError(f"{env.name}: the action of {agent!r} must be a str (the model's text), got "
                             f"{type(actions[agent]).__name__}")
+
+
+def instance_id(row: Mapping[str, Any]) -> str:
+    """The id of an instance that has none: ``row-`` and 16 hex digits of the SHA-256 of its content (keys
+    sorted; values that are not JSON by their ``repr``), so equal content gets equal ids in any split and any
+    process, and an eval instance equal to a training one is caught as an overlap."""
+    text = json.dumps(dict(row), sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
+    return "row-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def task_instances(env: Any, split: str, limit: int | None = None, seed: int = 0) -> list[Any]:
+    """``env.tasks(split, limit, seed)``, each dict without an ``id`` given :func:`instance_id` (a copy; the
+    task's rows are not changed). Anything that is not a dict is passed through for the caller to refuse."""
+    rows = env.tasks(split, limit=limit, seed=seed)
+    if not isinstance(rows, list):
+        return rows
+    return [{**row, "id": instance_id(row)} if isinstance(row, dict) and "id" not in row else row for row in rows]

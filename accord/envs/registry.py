@@ -36,7 +36,7 @@ Messages = list[dict[str, str]]
 
 
 class Task(Protocol):
-    name: str
+    name: str                   # optional in a task class: make_task names it by its registered name
     agents: tuple[str, ...]
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]: ...
@@ -80,9 +80,28 @@ def make_task(name: str, options: dict | None = None) -> Task:
                 hint += (" (algorithm.baseline=single_agent needs a task with a single-agent variant; use "
                          "baseline=centralized for a one-model baseline)")
             raise TaskError(f"task {name!r} has no option {key!r};{hint} valid options: {list(params)}")
-    task = factory(**options)
+    try:
+        task = factory(**options)
+    except ConfigError:
+        raise
+    except Exception as err:  # the task's own code failed: re-raised as one line, the original chained
+        raise TaskError(f"task {name!r} could not be built with options {options}: {type(err).__name__}: {err}; fix "
+                        "the options or the task's code (--debug shows the traceback)") from err
+    _name_task(name, task)
     _check_task(name, task)
     return task
+
+
+def _name_task(name: str, task: Any) -> None:
+    """A task without a ``name`` attribute is named by what it was made from: its registered name (or
+    ``module:attribute``), which the registry knows already, so a task class need not repeat it."""
+    if hasattr(task, "name"):
+        return
+    try:
+        task.name = name
+    except AttributeError as err:  # __slots__ or a read-only property
+        raise TaskError(f"task {name!r} built a {type(task).__name__} that has no 'name' and takes none ({err}); give "
+                        "the class a name attribute") from err
 
 
 def make_env(name: str, options: dict | None = None):
@@ -230,12 +249,12 @@ def _check_task(name: str, task: Any) -> None:
     """A built task is a single-turn task or a multi-turn environment; else one line saying what it lacks."""
     from accord.envs.protocol import is_env
 
-    lacks = [a for a in ("name", "agents") if not hasattr(task, a)]
+    lacks = [a for a in ("agents",) if not hasattr(task, a)]
     if is_env(task):
         lacks += [m for m in _ENV_METHODS if not callable(getattr(task, m, None))]
     else:
         lacks += [m for m in _TASK_METHODS if not callable(getattr(task, m, None))]
     if lacks:
         raise TaskError(f"task {name!r} built a {type(task).__name__}, which is not a task: it lacks {lacks}; a "
-                        "single-turn task needs name, agents, rows(), prompt() and reward(), a multi-turn environment "
+                        "single-turn task needs agents, rows(), prompt() and reward(), a multi-turn environment "
                         "the protocol of accord/envs/protocol.py (see docs/own-task.md)")

@@ -1,22 +1,45 @@
-"""One decoding step of a Llama-family model computed directly from its weights.
+"""One decoding step of a Llama-family model computed directly from its weights, over a KV cache whose
+rows share their prompts.
 
-A decoding step feeds one token per row through the whole model. For small models that step is
-dominated by per-call overhead, not arithmetic: Hugging Face's forward goes through about a hundred
-module calls, a rotary-embedding computation, mask construction and output dataclasses per token.
-:class:`DecodeStep` runs the same arithmetic as the Hugging Face modules (RMSNorm, q/k/v
-projections, rotary embedding, grouped-query attention, gated SiLU MLP, output head) as plain torch
-calls on the model's own parameters, with the rotary table computed once per generation call by
-the model's own rotary module. Its logits match the model's forward to rounding (tested).
+A decoding step feeds one token per row through the whole model. Hugging Face's forward spends a
+small model's step in per-call overhead (about a hundred module calls, a rotary computation, mask
+construction and output dataclasses per token), and at the sizes of a training step on a CPU
+(SmolLM2-135M, 24 rows, prompts of about 200 tokens; ``bench/README.md``, *generation_speed.py*) the
+rest goes to four things this module does differently:
 
-It applies only where the arithmetic is known exactly: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``
-and ``MistralForCausalLM`` (checked by exact class, so PEFT wrappers, quantised or patched layers and
-subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose table does not
-depend on the sequence length, SDPA or eager attention, no hooks on any module, torch >= 2.4 (for
-``rms_norm``). Everything else, and the prefill, goes through the model's forward.
+- **matrix products**: each row's token meets every weight once per step, so a step is 24-row matrix
+  products against weights read from memory. On x86 CPUs the projections run through oneDNN with
+  weights re-laid out once per generation call (``torch.ops.mkldnn._reorder_linear_weight``) and the
+  q/k/v and gate/up projections fused into one product each; MKL's ``F.linear`` repacks the weight at
+  every call and took 1.5x (projections) to 3x (the 49k-row output head) as long here. oneDNN's rows are
+  also independent of the batch (a row's logits do not depend on which rows decode beside it).
+- **attention over the prompt**: the K samples of one prompt attend to one copy of the prompt's keys and
+  values (:class:`SharedPrefixCache`), read once per step for all K, instead of K copies; each row's own
+  generated tokens are kept apart. The two parts are scored with plain matrix products and one softmax
+  over both: the CPU's fused attention kernel took 4 ms per layer for 24 single-token queries.
+- **finished rows** leave the batch (:meth:`SharedPrefixCache.keep`): after its EOS a row costs nothing.
+- the cache is preallocated for the call's last token (no growth, no copies).
+
+:class:`DecodeStep` runs the Hugging Face modules' arithmetic (RMSNorm, q/k/v projections, Qwen3's per-head
+q/k norms, rotary embedding, grouped-query attention, gated SiLU MLP, output head) as plain torch calls on
+the model's own parameters, with the rotary table computed once per generation call by the model's own
+rotary module. Its logits match the model's forward to rounding (tested); a different product kernel
+changes the last bits of the logits, so a token drawn within rounding distance of a probability boundary
+can differ from another path's, which the tests' draws never are.
+
+It applies only where the arithmetic is known exactly: ``LlamaForCausalLM``, ``Qwen2ForCausalLM``,
+``MistralForCausalLM`` and ``Qwen3ForCausalLM`` (checked by exact class, so quantised or patched layers and
+subclasses are excluded), fp32 parameters, SiLU MLPs, RMSNorm, a rotary type whose table does not depend on
+the sequence length, SDPA or eager attention, no hooks on any module, torch >= 2.4 (for ``rms_norm``). Such a
+model under PEFT qualifies when its adapters are plain LoRA on the attention and MLP projections (no DoRA,
+LoRA biases, merged or disabled adapters, nor adapters on the embedding or the output head): each
+:class:`Projection` adds the adapters' term itself, per row (PEFT's ``adapter_names``) or for every row (the
+active adapter). Everything else goes through the model's forward; the prefill always does.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -26,7 +49,7 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 _SUPPORTED = {"LlamaForCausalLM": "LlamaRMSNorm", "Qwen2ForCausalLM": "Qwen2RMSNorm",
-              "MistralForCausalLM": "MistralRMSNorm"}
+              "MistralForCausalLM": "MistralRMSNorm", "Qwen3ForCausalLM": "Qwen3RMSNorm"}
 # rotary types whose cos/sin at a position do not depend on the sequence length seen so far
 _STATIC_ROPE = {"default", "linear", "llama3"}
 
@@ -44,8 +67,40 @@ def _has_hooks(model: nn.Module) -> bool:
     return bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
 
 
+def peft_base(model: nn.Module) -> tuple[nn.Module, bool]:
+    """(the Hugging Face model, whether it is wrapped by PEFT) of ``model``."""
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        return model.get_base_model(), True
+    return model, False
+
+
+def _is_lora_linear(module: nn.Module) -> bool:
+    cls = type(module)
+    return cls.__name__ == "Linear" and cls.__module__.startswith("peft.tuners.lora")
+
+
+def _projection_reason(module: nn.Module) -> str | None:
+    """Why a projection is neither a plain ``nn.Linear`` nor a plain LoRA layer over one."""
+    if type(module) is nn.Linear:
+        return None
+    if not _is_lora_linear(module):
+        return f"a projection is a {type(module).__name__}, not a plain nn.Linear or LoRA layer (quantisation?)"
+    if type(module.base_layer) is not nn.Linear or module.fan_in_fan_out:
+        return "a LoRA layer wraps something else than a plain nn.Linear"
+    if module.merged or module.disable_adapters:
+        return "LoRA adapters merged into the weights or disabled"
+    if (any(module.use_dora.values()) or any(getattr(module, "lora_bias", {}).values())
+            or getattr(module, "lora_variant", None)):
+        return "DoRA, LoRA biases or another LoRA variant"
+    if any(type(a) is not nn.Linear or a.bias is not None for a in (*module.lora_A.values(), *module.lora_B.values())):
+        return "a LoRA factor is not a bias-free nn.Linear"
+    return None
+
+
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why :class:`DecodeStep` cannot run ``model`` (``None`` when it can)."""
+    """Why :class:`DecodeStep` cannot run ``model`` (``None`` when it can). A PEFT model qualifies when its
+    base does and its adapters are plain LoRA on the attention and MLP projections."""
+    model, peft = peft_base(model)
     name = type(model).__name__
     if not hasattr(F, "rms_norm"):
         return f"torch {torch.__version__} has no rms_norm (torch >= 2.4 does)"
@@ -65,34 +120,263 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if rope is None or getattr(rope, "rope_type", None) not in _STATIC_ROPE:
         return f"rotary type {getattr(rope, 'rope_type', None)!r}"
     norm = _SUPPORTED[name]
-    linears = [model.lm_head]
+    projections = []
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not all(_transformers_class(n, norm) for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        if name == "Qwen3ForCausalLM":
+            norms += [attn.q_norm, attn.k_norm]
+        if not all(_transformers_class(n, norm) for n in norms):
             return "a layer norm is not the model's RMSNorm"
         if not (type(mlp.act_fn) is nn.SiLU or _transformers_class(mlp.act_fn, "SiLUActivation")):
             return f"MLP activation {type(mlp.act_fn).__name__}"
         if getattr(attn, "sliding_window", None):
             return "sliding-window attention"
-        linears += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
     if not _transformers_class(inner.norm, norm) or type(inner.embed_tokens) is not nn.Embedding:
-        return "the final norm or the embedding is not the model's own"
-    if any(type(linear) is not nn.Linear for linear in linears):
-        return "a projection is not a plain nn.Linear (adapters, quantisation)"
+        return "the final norm or the embedding is not the model's own (or carries an adapter)"
+    if type(model.lm_head) is not nn.Linear:
+        return "the output head is not a plain nn.Linear (adapters, quantisation)"
+    for projection in projections:
+        reason = _projection_reason(projection) if peft else (
+            None if type(projection) is nn.Linear else "a projection is not a plain nn.Linear (adapters, quantisation)")
+        if reason is not None:
+            return reason
     if _has_hooks(model):
         return "a module has hooks or a patched forward"
     return None
 
 
-class DecodeStep:
-    """Logits of the next position for one new token per row, reading and extending a KV cache.
+@functools.lru_cache(maxsize=None)
+def onednn_linear_available() -> bool:
+    """Whether this torch build runs fp32 products through oneDNN with prepacked weights on the CPU (its
+    private ``mkldnn`` ops; absent on builds without oneDNN, such as some ARM ones)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(3, 2), 1)
+        out = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), weight, None, "none", [], "")
+    except (AttributeError, RuntimeError) as err:
+        logger.debug("oneDNN prepacked products unavailable (%s); decoding with F.linear", err)
+        return False
+    return bool(torch.equal(out, torch.full((1, 3), 2.0)))
 
-    ``cache`` layers must be accord's growing cache layers (``update(k, v)`` returns the layer's
-    full keys and values). Built per generation call: it holds references to the parameters, not
-    copies, and a rotary table for ``max_positions`` positions.
+
+class Projection:
+    """Linear layers sharing an input, as one matrix product (their weights concatenated along the output),
+    optionally followed by an elementwise step fused into it (oneDNN post-ops), plus their LoRA adapters.
+
+    On the CPU with oneDNN the weight is re-laid out once here (a copy the size of the weights, freed with
+    this object) for ``rows`` rows at a time (a hint: any row count works); elsewhere the product is
+    ``F.linear`` on the concatenated weight, or on the layer's own weight when there is only one.
+    ``scales``: a factor per layer multiplied into its weight and bias (the attention's query scaling);
+    ``columns``: a factor per input feature multiplied into the weights (the weight of the RMSNorm before).
+
+    LoRA layers (PEFT's, over a plain ``nn.Linear``) add ``scaling * B (A x)`` for each adapter: all adapters'
+    A stacked into one product and their B side by side into another (B placed at its layer's output rows),
+    ``adapters`` numbering the adapters to include (``None``: each layer's active adapters, for every
+    row). With numbered adapters, :meth:`lora` keeps each row's own adapter through a 0/1 mask over the
+    stacked A's outputs (``tags``: the adapter of each of them), as PEFT's ``adapter_names`` routes rows.
     """
 
-    def __init__(self, model: nn.Module, max_positions: int):
+    def __init__(self, modules: list[nn.Module], rows: int, pack: bool, scales: list[float] | None = None,
+                 columns: torch.Tensor | None = None, adapters: dict[str, int] | None = None):
+        scales = scales or [1.0] * len(modules)
+        bases = [m.base_layer if _is_lora_linear(m) else m for m in modules]
+        weights = [b.weight.detach() if f == 1.0 else b.weight.detach() * f for b, f in zip(bases, scales)]
+        self.weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        if columns is not None:  # a preceding RMSNorm's weight: W (w * x) = (W diag(w)) x
+            self.weight = self.weight * columns.detach()
+        biases = [None if b.bias is None else b.bias.detach() if f == 1.0 else b.bias.detach() * f
+                  for b, f in zip(bases, scales)]
+        self.bias = None
+        if any(b is not None for b in biases):
+            self.bias = torch.cat([w.new_zeros(w.size(0)) if b is None else b for w, b in zip(weights, biases)])
+        self.factors = self._lora_factors(modules, weights, scales, columns, adapters)
+        self.packed = None
+        if pack:
+            self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows), None
+
+    @staticmethod
+    def _lora_factors(modules, weights, scales, columns, adapters):
+        """(stacked A, B side by side, the adapter number of each stacked row) or None without adapters."""
+        a_parts, b_parts, tags = [], [], []
+        out, start = sum(w.size(0) for w in weights), 0
+        for module, weight, f in zip(modules, weights, scales):
+            if _is_lora_linear(module):
+                names = adapters if adapters is not None else {n: 0 for n in module.active_adapters}
+                for name, tag in names.items():
+                    if name not in module.lora_A:
+                        continue
+                    a = module.lora_A[name].weight.detach()
+                    b = weight.new_zeros(out, a.size(0))
+                    b[start:start + weight.size(0)] = module.lora_B[name].weight.detach() * (module.scaling[name] * f)
+                    a_parts.append(a)
+                    b_parts.append(b)
+                    tags += [tag] * a.size(0)
+            start += weight.size(0)
+        if not a_parts:
+            return None
+        a = torch.cat(a_parts)
+        if columns is not None:
+            a = a * columns.detach()
+        return a, torch.cat(b_parts, dim=1), torch.tensor(tags, device=a.device)
+
+    def lora(self, x: torch.Tensor, masks: dict | None) -> torch.Tensor | None:
+        """The adapters' contribution for ``x`` (None without adapters); ``masks``: per-step cache of the
+        0/1 masks of the rows' adapters (None: every row gets every adapter)."""
+        if self.factors is None:
+            return None
+        a, b, tags = self.factors
+        h = F.linear(x, a)
+        if masks is not None:
+            mask = masks.get(id(tags))
+            if mask is None:
+                mask = masks[id(tags)] = (masks["rows"][:, None] == tags[None, :]).to(h.dtype)
+            h = h * mask
+        return F.linear(h, b)
+
+    def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None,
+                 masks: dict | None = None) -> torch.Tensor:
+        """``x`` times the weights (plus bias and adapters), then ``post``: ``swish`` (SiLU), ``add`` or ``mul``
+        (with ``other``)."""
+        delta = self.lora(x, masks)
+        if delta is not None:  # the adapters' term joins before the post-op
+            if post == "swish":
+                return F.silu(self._product(x, "add", delta))
+            if post == "mul":
+                return self._product(x, "add", delta) * other
+            return self._product(x, "add", delta if post == "none" else delta + other)
+        return self._product(x, post, other)
+
+    def _product(self, x: torch.Tensor, post: str, other: torch.Tensor | None) -> torch.Tensor:
+        if self.packed is not None:
+            if other is not None:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, post)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, post, [], "")
+        y = F.linear(x, self.weight, self.bias)
+        if post == "swish":
+            return F.silu(y)
+        if post == "add":
+            return y + other
+        if post == "mul":
+            return y * other
+        return y
+
+
+class SharedPrefixCache:
+    """Keys and values of a decoding batch whose rows share prompts.
+
+    ``prefix``: per layer, the keys and values of each distinct prompt, (prompts, kv_heads, width, head_dim),
+    ``prefix_lengths``: each prompt's true length (positions past it are padding, masked), ``row_prompt``: the
+    prompt of each row, in ascending order (rows of one prompt adjacent). Each row's generated tokens go to
+    its own preallocated part of ``steps`` positions. ``row_tags``: each row's LoRA adapter, if any.
+
+    Attention of a row is one softmax over [its prompt's positions, its own generated positions]. It is
+    computed in the prompts' layout, ``slots``: the queries of a prompt's rows side by side (padded to the
+    largest number of rows a prompt has), so that the prompt part is one matrix product per prompt and key
+    head for all its rows; only the narrow generated part moves between the rows' layout and the slots.
+    """
+
+    def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_lengths: torch.Tensor,
+                 row_prompt: torch.Tensor, steps: int, row_tags: torch.Tensor | None = None):
+        self.prefix = [(k.contiguous(), v.contiguous()) for k, v in prefix]
+        self.row_tags = row_tags  # each row's LoRA adapter number (DecodeStep.row_tags), kept with the rows
+        prompts, kv_heads, width, head_dim = self.prefix[0][0].shape
+        self.prompts, self.width = prompts, width
+        device = self.prefix[0][0].device
+        rows = row_prompt.numel()
+        self.generated = [(k.new_empty(rows, kv_heads, steps, head_dim), k.new_empty(rows, kv_heads, steps, head_dim))
+                          for k, _ in self.prefix]
+        self.length = 0  # generated positions written (and complete for every layer)
+        padding = torch.arange(width, device=device)[None, :] >= prefix_lengths.to(device)[:, None]
+        self.bias = None  # added to the prompt part's scores: -inf at the padding
+        if bool(padding.any()):
+            bias = torch.zeros(padding.shape, dtype=self.prefix[0][0].dtype, device=device).masked_fill_(
+                padding, float("-inf"))
+            self.bias = bias[:, None, None, :].expand(prompts, kv_heads, 1, width).reshape(prompts * kv_heads, 1, width)
+        self._layout(row_prompt.to(device))
+
+    def _layout(self, row_prompt: torch.Tensor) -> None:
+        """Slots of the rows in the (prompt, row within prompt) layout."""
+        self.row_prompt = row_prompt
+        counts = torch.bincount(row_prompt, minlength=self.prompts)
+        self.per_prompt = int(counts.max())
+        starts = torch.cumsum(counts, 0) - counts
+        within = torch.arange(row_prompt.numel(), device=row_prompt.device) - starts[row_prompt]
+        self.slots = row_prompt * self.per_prompt + within
+        # every prompt with the same number of rows: the slots are the rows themselves
+        self.identity = row_prompt.numel() == self.prompts * self.per_prompt
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Drop the rows where ``keep`` (rows,) is False (finished rows) from the cache and the layout."""
+        t, index = self.length, keep.nonzero().squeeze(1)
+        for i, (k, v) in enumerate(self.generated):
+            nk, nv = k.new_empty((index.numel(),) + k.shape[1:]), v.new_empty((index.numel(),) + v.shape[1:])
+            nk[:, :, :t].copy_(k[:, :, :t].index_select(0, index))
+            nv[:, :, :t].copy_(v[:, :, :t].index_select(0, index))
+            self.generated[i] = (nk, nv)
+        self._layout(self.row_prompt.index_select(0, index))
+        if self.row_tags is not None:
+            self.row_tags = self.row_tags.index_select(0, index)
+
+    def _to_slots(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, kv_heads, group, n) -> (prompts * kv_heads, per_prompt * group, n)."""
+        rows, kv_heads, group, n = x.shape
+        if not self.identity:
+            x = x.new_zeros(self.prompts * self.per_prompt, kv_heads, group, n).index_copy_(0, self.slots, x)
+        return x.view(self.prompts, self.per_prompt, kv_heads, group, n).transpose(1, 2).reshape(
+            self.prompts * kv_heads, self.per_prompt * group, n)
+
+    def _from_slots(self, y: torch.Tensor, kv_heads: int, group: int) -> torch.Tensor:
+        """(prompts * kv_heads, per_prompt * group, n) -> (rows, kv_heads, group, n)."""
+        n = y.size(-1)
+        y = y.view(self.prompts, kv_heads, self.per_prompt, group, n).transpose(1, 2).reshape(
+            self.prompts * self.per_prompt, kv_heads, group, n)
+        return y if self.identity else y.index_select(0, self.slots)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention output (rows, kv_heads, group, head_dim) of scaled queries ``q`` (rows, kv_heads, group,
+        head_dim) at the next position, whose keys and values ``k``, ``v`` (rows, kv_heads, head_dim) are
+        stored here first; call :meth:`advance` once every layer has attended."""
+        t = self.length
+        gk, gv = self.generated[layer]
+        gk[:, :, t] = k
+        gv[:, :, t] = v
+        keys, values = gk[:, :, :t + 1], gv[:, :, :t + 1]
+        pk, pv = self.prefix[layer]
+        rows, kv_heads, group, head_dim = q.shape
+        batch, width = self.prompts * kv_heads, self.width
+        queries = self._to_slots(q)
+        prompt_keys = pk.view(batch, width, head_dim).transpose(1, 2)
+        # (into fresh tensors: with ``out=`` a strided slice, torch runs one product per batch entry)
+        prompt_scores = (torch.bmm(queries, prompt_keys) if self.bias is None else
+                         torch.baddbmm(self.bias, queries, prompt_keys))
+        own_scores = self._to_slots(torch.matmul(q, keys.transpose(-1, -2)))
+        # one softmax over the prompt part and the row's own tokens
+        scores = torch.cat((prompt_scores, own_scores), dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        out = self._from_slots(torch.bmm(probs[..., :width], pv.view(batch, width, head_dim)), kv_heads, group)
+        own_probs = self._from_slots(probs[..., width:], kv_heads, group)
+        return torch.baddbmm(out.reshape(rows * kv_heads, group, head_dim),
+                             own_probs.reshape(rows * kv_heads, group, t + 1),
+                             values.reshape(rows * kv_heads, t + 1, head_dim)).view(rows, kv_heads, group, head_dim)
+
+    def advance(self) -> None:
+        self.length += 1
+
+
+class DecodeStep:
+    """Logits of the next position for one new token per row, reading and extending a
+    :class:`SharedPrefixCache`.
+
+    Built per generation call: it holds references to the parameters (or, with oneDNN, a re-laid-out copy
+    of the projections' weights, the size of the model's linear layers) and a rotary table for
+    ``max_positions`` positions. ``rows``: the batch size, a hint for the weights' layout.
+    """
+
+    def __init__(self, model: nn.Module, max_positions: int, rows: int = 1, row_adapters: list[str] | None = None):
+        model, _ = peft_base(model)
         inner, config = model.model, model.config
         first = inner.layers[0].self_attn
         self.head_dim = first.head_dim
@@ -100,18 +384,35 @@ class DecodeStep:
         self.kv_heads = config.num_key_value_heads
         self.scaling = first.scaling
         self.embed = inner.embed_tokens.weight
-        self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
-        self.head = (model.lm_head.weight, model.lm_head.bias)
+        pack = self.embed.device.type == "cpu" and onednn_linear_available()
+        # the RMSNorms' weights are multiplied into the projections that read them (``columns``)
+        self.final_eps = inner.norm.variance_epsilon
+        self.head = Projection([model.lm_head], rows, pack, columns=inner.norm.weight)
+        # per-row LoRA adapters (PEFT's adapter_names; "__base__" is none): each row's number, or -1
+        adapters, self.row_tags = None, None
+        if row_adapters is not None:
+            adapters = {n: i for i, n in enumerate(sorted(set(row_adapters) - {"__base__"}))}
+            self.row_tags = torch.tensor([adapters.get(n, -1) for n in row_adapters], device=self.embed.device)
         self.layers = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            qk_norms, scales = None, [self.scaling, 1.0, 1.0]
+            if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's q and k before the rotary, which
+                # undoes a scaling of q_proj: the query scaling goes into q_norm's weight instead
+                qk_norms = ((attn.q_norm.weight.detach() * self.scaling, attn.q_norm.variance_epsilon),
+                            (attn.k_norm.weight, attn.k_norm.variance_epsilon))
+                scales = None
+            post_norm = layer.post_attention_layernorm.weight
             self.layers.append((
-                (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                (attn.q_proj.weight, attn.q_proj.bias), (attn.k_proj.weight, attn.k_proj.bias),
-                (attn.v_proj.weight, attn.v_proj.bias), (attn.o_proj.weight, attn.o_proj.bias),
-                (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                (mlp.gate_proj.weight, mlp.gate_proj.bias), (mlp.up_proj.weight, mlp.up_proj.bias),
-                (mlp.down_proj.weight, mlp.down_proj.bias),
+                layer.input_layernorm.variance_epsilon,
+                Projection([attn.q_proj, attn.k_proj, attn.v_proj], rows, pack, scales,
+                           columns=layer.input_layernorm.weight, adapters=adapters),
+                qk_norms,
+                Projection([attn.o_proj], rows, pack, adapters=adapters),
+                layer.post_attention_layernorm.variance_epsilon,
+                Projection([mlp.gate_proj], rows, pack, columns=post_norm, adapters=adapters),
+                Projection([mlp.up_proj], rows, pack, columns=post_norm, adapters=adapters),
+                Projection([mlp.down_proj], rows, pack, adapters=adapters),
             ))
         positions = torch.arange(max_positions, device=self.embed.device)[None]
         cos, sin = inner.rotary_emb(self.embed[:1], positions)  # the model's own table, its dtype
@@ -120,33 +421,41 @@ class DecodeStep:
         self.cos, self.sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
 
     @classmethod
-    def build(cls, model: nn.Module, max_positions: int) -> DecodeStep | None:
+    def build(cls, model: nn.Module, max_positions: int, rows: int = 1,
+              row_adapters: list[str] | None = None) -> DecodeStep | None:
         reason = unsupported_reason(model)
         if reason is not None:
             logger.debug("decoding %s through its forward: %s", type(model).__name__, reason)
             return None
-        return cls(model, max_positions)
+        return cls(model, max_positions, rows, row_adapters)
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
-        """``tokens`` (rows,), ``positions`` (rows, 1), ``mask`` (rows, 1, 1, cached + 1) bool or None
-        (attend to everything); returns (rows, vocab) logits."""
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + x.roll(self.head_dim // 2, -1) * sin
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPrefixCache) -> torch.Tensor:
+        """``tokens`` (rows,) at ``positions`` (rows,), the rows of ``cache`` in its order; returns (rows, vocab)
+        logits and advances the cache by one position."""
         rows, dim = tokens.size(0), self.embed.size(1)
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        half = head_dim // 2
-        x = F.embedding(tokens[:, None], self.embed)
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-        for i, (norm1, q_proj, k_proj, v_proj, o_proj, norm2, gate, up, down) in enumerate(self.layers):
-            h = F.rms_norm(x, (dim,), norm1[0], norm1[1])
-            q = F.linear(h, *q_proj).view(rows, 1, heads, head_dim).transpose(1, 2)
-            k = F.linear(h, *k_proj).view(rows, 1, kv_heads, head_dim).transpose(1, 2)
-            v = F.linear(h, *v_proj).view(rows, 1, kv_heads, head_dim).transpose(1, 2)
-            q = q * cos + q.roll(half, -1) * sin
-            k = k * cos + k.roll(half, -1) * sin
-            keys, values = cache.layers[i].update(k, v)
-            # one query per row: its heads that share a key/value head are that head's queries
-            out = F.scaled_dot_product_attention(q.reshape(rows, kv_heads, heads // kv_heads, head_dim), keys, values,
-                                                 attn_mask=mask, scale=self.scaling)
-            x = x + F.linear(out.reshape(rows, 1, heads * head_dim), *o_proj)
-            h = F.rms_norm(x, (dim,), norm2[0], norm2[1])
-            x = x + F.linear(F.silu(F.linear(h, *gate)) * F.linear(h, *up), *down)
-        return F.linear(F.rms_norm(x[:, 0], (dim,), *self.final_norm), *self.head)
+        q_width, kv_width = heads * head_dim, kv_heads * head_dim
+        x = F.embedding(tokens, self.embed)
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        masks = None if cache.row_tags is None else {"rows": cache.row_tags}  # the rows' adapters, per step
+        for i, (eps1, qkv_proj, qk_norms, o_proj, eps2, gate, up, down) in enumerate(self.layers):
+            qkv = qkv_proj(F.rms_norm(x, (dim,), None, eps1), masks=masks)
+            v = qkv[:, q_width + kv_width:].view(rows, kv_heads, head_dim)
+            if qk_norms is None:  # q and k rotated together (q's weights carry the attention scaling)
+                qk = self._rotate(qkv[:, :q_width + kv_width].view(rows, heads + kv_heads, head_dim), cos, sin)
+                q, k = qk[:, :heads], qk[:, heads:]
+            else:
+                q = F.rms_norm(qkv[:, :q_width].view(rows, heads, head_dim), (head_dim,), *qk_norms[0])
+                k = F.rms_norm(qkv[:, q_width:q_width + kv_width].view(rows, kv_heads, head_dim), (head_dim,),
+                               *qk_norms[1])
+                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            # one query per row: its heads that share a key/value head are that head's group of queries
+            out = cache.attend(i, q.reshape(rows, kv_heads, heads // kv_heads, head_dim), k, v)
+            x = o_proj(out.reshape(rows, q_width), "add", x, masks)
+            h = F.rms_norm(x, (dim,), None, eps2)
+            x = down(up(h, "mul", gate(h, "swish", masks=masks), masks), "add", x, masks)
+        cache.advance()
+        return self.head(F.rms_norm(x, (dim,), None, self.final_eps))

@@ -4,30 +4,37 @@ Every token is drawn by :class:`_Sampler`, which applies
 :func:`accord.algorithms.losses.process_logits` and records the drawn token's log-prob, so the
 distribution sampled from is exactly the one the learner evaluates.
 
-Two drivers share that sampler:
+Three drivers share that sampler:
 
-* accord's own decoding loop (models whose cache is a plain full-attention ``DynamicCache``: Llama,
-  Qwen2, Mistral without sliding window, ... with or without PEFT adapters). Identical prompts in a
-  batch (the K samples of one prompt) are prefilled once and their cache is copied K times, and the
-  cache grows in place by doubling instead of being concatenated anew at every token. The prefill
-  runs through the model's forward; the decoding steps of Llama, Qwen2 and Mistral models without
-  adapters run as :class:`accord.generation.fast_decode.DecodeStep`, the same arithmetic on the
-  model's weights without the per-token module overhead. ``bench/generation_speed.py`` measures it
-  against ``generate``.
+* the direct decoding loop (:func:`_decode_direct`) for the models
+  :class:`accord.generation.fast_decode.DecodeStep` covers (Llama, Qwen2, Mistral, Qwen3 in fp32, no
+  adapters, hooks or sliding windows): each distinct prompt is prefilled once through the model's forward
+  (prompts of one length in one batch, no padding), its keys and values are shared by its K rows
+  (:class:`accord.generation.fast_decode.SharedPrefixCache`), each decoding step runs as ``DecodeStep``,
+  and a row that emitted EOS leaves the batch;
+* accord's loop through the model's forward (:func:`_decode`: other models whose cache is a plain
+  full-attention ``DynamicCache``, and rows with per-row forward arguments such as PEFT's
+  ``adapter_names``): the distinct prompts are prefilled once and their cache copied K times, and the
+  cache grows in place by doubling instead of being concatenated anew at every token;
 * Hugging Face ``generate`` for every other model (sliding-window or hybrid caches, state-space
   layers, encoder-decoders), in greedy mode with a neutral generation config and the sampler as its
   only logits processor.
 
-Both consume the random stream identically (one uniform number per row per step, finished rows
-included, until every row has finished), so they draw the same tokens wherever the logits agree.
+All three consume the random stream identically (one uniform number per row per step, finished rows
+included, until every row has finished), so they draw the same tokens wherever the logits agree to
+within the draw's margin (their products round differently in the last bits; ``bench/generation_speed.py``
+counts the rows that differ). It measures the drivers against each other and against the code before
+issue 25.
 
-Prompts are left-padded. The boundary between prompt and completion is the padded prompt width (a
-count, never a search for a pad or EOS id), and a completion ends after its first EOS token:
-everything after it is dropped, so padding never enters the loss.
+Prompts are left-padded (the direct loop keeps each prompt's own length instead). The boundary
+between prompt and completion is the padded prompt width (a count, never a search for a pad or EOS
+id), and a completion ends after its first EOS token: everything after it is dropped, so padding never
+enters the loss.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -42,7 +49,7 @@ except ImportError:  # pragma: no cover - older transformers: Hugging Face gener
     DynamicLayer = None
 
 from accord.algorithms.losses import process_logits
-from accord.generation.fast_decode import DecodeStep
+from accord.generation.fast_decode import DecodeStep, SharedPrefixCache, peft_base, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
@@ -81,12 +88,22 @@ class _Sampler(LogitsProcessor):
         self.caps = caps   # (rows,) each row's length cap, or None: every row runs to max_new_tokens
         self.logprobs: list[torch.Tensor] = []
 
-    def draw(self, scores: torch.Tensor) -> torch.Tensor:
-        """The next token of each row of ``scores`` (rows, vocab), shape (rows, 1); records its log-prob."""
-        if isinstance(self.temperature, torch.Tensor) and self.temperature.device != scores.device:
-            self.temperature, self.top_k, self.top_p = (t.to(scores.device) for t in
-                                                        (self.temperature, self.top_k, self.top_p))
-        processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
+    def draw(self, scores: torch.Tensor, rows: torch.Tensor | None = None, total: int | None = None) -> torch.Tensor:
+        """The next token of each row of ``scores`` (rows, vocab), shape (rows, 1); records its log-prob.
+
+        ``rows``: which of the batch's ``total`` rows ``scores`` holds (the others have finished and left
+        the batch); the random stream advances for all ``total`` rows all the same, so a row draws the same
+        number whether or not finished rows are still computed beside it. Per-row settings are those of
+        the rows held.
+        """
+        temperature, top_k, top_p = self.temperature, self.top_k, self.top_p
+        if isinstance(temperature, torch.Tensor):
+            if temperature.device != scores.device:
+                self.temperature, self.top_k, self.top_p = (t.to(scores.device) for t in (temperature, top_k, top_p))
+                temperature, top_k, top_p = self.temperature, self.top_k, self.top_p
+            if rows is not None:
+                temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
+        processed = process_logits(scores, temperature, top_k, top_p)
         log_probs = torch.log_softmax(processed, dim=-1)
         if self.greedy:
             logp, tokens = log_probs.max(dim=-1, keepdim=True)
@@ -94,15 +111,20 @@ class _Sampler(LogitsProcessor):
             # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
             # a zero-probability (truncated) token, whose CDF step is flat
             cdf = log_probs.exp().double().cumsum_(dim=-1)
+            n = scores.size(0) if total is None else total
             if self.row_generators is not None:  # one stream per row: a row's draws do not depend on its batch
                 u = torch.cat([torch.rand((1, 1), dtype=torch.float64, device=cdf.device, generator=g)
-                               for g in self.row_generators]) * cdf[:, -1:]
+                               for g in self.row_generators])
             else:
-                u = torch.rand((cdf.size(0), 1), dtype=torch.float64, device=cdf.device,
-                               generator=self.generator) * cdf[:, -1:]
-            tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(1) - 1)
+                u = torch.rand((n, 1), dtype=torch.float64, device=cdf.device, generator=self.generator)
+            if rows is not None:
+                u = u[rows]
+            tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.size(1) - 1)
             logp = log_probs.gather(1, tokens)
-        self.logprobs.append(logp.squeeze(1))
+        logp = logp.squeeze(1)
+        if rows is not None:  # finished rows record 0 (their tokens after EOS are dropped)
+            logp = logp.new_zeros(total).index_copy_(0, rows, logp)
+        self.logprobs.append(logp)
         return tokens
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -207,6 +229,13 @@ def generate(
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     own_loop = supports_own_loop(model)
+    # the direct decoding step takes one per-row forward argument: PEFT's LoRA adapter names
+    reason = unsupported_reason(model) if own_loop else None
+    if reason is None and set(row_args) - {"adapter_names"} or row_args and not peft_base(model)[1]:
+        reason = f"per-row forward arguments {sorted(row_args)}"
+    direct = own_loop and reason is None
+    if own_loop and not direct:
+        logger.debug("decoding %s through its forward: %s", type(model).__name__, reason)
     was_training = model.training
     model.eval()
     out: list[Generation] = []
@@ -221,7 +250,7 @@ def generate(
                                    greedy, name, generator, rows)
             else:
                 sampler, steps = _row_sampler(row_sampling[start:start + batch_size], greedy, name, generator, rows)
-            decode = _decode if own_loop else _hf_generate
+            decode = _decode_direct if direct else _decode if own_loop else _hf_generate
             completions = decode(model, chunk, args, eos, pad, steps, sampler)
             out.extend(_finish(completions, sampler, eos, name))
     finally:
@@ -293,7 +322,8 @@ def first_occurrences(keys: list) -> tuple[list[int], list[int]]:
 
 
 def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
-    """accord's decoding loop: (rows, steps) token ids, pad after a row's first EOS."""
+    """accord's decoding loop through the model's forward (models :class:`DecodeStep` does not cover, per-row
+    forward arguments such as PEFT's ``adapter_names``): (rows, steps) token ids, pad after a row's first EOS."""
     device = next(model.parameters()).device
     index, unique_rows = first_occurrences([(tuple(p),) + tuple(_hashable(v[i]) for v in row_args.values())
                                             for i, p in enumerate(prompts)])
@@ -308,7 +338,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     # per forward
     padded = not bool(attention[:, :width].all())
     logits = model(input_ids=ids, attention_mask=attention[:, :width] if padded else None, position_ids=positions,
-                   past_key_values=cache, use_cache=True, **_keep_last(model), **unique_args).logits[:, -1]
+                   use_cache=True, **{_cache_kwarg(model): cache}, **_keep_last(model), **unique_args).logits[:, -1]
     if len(unique_rows) < len(prompts):  # K samples of one prompt: copy its prefilled cache K times
         expand = torch.tensor(index, device=device)
         for layer in cache.layers:
@@ -322,9 +352,6 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     position = positions[:, -1:]
     # generated tokens (pads after EOS included) are attended, like in generate
     attention[:, width:] = 1
-    # per-row forward arguments (adapters) need the model's forward; otherwise a direct step if one fits
-    step = None if row_args else DecodeStep.build(model, width + max_new_tokens)
-    mask = attention.bool()[:, None, None, :] if padded and step is not None else None
     for t in range(max_new_tokens):
         token = sampler.draw(logits.float()).squeeze(1).masked_fill_(finished, pad)
         tokens[:, t] = token
@@ -334,12 +361,99 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
         if t + 1 == max_new_tokens or bool(finished.all()):
             return tokens[:, :t + 1]
         position = position + 1
-        if step is not None:
-            logits = step(token, position, None if mask is None else mask[..., :width + t + 1], cache)
-        else:
-            logits = model(input_ids=token[:, None], attention_mask=attention[:, :width + t + 1] if padded else None,
-                           position_ids=position, past_key_values=cache, use_cache=True, **row_args).logits[:, -1]
+        logits = model(input_ids=token[:, None], attention_mask=attention[:, :width + t + 1] if padded else None,
+                       position_ids=position, use_cache=True, **{_cache_kwarg(model): cache}, **row_args).logits[:, -1]
     return tokens
+
+
+def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torch.Tensor:
+    """The decoding loop with :class:`DecodeStep` (see :mod:`accord.generation.fast_decode`): each distinct
+    prompt (and LoRA adapter, ``row_args["adapter_names"]``) prefilled once and its keys and values shared by
+    its rows, finished rows dropped from the batch; returns (rows, steps) token ids, pad after a row's first
+    EOS."""
+    device = next(model.parameters()).device
+    n = len(prompts)
+    adapters = row_args.get("adapter_names")
+    index, unique_rows = first_occurrences([(tuple(p), None if adapters is None else adapters[i])
+                                            for i, p in enumerate(prompts)])
+    logits, prefix, lengths = _prefill(model, [prompts[r] for r in unique_rows], device,
+                                       None if adapters is None else [adapters[r] for r in unique_rows])
+    # rows of one prompt adjacent (the cache's layout); ``rows`` maps them back to the caller's order
+    order = sorted(range(n), key=index.__getitem__)
+    rows = torch.tensor(order, device=device)
+    row_prompt = torch.tensor([index[r] for r in order], device=device)
+    step = DecodeStep(model, int(lengths.max()) + max_new_tokens, rows=n,
+                      row_adapters=None if adapters is None else [adapters[r] for r in order])
+    cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0), step.row_tags)
+    del prefix
+    logits, position = logits[row_prompt], lengths.to(device)[row_prompt]
+    eos_ids = torch.tensor(eos, device=device)
+    caps = None if sampler.caps is None else sampler.caps.to(device)
+    tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
+    for t in range(max_new_tokens):
+        token = sampler.draw(logits.float(), rows, n).squeeze(1)
+        tokens[rows, t] = token
+        if t + 1 == max_new_tokens:
+            break
+        going = ~torch.isin(token, eos_ids)
+        if caps is not None:   # rows with their own length cap end there
+            going &= caps[rows] > t + 1
+        if not bool(going.all()):  # rows that emitted EOS or reached their cap leave the batch
+            if not bool(going.any()):
+                return tokens[:, :t + 1]
+            rows, token, position = rows[going], token[going], position[going]
+            cache.keep(going)
+        logits = step(token, position, cache)
+        position = position + 1
+    return tokens
+
+
+def _prefill(model, prompts: list[list[int]], device, adapters: list[str] | None = None
+             ) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """(last-position logits (prompts, vocab), per layer (keys, values) of shape (prompts, kv_heads, width,
+    head_dim), lengths) of distinct ``prompts`` through the model's forward (``adapters``: each prompt's
+    PEFT adapter name).
+
+    Prompts of one length run as one batch, without padding or mask (left-padding them all to the longest
+    cost the default job a quarter more prefill work); the caches are laid side by side, right-padded to
+    the longest prompt (the padding is masked by the decoding cache).
+    """
+    lengths = torch.tensor([len(p) for p in prompts])
+    width = int(lengths.max())
+    groups: dict[int, list[int]] = {}
+    for u, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(u)
+    logits = prefix = None
+    for length, members in groups.items():
+        cache = DynamicCache(config=peft_base(model)[0].config)
+        extra = {} if adapters is None else {"adapter_names": [adapters[u] for u in members]}
+        out = model(input_ids=torch.tensor([prompts[u] for u in members], device=device), use_cache=True,
+                    **{_cache_kwarg(model): cache}, **_keep_last(model), **extra).logits[:, -1]
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        if len(groups) == 1:
+            return out, [(k.contiguous(), v.contiguous()) for k, v in layers], lengths
+        if prefix is None:
+            logits = out.new_empty(len(prompts), out.size(-1))
+            prefix = [(k.new_zeros(len(prompts), k.size(1), width, k.size(3)),
+                       v.new_zeros(len(prompts), v.size(1), width, v.size(3))) for k, v in layers]
+        at = torch.tensor(members, device=device)
+        logits[at] = out
+        for (pk, pv), (k, v) in zip(prefix, layers):
+            pk[at, :, :length] = k
+            pv[at, :, :length] = v
+    return logits, prefix, lengths
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(forward) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _cache_kwarg(model) -> str:
+    """The forward's name for the KV cache argument (``cache`` from transformers 5.x, which warns about the
+    older ``past_key_values``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT passes it through
+    return _cache_kwarg_of(type(base).forward)
 
 
 def _hashable(value):

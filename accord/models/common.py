@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import pathlib
 
@@ -22,3 +23,15 @@ def accord_cache_dir() -> pathlib.Path:
     path = pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "accord"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def cache_kwargs(model, cache) -> dict:
+    """The forward keyword that passes a KV cache to ``model``: ``cache`` where its forward names it
+    (transformers 5.24 names it so and deprecates ``past_key_values`` with a FutureWarning on every call), else
+    ``past_key_values``. A PEFT model is looked through to the model it wraps."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        params = inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}

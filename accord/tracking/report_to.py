@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -159,8 +160,13 @@ class WandbSink(_SinkBase):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         previous = _resume_id(self.run_dir, "wandb", resume)
         kwargs: dict[str, Any] = {"id": previous["id"], "resume": "allow"} if previous else {}
-        self.run = wandb.init(project=project, entity=entity, name=name, dir=str(self.run_dir),
-                              config=dict(config), **kwargs)
+        try:
+            self.run = wandb.init(project=project, entity=entity, name=name, dir=str(self.run_dir),
+                                  config=dict(config), **kwargs)
+        except wandb.errors.Error as err:  # no API key, no network, a wrong entity: W&B's own errors
+            raise ConfigError(f"logging.report_to=wandb: W&B did not start a run ({type(err).__name__}: "
+                              f"{_first_line(err)}); log in with `wandb login` (or set WANDB_API_KEY), keep the run "
+                              "on disk with WANDB_MODE=offline, or remove 'wandb' from logging.report_to") from err
         _write_id(self.run_dir, "wandb", {"id": self.run.id, "project": project})
         self._closed = False
 
@@ -213,10 +219,7 @@ class MlflowSink(_SinkBase):
                 for i in range(0, len(params), self._BATCH):
                     self.client.log_batch(self.run_id, params=params[i:i + self._BATCH])
         except MlflowException as err:
-            where = tracking_uri or "MLflow's default (MLFLOW_TRACKING_URI)"
-            reason = str(err.message).replace("\n", " ")
-            raise ConfigError(f"logging.report_to=mlflow: MLflow cannot use tracking URI {where}: {reason}; "
-                              "set logging.mlflow_tracking_uri") from err
+            raise ConfigError(_mlflow_problem(tracking_uri, err)) from err
         _write_id(self.run_dir, "mlflow", {"run_id": self.run_id, "tracking_uri": self.client.tracking_uri})
         self._closed = False
 
@@ -242,6 +245,32 @@ class MlflowSink(_SinkBase):
         if not self._closed:
             self._closed = True
             self.client.set_terminated(self.run_id)
+
+
+def _first_line(err: BaseException) -> str:
+    """An exception's message as one line, without the links and advice trackers append."""
+    text = " ".join(str(getattr(err, "message", None) or err).split())
+    return re.split(r"\s+See https?://", text)[0].rstrip(". ") or type(err).__name__
+
+
+def _mlflow_problem(tracking_uri: str | None, err: BaseException) -> str:
+    """One line: the URI MLflow tried (the setting, MLFLOW_TRACKING_URI or MLflow's default), why, and the fix."""
+    import os
+
+    import mlflow
+
+    if tracking_uri:
+        uri, origin = tracking_uri, "logging.mlflow_tracking_uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri, origin = os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI"
+    else:
+        uri, origin = mlflow.get_tracking_uri(), "MLflow's default"
+    fix = ("set logging.mlflow_tracking_uri (e.g. http://host:5000 for a tracking server, or file:///abs/mlruns "
+           "with MLFLOW_ALLOW_FILE_STORE=true)")
+    if uri.startswith("sqlite") and importlib.util.find_spec("sqlalchemy") is None:
+        fix += ", or pip install mlflow (the full package: a sqlite:// store needs its SQLAlchemy)"
+    return (f"logging.report_to=mlflow: MLflow cannot use the tracking URI {uri} ({origin}): {_first_line(err)}; "
+            f"{fix}, or remove 'mlflow' from logging.report_to")
 
 
 def tracker_sinks(cfg: Config, run_dir: Path, *, resume: bool) -> list[MetricsSink]:

@@ -52,6 +52,7 @@ __all__ = [
     "ConsoleSink",
     "JsonlSink",
     "MetricAccumulator",
+    "MetricsFileError",
     "MetricsSink",
     "MultiSink",
     "TensorBoardSink",
@@ -178,12 +179,17 @@ def completions_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / COMPLETIONS_DIRNAME / f"step_{_check_step(step):06d}.jsonl"
 
 
+class MetricsFileError(ValueError):
+    """A line of metrics.jsonl cannot be read; the message names the file, the line and the fix. Nothing is
+    changed in the file (a resume refuses to cut it back rather than drop lines it cannot read)."""
+
+
 def _parse_metrics_lines(path: Path, text: str) -> list[tuple[dict, str]]:
     """Parse metrics.jsonl text into (record, raw line) pairs.
 
     A malformed *final* line without a trailing newline is what a crash during a
     write leaves behind: it is dropped with a warning. Any other malformed line
-    is an error.
+    is a :class:`MetricsFileError`.
     """
     lines = text.split("\n")
     ends_with_newline = text.endswith("\n")
@@ -200,13 +206,14 @@ def _parse_metrics_lines(path: Path, text: str) -> list[tuple[dict, str]]:
             if is_last and not ends_with_newline:
                 _logger.warning("%s:%d: dropping truncated last line (interrupted write?)", path, lineno)
                 continue
-            raise ValueError(
-                f"{path}:{lineno}: invalid JSON ({err.msg}); fix or delete that line of the metrics file"
+            raise MetricsFileError(
+                f"{path}:{lineno}: invalid JSON ({err.msg}): {line[:80]!r}; fix or delete that line of the metrics "
+                "file (nothing was changed)"
             ) from err
         if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
-            raise ValueError(
+            raise MetricsFileError(
                 f"{path}:{lineno}: expected a JSON object with an integer 'step' field, got {line[:80]!r}; "
-                "fix or delete that line of the metrics file"
+                "fix or delete that line of the metrics file (nothing was changed)"
             )
         records.append((record, line))
     return records

@@ -501,6 +501,26 @@ def _load_offline(variant: str, split: str) -> list[dict[str, str]]:
     return _hash_split(_convert(variant, ({"text": p} for p in stdlib_passages()), "offline"), split)
 
 
+_DATA_NAMES = {"tldr": "TL;DR posts", "arxiv": "arXiv abstracts"}
+
+
+def _log_hub(variant: str, split: str, rows: list) -> None:
+    logger.info("writing/%s %s: %d %s from the Hub dataset %s", variant, split, len(rows), _DATA_NAMES[variant],
+                _HUB_DATASETS[variant])
+
+
+def _log_offline(variant: str, split: str, rows: list, why: str) -> None:
+    """Say plainly what the offline corpus is (not the paper's data) and, once, how to get the paper's data."""
+    if split != "train":
+        logger.info("writing/%s %s: %d passages of Python's own documentation (the offline corpus)", variant, split,
+                    len(rows))
+        return
+    logger.info("writing/%s %s: %d passages of Python's own documentation (the offline corpus: %s), not %s; for "
+                "%s: pip install 'accord[hub]' with huggingface.co reachable (task.options.source=hub), or a local "
+                "file task.options.data_files=FILE.jsonl in the hub's format", variant, split, len(rows),
+                re.sub(r" \(.*\)$", "", why), _DATA_NAMES[variant], _HUB_DATASETS[variant])
+
+
 def load_writing_rows(
     variant: str,
     split: str,
@@ -548,23 +568,25 @@ def load_writing_rows(
         logger.info("writing/%s %s: %d rows from data_files %s", variant, split, len(rows), data_files)
     elif source == "hub":
         rows = _load_hub(variant, split)
+        _log_hub(variant, split, rows)
     elif source == "offline":
         rows = _load_offline(variant, split)
+        _log_offline(variant, split, rows, "task.options.source=offline")
     else:
         reason = hub_unavailable_reason()
         rows = None
         if reason is None:
             try:
                 rows = _load_hub(variant, split)
-                logger.info("writing/%s %s: using Hub dataset %s", variant, split, _HUB_DATASETS[variant])
+                _log_hub(variant, split, rows)
             except WritingDataUnavailable as exc:
                 logger.warning(
                     "writing/%s: Hub load failed, falling back to the offline corpus: %s", variant, exc
                 )
-        else:
-            logger.info("writing/%s %s: using the offline corpus (%s)", variant, split, reason)
+                reason = "the Hub load failed"
         if rows is None:
             rows = _load_offline(variant, split)
+            _log_offline(variant, split, rows, reason)
 
     rows = sorted(rows, key=lambda row: row["id"])
     random.Random(seed).shuffle(rows)

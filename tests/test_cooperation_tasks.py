@@ -1,0 +1,269 @@
+"""The cooperation tasks (``signal``, ``handoff``): protocol conformance, hedge-proof scores, local rewards that
+read neither the secret nor the partner, the chance bound, and their options' errors."""
+
+import itertools
+import random
+
+import pytest
+
+from accord.envs.centralized import centralize
+from accord.envs.check import GARBAGE, check_env
+from accord.envs.cooperation.handoff import HandoffEnv, HandoffTask, path
+from accord.envs.cooperation.items import items, names, naming, vote, walk
+from accord.envs.cooperation.signalling import SignalEnv
+from accord.envs.registry import TaskError, make_env, make_task
+
+# texts an agent might write: clean items of each letter, hedges, noise, empty
+TEXTS = ["b", "p", "bob", "pip pop", "bp", "bob pip", "g", "bag", "pig gab", "the cat", "", "   ", "b p g",
+         "bbb ppp", "gig", "pub", "x y z", *GARBAGE]
+
+
+# --- how texts are read -------------------------------------------------------------------------------
+
+def test_items_are_the_candidate_letters_each_word_carries():
+    assert items("Bob hid a pup, apple", "bp") == ["b", "p", "p"]   # "hid", "a" carry neither; "apple" carries p
+    assert items("bop", "bp") == ["bp"]                             # one word carrying both: a hedge item
+    assert items("lorem " * 2000, "bp") == [] and len(items("b " * 500, "bp")) == 64   # read at most 64 words
+
+
+def test_a_hedge_never_scores_above_silence():
+    """Naming every candidate (in one word or several) is worth at most 0, what an empty answer earns."""
+    for letters in ("bp", "bdg", "bdgmp"):
+        for secret in letters:
+            assert vote(items(letters, letters), secret) <= 0         # one word with every letter
+            assert vote(items(" ".join(letters), letters), secret) <= 0   # one word per letter
+            assert not names(items(" ".join(letters), letters), secret)
+            assert vote([], secret) == 0.0
+    assert vote(["b", "b"], "b") == 1.0 and vote(["b", "p"], "b") == 0.0 and vote(["p"], "b") == -1.0
+
+
+def test_any_answer_names_at_most_one_secret():
+    """The chance bound: an answer that does not depend on the secret is a success for at most one of the M
+    secrets, so over a uniform secret its success rate is at most 1/M; its vote sums to at most 1."""
+    rng = random.Random(0)
+    pool = "bdgmp"
+    for _ in range(300):
+        text = " ".join("".join(rng.choice(pool + "aeo") for _ in range(rng.randint(1, 3)))
+                        for _ in range(rng.randint(0, 4)))
+        for m in (2, 3, 5):
+            letters = pool[:m]
+            found = items(text, letters)
+            assert sum(names(found, s) for s in letters) <= 1
+            assert sum(max(0.0, vote(found, s)) for s in letters) <= 1.0 + 1e-9
+
+
+def test_naming_and_walk():
+    assert naming(items("bob bib", "bp")) == 1.0 and naming(items("bop", "bp")) == -1.0 and naming([]) == 0.0
+    assert walk(["b", "g"], ["b", "g"]) == 1.0 and walk([], ["b"]) == 0.0
+    assert walk(["b", "g", "p"], ["b", "g"]) == pytest.approx(1 / 3)    # an extra item costs one match
+    assert walk(["bg"], ["b"]) == -1.0                                   # a hedge matches nothing
+    assert path("bgp", "p", 3) == ["p", "b", "g"]
+
+
+# --- conformance --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [{}, {"rounds": 2}, {"single_agent": True}, {"num_items": 3, "letters": "bdgmp"},
+                                     {"hint": 0.0, "gate": False}],
+                         ids=["default", "rounds2", "single_agent", "m3", "pure"])
+def test_signal_conforms(options):
+    check_env(lambda: make_env("signal", options), actions=["b b", "p", "bob?", "pip"])
+
+
+@pytest.mark.parametrize("options", [{}, {"start": "given"}, {"single_turn": True}, {"single_agent": True},
+                                     {"single_turn": True, "single_agent": True}, {"length": 2, "letters": "bdgmp"}],
+                         ids=["free", "given", "single_turn", "single_agent", "single_turn_solo", "length2"])
+def test_handoff_conforms(options):
+    check_env(lambda: make_env("handoff", options), actions=["b", "g", "p", "b g", "g p b"])
+
+
+@pytest.mark.parametrize("name,options", [("signal", {}), ("handoff", {}), ("handoff", {"single_turn": True})])
+def test_centralized_wrapper_conforms(name, options):
+    check_env(lambda: centralize(make_env(name, options)),
+              actions=["<speaker>b</speaker><listener>b</listener>", "<first>b</first><second>g</second>"])
+
+
+def test_splits_are_disjoint_and_secrets_balanced():
+    env = SignalEnv()
+    train, held = env.tasks("train"), env.tasks("eval", limit=200)
+    assert not {r["id"] for r in train} & {r["id"] for r in held}
+    share = sum(r["secret"] == "b" for r in train) / len(train)
+    assert 0.45 < share < 0.55
+
+
+# --- the signalling game -------------------------------------------------------------------------------
+
+def play_signal(env, row, *texts):
+    env.reset(row)
+    results = [env.step({env.acting()[0]: t}) for t in texts]
+    return results
+
+
+def _row(secret="b", candidates="bp"):
+    return {"id": "t", "number": 0, "candidates": candidates, "secret": secret}
+
+
+def test_signal_rewards():
+    env = SignalEnv(hint=0.5)
+    speak, listen = play_signal(env, _row("b"), "bob bib", "bub")
+    assert speak.team_reward == 0.5 and listen.team_reward == 0.5 and listen.done and listen.info["success"]
+    # a hedging listener earns nothing, whatever the message
+    _, hedge = play_signal(env, _row("b"), "bob", "bop")
+    assert hedge.team_reward <= 0 and not hedge.info["success"]
+    # the gate: an answer the message did not support earns nothing (a lucky guess is not credited)
+    _, lucky = play_signal(env, _row("b"), "the cat", "bob")
+    assert lucky.team_reward == 0.0 and lucky.info["success"]
+    # without the gate (the pure game) the answer alone counts
+    _, pure = play_signal(SignalEnv(hint=0.0, gate=False), _row("b"), "the cat", "bob")
+    assert pure.team_reward == 1.0
+
+
+def test_signal_observations_hide_the_secret_from_the_listener():
+    env = SignalEnv(emphasis=4, echo=2)
+    obs = env.reset(_row("p"))
+    assert obs["speaker"].endswith("Secret: p p p p") and "Secret" not in obs["listener"]
+    res = env.step({"speaker": "pup"})
+    assert res.observations["listener"] == "Letters: b p. Message: pup | pup"
+
+
+def test_signal_multi_round_question_and_reply():
+    env = SignalEnv(rounds=2, hint=0.5, ask_cost=0.05)
+    speak, ask, reply, answer = play_signal(env, _row("b"), "the cat", "which?", "bob", "bib")
+    assert ask.info["asked"] and ask.team_reward == -0.05 and not ask.done
+    assert "Question: which?" in ask.observations["speaker"]
+    assert "the cat | bob" in reply.observations["listener"]
+    # the hint is a potential: its increments sum to hint * vote(the last speaker text)
+    assert speak.team_reward + reply.team_reward == 0.5
+    assert answer.done and answer.info["success"] and answer.team_reward == 0.5
+    # in the last round a question mark is an answer, not a question
+    *_, last = play_signal(SignalEnv(rounds=1), _row("b"), "bob", "bob?")
+    assert last.done and last.info["success"]
+
+
+def test_signal_local_rewards_read_neither_secret_nor_partner():
+    """Independent learners' signal: each agent's local reward is a function of its own text only."""
+    for text in TEXTS:
+        speaker_locals, listener_locals = set(), set()
+        for secret, message in itertools.product("bp", TEXTS[:8]):
+            env = SignalEnv()
+            env.reset(_row(secret))
+            speaker_locals.add(env.clone().step({"speaker": text}).local_rewards["speaker"])
+            env.step({"speaker": message})
+            listener_locals.add(env.step({"listener": text}).local_rewards["listener"])
+        assert len(speaker_locals) == 1 and len(listener_locals) == 1, text
+
+
+def test_signal_single_agent_names_the_secret():
+    env = SignalEnv(single_agent=True)
+    (res,) = play_signal(env, _row("p"), "pup")
+    assert env.agents == ("solo",) and res.done and res.team_reward == 1.0 and res.info["success"]
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"single_turn": True}, "no single-turn"),
+    ({"hint": 0.0}, "gate=true needs hint > 0"),
+    ({"letters": "bb"}, "distinct ASCII letters"),
+    ({"num_items": 3}, r"num_items=3: must be an integer in \[2, 2\]"),
+    ({"emphasis": 0}, "emphasis=0"),
+    ({"colour": 1}, "has no option 'colour'"),
+])
+def test_signal_bad_options_are_one_line_errors(options, match):
+    with pytest.raises(TaskError, match=match) as info:
+        make_env("signal", options)
+    assert "\n" not in str(info.value)
+
+
+# --- the hand-off -------------------------------------------------------------------------------------
+
+def play_handoff(env, row, *texts):
+    env.reset(row)
+    return [env.step({env.acting()[0]: t}) for t in texts]
+
+
+def test_handoff_scores_the_second_against_what_the_first_wrote():
+    env = make_env("handoff", {"letters": "bgp", "start": "given"})
+    row = {"id": "t", "number": 0, "start": "g"}     # the path begins at the letter after g: p, then b
+    first, second = play_handoff(env, row, "pip", "bob")
+    assert first.team_reward == 0.5 and second.team_reward == 0.5 and second.info["success"]
+    # a wrong first half costs the first its half; the second still scores for continuing consistently
+    first, second = play_handoff(env, row, "bob", "gig")
+    assert first.team_reward == -0.5 and second.team_reward == 0.5 and not second.info["success"]
+    # the second continuing the true path instead of the first's is inconsistent
+    _, second = play_handoff(env, row, "bob", "bib")
+    assert second.team_reward == -0.5
+    # the second never sees the start; it sees the first's text
+    obs = env.reset(row)
+    assert "g g g" in obs["first"] and "Start" not in obs["second"]
+    assert "First wrote: gag | gag" in env.step({"first": "gag"}).observations["second"]
+
+
+def test_handoff_free_start_and_single_turn():
+    env = make_env("handoff")
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "pip", "bob")
+    assert first.team_reward == 0.5 and second.team_reward == 0.5 and second.info["success"]
+    task = make_task("handoff", {"single_turn": True})
+    assert isinstance(task, HandoffTask)
+    comps = {"first": ["pip", "pip", "bop", ""], "second": ["bob", "gig", "bob", "bob"]}
+    assert task.reward(completions=comps, agents=("first", "second")) == [1.0, 0.0, -0.5, 0.0]
+    assert task.success(completions=comps, agents=("first", "second")) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_handoff_local_rewards_read_neither_start_nor_partner():
+    for text in TEXTS:
+        firsts, seconds = set(), set()
+        for start, partner in itertools.product("bgp", TEXTS[:8]):
+            env = HandoffEnv(make_env("handoff", {"start": "given"}).rules)
+            env.reset({"id": "t", "number": 0, "start": start})
+            firsts.add(env.clone().step({"first": text}).local_rewards["first"])
+            env.step({"first": partner})
+            seconds.add(env.step({"second": text}).local_rewards["second"])
+        assert len(firsts) == 1 and len(seconds) == 1, text
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"single_turn": True, "start": "given"}, "single_turn=true with start=given cannot work"),
+    ({"start": "anywhere"}, "task.options.start='anywhere'"),
+    ({"length": 0}, "length=0"),
+    ({"single_turn": "yes"}, "single_turn='yes': must be true or false"),
+])
+def test_handoff_bad_options_are_one_line_errors(options, match):
+    with pytest.raises(TaskError, match=match) as info:
+        make_env("handoff", options)
+    assert "\n" not in str(info.value)
+
+
+def test_handoff_fixed_start_scores_the_first_from_the_cycle_start():
+    """start=fixed: the first must begin at the cycle's first letter; the second still continues what it wrote."""
+    env = make_env("handoff", {"letters": "ao", "start": "fixed"})
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "an", "on")
+    assert first.team_reward == 0.5 and second.team_reward == 0.5 and second.info["success"]
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "on", "an")   # consistent, but not from the start
+    assert first.team_reward == -0.5 and second.team_reward == 0.5 and not second.info["success"]
+    assert "from its first letter" in env.instructions("first")
+    task = make_task("handoff", {"letters": "ao", "start": "fixed", "single_turn": True})
+    both = {"first": ["a", "o"], "second": ["o", "o"]}
+    assert task.reward(completions=both, agents=("first", "second")) == [1.0, -1.0]
+    check_env(lambda: make_env("handoff", {"start": "fixed"}), actions=["b", "g", "p"])
+
+
+@pytest.mark.parametrize("start", ["free", "fixed", "given"])
+def test_handoff_oracle_answers_score_and_noisy_ones_do_not(start):
+    """The oracle (accord sft's demonstrations): exact answers succeed, also as the centralized baseline's tagged
+    sections; a noisy answer has one letter wrong."""
+    from accord.envs.oracles import oracle_for
+
+    rng = random.Random(0)
+    env = make_env("handoff", {"start": start, "length": 2})
+    for row in env.tasks("train", limit=6):
+        env.reset(row)
+        oracle = oracle_for(env)
+        first = oracle(env, "first", row, rng, False)
+        env.step({"first": first})
+        done = env.step({"second": oracle(env, "second", row, rng, False)})
+        assert done.info["success"], (row, first)
+        env.reset(row)
+        noisy = oracle(env, "first", row, rng, True)
+        assert env.step({"first": noisy}).team_reward < 0.5
+    central = centralize(make_env("handoff", {"start": start}))
+    row = central.tasks("train", limit=1)[0]
+    central.reset(row)
+    assert central.step({"central": oracle_for(central)(central, "central", row, rng, False)}).info["success"]
