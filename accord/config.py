@@ -63,11 +63,11 @@ class RunConfig:
     output_dir: str = _f("runs", "Parent directory of run directories.")
     run_dir: str | None = _f(None, "Exact run directory; default output_dir/name.")
     seed: int = _f(0, "One seed drives model init, data order, sampling and dropout.")
-    steps: int = _f(12, "Number of training steps (one rollout batch and its updates per step).")
+    steps: int = _f(10, "Number of training steps (one rollout batch and its updates per step).")
     threads: int | None = _f(None, "torch.set_num_threads; None leaves torch's default.")
     checkpoint_every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = _f(2, "How many most-recent checkpoints to keep (>= 1).")
-    eval_every: int = _f(6, "Evaluate on held-out tasks every N steps, besides before and after (0: only before "
+    eval_every: int = _f(5, "Evaluate on held-out tasks every N steps, besides before and after (0: only before "
                          "and after). Each evaluation costs time: about 30 s for the default job's 12 texts on "
                          "2 CPU cores.")
     eval_before: bool = _f(True, "Evaluate before the first step (step 0).")
@@ -383,7 +383,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainingConfig:
-    lr: float = _f(1e-4, "AdamW learning rate (per-policy `lr` overrides it).")
+    lr: float = _f(6e-5, "AdamW learning rate (per-policy `lr` overrides it).")
     betas: tuple = _f((0.9, 0.999), "AdamW betas.")
     weight_decay: float = _f(0.0, "AdamW decoupled weight decay.")
     eps: float = _f(1e-8, "AdamW epsilon.")
