@@ -137,7 +137,10 @@ def main() -> None:
         p.error(f"--seeds {args.seeds}: a seed given twice; give each once")
     results = []
     if args.runs:
-        results = [judge_run(r, args.min_gain) for r in args.runs]
+        try:
+            results = [judge_run(r, args.min_gain) for r in args.runs]
+        except (ValueError, FileNotFoundError) as exc:   # an unfinished or missing run: one line, exit 2
+            p.error(str(exc))
     else:
         for seed in args.seeds:
             run_dir, wall, before, after = run_seed(seed, Path(args.out), args.set, args.threads)

@@ -55,8 +55,10 @@ def test_runs_the_default_job_per_seed_and_judges_it(tmp_path):
     assert "| seed-3 |" in again.stdout and f"{gain['mean']:+.2f} [" in again.stdout
 
 
+@pytest.mark.slow   # three interpreters that import torch: about 5 s under load
 def test_bad_arguments_are_one_line_errors():
     for args, words in ((["--seeds", "0", "0"], "a seed given twice"),
-                        (["--runs", "x", "--set", "run.steps=2"], "give one of them")):
+                        (["--runs", "x", "--set", "run.steps=2"], "give one of them"),
+                        (["--runs", "/nonexistent/run"], "metrics file not found")):
         proc = _script(*args)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
