@@ -41,7 +41,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from accord.tracking.console import held_out_summary
+from accord.tracking.console import held_out_summary, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
@@ -590,12 +590,7 @@ def _render_markdown(
     temperature = _nested(config, "rollout", "eval_temperature")
     temperature = float(temperature) if isinstance(temperature, (int, float)) else 0.0
     lines += ["## What the run learned", ""]
-    lines += [f"- {line.strip()}" for line in held_out_summary(rows, temperature=temperature)]
-    if "team/reward" in series and series["team/reward"].finite.size >= 2:
-        team = series["team/reward"]
-        n = min(_MEAN_OF_LAST, team.finite.size // 2)
-        lines.append(f"- training team reward (sampled), mean of the first {n} -> last {n} steps: "
-                     f"{_fmt(float(team.finite[:n].mean()))} -> {_fmt(float(team.finite[-n:].mean()))}")
+    lines += [f"- {line.strip()}" for line in held_out_summary(rows, temperature=temperature) + training_summary(rows)]
     lines.append("")
 
     lines += ["## Configuration", ""]
