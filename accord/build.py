@@ -16,7 +16,7 @@ import difflib
 import functools
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +36,7 @@ from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy, seed_everything
 from accord.policies_lora import build_lora_policies
 from accord.rollout.base import Rollout, make_rollout, rollout_name
+from accord.trainer_steps import build_parts, check_run as check_steps
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Run:
     run_dir: Path
     start_step: int = 0
     backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
+    parts: dict = field(default_factory=dict)   # critics, pair buffer, reward model (accord.trainer_steps)
 
     def close(self) -> None:
         """Release the backend: Ray actors (and a local Ray cluster the run started) or data-parallel ranks;
@@ -114,6 +116,7 @@ def check_run(cfg: Config, env) -> dict[str, int]:
     check_registered(cfg)   # (build_env checked it too; check_run holds every cross-section rule)
     cfg.resolve_agents(tuple(env.agents))
     check_advantage_config(cfg.algorithm.advantage, cfg.algorithm.normalize_std)
+    check_steps(cfg, env)   # iac, maac, madpo, marlhf
     per_policy: dict[str, int] = defaultdict(int)
     for a in cfg.agents:
         per_policy[a.policy] += 1
@@ -153,9 +156,10 @@ def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, A
     return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any]) -> int:
-    """Load the latest checkpoint into ``policies``; the step to continue from (0 without one)."""
-    state = resume_checkpoint(run_dir, policies)
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], parts: dict[str, Any] | None = None) -> int:
+    """Load the latest checkpoint into ``policies`` (and the run's ``parts``); the step to continue from (0
+    without one)."""
+    state = resume_checkpoint(run_dir, policies, parts)
     if state is None:  # killed before its first checkpoint: the same seed replays it exactly
         logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
         discard_uncheckpointed(run_dir)
@@ -190,8 +194,9 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies, AgentGenerator(policies, agent_policy),
               train_rows, eval_rows, cfg.run_dir, backend=backend)
     try:
+        run.parts = build_parts(cfg, run)   # critics, pair buffer, reward model: before a resume loads them
         if resume:
-            run.start_step = resume_run(cfg, run.run_dir, policies)
+            run.start_step = resume_run(cfg, run.run_dir, policies, run.parts)
         run.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
     except BaseException:

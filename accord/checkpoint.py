@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 ``RUN_DIR/checkpoints/step_000010/`` holds, per policy, ``model.safetensors`` and ``optimizer.pt``
-(optimizer and LR-scheduler state), plus ``state.pt`` (step, data position and the Python, NumPy and
+(optimizer and LR-scheduler state), the run's further parts under ``extras/`` (critics, madpo's pair buffer,
+marlhf's reward model: :mod:`accord.trainer_steps`), plus ``state.pt`` (step, data position and the Python, NumPy and
 torch RNG states). Under ``specialization: lora`` a policy's directory holds its adapter's tensors
 (``adapter.safetensors``), ``optimizer.pt`` and ``base.json`` (the base model's spec and the LoRA
 shape, checked on load) instead of the full model: the frozen base is rebuilt from the config.
@@ -68,8 +69,10 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> Path:
+def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, parts: dict | None = None) -> Path:
     """Write the checkpoint of ``step`` into a temporary directory (fsynced, manifest last); return it.
+    ``parts``: further state of the run (critics, pair buffer, reward model: objects with ``save(directory)``
+    and ``load(directory)``), each under ``extras/<name>``.
 
     Nothing under ``step_*`` changes until :func:`commit_checkpoint` renames it into place; the trainer
     logs the step's metrics in between, so a checkpoint never exists without its step's metrics."""
@@ -80,6 +83,8 @@ def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> P
         shutil.rmtree(tmp)
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name)
+    for name, part in (parts or {}).items():
+        part.save(tmp / "extras" / name)
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -231,7 +236,7 @@ def verified_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
+def resume_checkpoint(run_dir: Path, policies: dict, parts: dict | None = None) -> dict | None:
     """Load the newest checkpoint that verifies and loads; return its trainer state (None: the run has none).
 
     A checkpoint that fails verification or loading is named in a warning and the next older one is tried;
@@ -241,7 +246,7 @@ def resume_checkpoint(run_dir: Path, policies: dict) -> dict | None:
         problem = _usable(ckpt)
         if problem is None:
             try:
-                state = load_checkpoint(ckpt, policies)
+                state = load_checkpoint(ckpt, policies, parts)
             except CheckpointError as err:
                 problem = str(err)
             else:
@@ -262,8 +267,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: Path, policies: dict) -> dict:
-    """Restore policies and RNG states; return the saved trainer state (step, data position, ...)."""
+def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> dict:
+    """Restore policies, the run's ``parts`` (see :func:`write_checkpoint`) and RNG states; return the saved
+    trainer state (step, data position, ...)."""
     for name, policy in policies.items():
         src = path / "policies" / name
         if not src.is_dir():
@@ -276,6 +282,19 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
             raise CheckpointError(f"checkpoint {path}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
                                   "corrupted: resume from an older checkpoint or start over") from err
+    for name, part in (parts or {}).items():
+        src = path / "extras" / name
+        if not src.is_dir():
+            raise ConfigError(f"checkpoint {path} has no {name!r} (critics, pair buffer or reward model of this "
+                              "algorithm); resume with the config the checkpoint was trained with")
+        try:
+            part.load(src)
+        except ConfigError:
+            raise
+        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:
+            raise CheckpointError(f"checkpoint {path}: {name!r} cannot be loaded ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''}); resume from an older checkpoint "
+                                  "or start over") from err
     try:
         state = torch.load(path / "state.pt", weights_only=False, map_location="cpu")  # written on any device
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:

@@ -42,6 +42,7 @@ from accord.evaluate import evaluate_run
 from accord.tracking import MetricAccumulator
 from accord.tracking.report_to import run_sinks
 from accord.rollout.sample import prompt_group_ids
+from accord.trainer_steps import STEPS
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
 
 
 class Trainer:
-    """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config."""
+    """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config (iac, maac,
+    madpo and marlhf steps: :mod:`accord.trainer_steps`)."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None):
         self.cfg = cfg
@@ -135,14 +137,12 @@ class Trainer:
         t_step = time.perf_counter()
         self.run.generate.tokens = 0
         per_step_peak = reset_peak_memory()
-        samples = self.rollout(step, rows, acc)
-        if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
-            with self._phase(acc, "kl"):
-                self._kl_reward_penalty(samples, acc)
-        with self._phase(acc, "adv"):
-            self._advantages(samples, acc)
-        with self._phase(acc, "update"):  # all policies' updates sent first: concurrent on the Ray backend
-            self._update(samples, step, acc)
+        step_fn = STEPS.get(algo.name)
+        if step_fn is not None:   # iac, maac, madpo, marlhf: their own phases (accord.trainer_steps)
+            samples = step_fn(self, step, rows, acc)
+        else:
+            samples = self.rollout(step, rows, acc)
+            self._policy_gradient(samples, step, acc)
         elapsed = time.perf_counter() - t_step
         acc.add("time/step", elapsed)
         means = acc.mean()
@@ -165,6 +165,17 @@ class Trainer:
                   **({"components": s.extra["components"]} if "components" in s.extra else {})}
                  for s in samples]
         return acc.mean(), table
+
+    def _policy_gradient(self, samples: list, step: int, acc: MetricAccumulator) -> None:
+        """MAGRPO's and AT-GRPO's phases after the rollout: ``kl`` (a k1 penalty), ``adv``, ``update``."""
+        algo = self.cfg.algorithm
+        if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
+            with self._phase(acc, "kl"):
+                self._kl_reward_penalty(samples, acc)
+        with self._phase(acc, "adv"):
+            self._advantages(samples, acc)
+        with self._phase(acc, "update"):  # all policies' updates sent first: concurrent on the Ray backend
+            self._update(samples, step, acc)
 
     def _advantages(self, samples: list, acc: MetricAccumulator) -> None:
         """Group-relative advantages over the rollout's groups (or per agent, or per prompt)."""
@@ -266,7 +277,7 @@ class Trainer:
                 if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end:
                     t = time.perf_counter()
                     tmp = write_checkpoint(self.run_dir, n, self.policies,
-                                           {"data_position": n * cfg.rollout.batch_size})
+                                           {"data_position": n * cfg.rollout.batch_size}, parts=self.run.parts)
                     metrics["time/checkpoint"] = time.perf_counter() - t
                     # the step's metrics (fsynced) before the rename: a checkpoint never exists without them, and
                     # a resume cuts metrics.jsonl back to the checkpoint it loads, so every step is logged once
