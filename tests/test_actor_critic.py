@@ -103,6 +103,41 @@ def test_resume_is_exact(tiny_cfg, tmp_path, algo, extra):
         assert [r[key] for r in ra] == [r[key] for r in rb], key
 
 
+def test_value_heads_on_lora_adapters_train_only_adapters_and_heads(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg(
+        run={"steps": 1}, specialization="lora", algorithm={"name": "iac", "num_generations": 2},
+        policies={"pe": {"model": "tiny-qwen2"}, "po": {"model": "tiny-qwen2"}},
+        agents=[{"name": "e", "policy": "pe"}, {"name": "o", "policy": "po"}], training={"lr": 1e-2})))
+    base = {k: v.detach().clone() for k, v in trainer.policies["pe"].group.base.named_parameters() if "lora_" not in k}
+    heads = critic_weights(trainer)
+    assert set(heads) == {"pe/head/e.weight", "pe/head/e.bias", "po/head/o.weight", "po/head/o.bias"}
+    adapters = {p: {k: v.detach().clone() for k, v in pol.named_params.items()} for p, pol in trainer.policies.items()}
+    trainer.train()
+    after = critic_weights(trainer)
+    assert all(not torch.equal(heads[k], after[k]) for k in heads)
+    for p, pol in trainer.policies.items():
+        assert all(not torch.equal(adapters[p][k], v) for k, v in pol.named_params.items() if "lora_B" in k)
+    assert all(torch.equal(base[k], v) for k, v in trainer.policies["pe"].group.base.named_parameters() if k in base)
+    rec = read_metrics(trainer.run_dir)[-1]
+    assert rec["critic/pe/value_loss"] > 0 and rec["critic/po/value_loss"] > 0
+
+
+def test_plan_counts_critics_and_the_reward_model(tiny_cfg):
+    from accord.plan import make_plan
+
+    head = make_plan(config_from_dict(tiny_cfg(algorithm={"name": "iac", "num_generations": 1})), prompt_tokens=64)
+    plain = make_plan(config_from_dict(tiny_cfg()), prompt_tokens=64)
+    assert head["extras"] == [] and head["plans"][0].activations > plain["plans"][0].activations   # the value forward
+    sep = make_plan(config_from_dict(tiny_cfg(algorithm={"name": "iac"}, critic={"mode": "separate"})), prompt_tokens=64)
+    assert [p.name for p in sep["extras"]] == ["critic e", "critic o"]
+    assert sep["extras"][0].weights == 4 * sep["extras"][0].params and sep["extras"][0].optimizer == 8 * sep["extras"][0].params
+    maac = make_plan(config_from_dict(tiny_cfg(algorithm={"name": "maac"})), prompt_tokens=64)
+    rlhf = make_plan(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"})), prompt_tokens=64)
+    dpo = make_plan(config_from_dict(tiny_cfg(algorithm={"name": "madpo"})), prompt_tokens=64)
+    assert [p.name for p in maac["extras"]] == ["critic joint"] and [p.name for p in rlhf["extras"]] == ["reward model"]
+    assert dpo["plans"][0].reference == 4 * dpo["plans"][0].params and plain["plans"][0].reference == 0
+
+
 def test_joint_text_is_the_documented_format():
     records = [(0, "e", "obs e", "act e"), (0, "o", "obs o", None)]
     assert joint_text(records, "o", 0, ("e", "o")) == (
