@@ -24,7 +24,8 @@ import torch
 
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
-from accord.algorithms.losses import POLICY_LOSSES
+from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
+from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import claim_run_dir, discard_uncheckpointed, prune_checkpoints, resume_checkpoint
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
@@ -36,6 +37,7 @@ from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy, seed_everything
 from accord.policies_lora import build_lora_policies
 from accord.rollout.base import Rollout, make_rollout, rollout_name
+from accord.rollout.sample import agent_sampling
 from accord.trainer_steps import build_parts, check_run as check_steps
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class Run:
     run_dir: Path
     start_step: int = 0
     backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
+    resume_state: dict | None = None      # the trainer state of the checkpoint resumed from (None: a new run)
     parts: dict = field(default_factory=dict)   # critics, pair buffer, reward model (accord.trainer_steps)
 
     def close(self) -> None:
@@ -69,11 +72,15 @@ class Run:
 
 
 def check_registered(cfg: Config) -> None:
-    """``algorithm.advantage``, ``algorithm.loss`` and ``rollout.generation_backend`` name registered
-    functions and backends (after ``imports:``)."""
+    """``algorithm.advantage`` (and each agent's ``advantage``), ``algorithm.loss`` and
+    ``rollout.generation_backend`` name registered functions and backends (after ``imports:``); the loss's
+    aggregation agrees with ``algorithm.loss_agg``; what needs the sampler's log-probs has a backend that
+    stores them."""
     for key, name, registry, register in (
             ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGE_ESTIMATORS,
              "accord.algorithms.register_advantage"),
+            *((f"agents.{a.name}.advantage", a.advantage, ADVANTAGE_ESTIMATORS, "accord.algorithms.register_advantage")
+              for a in cfg.agents if a.advantage is not None),
             ("algorithm.loss", cfg.algorithm.loss, POLICY_LOSSES, "accord.algorithms.register_loss"),
             ("rollout.generation_backend", cfg.rollout.generation_backend, GENERATION_BACKENDS,
              "accord.generation.backends.register_backend")):
@@ -82,6 +89,52 @@ def check_registered(cfg: Config) -> None:
             hint = f" did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{key}={name!r} is not registered;{hint} registered: {sorted(registry)}. Register "
                               f"your own with {register} in a module listed under imports:")
+    algo = cfg.algorithm
+    try:
+        resolve_loss_agg(algo.loss, algo.loss_agg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    backend = cfg.rollout.generation_backend
+    if not getattr(GENERATION_BACKENDS[backend], "sampling_logprobs", True):
+        if LOSS_SPECS.get(algo.loss, LossSpec()).sampling_logprobs:
+            raise ConfigError(f"algorithm.loss={algo.loss} reads the sampler's stored log-probs, but generation backend "
+                              f"{backend!r} stores none; choose a loss that does not (e.g. grpo) or a backend that "
+                              "stores them (hf, vllm)")
+        if algo.tis in ("truncate", "mask"):
+            raise ConfigError(f"algorithm.tis={algo.tis} weights tokens by pi_learner / pi_sampler, but generation "
+                              f"backend {backend!r} stores no sampling log-probs; set algorithm.tis=off (or auto)")
+
+
+def note_dapo_recipe(cfg: Config) -> None:
+    """``loss: dapo`` is DAPO's loss; its paper's recipe also has a wider upper clip, dynamic sampling and overlong
+    shaping, which are their own keys: name those left off, once."""
+    algo = cfg.algorithm
+    if algo.loss != "dapo":
+        return
+    off = []
+    if algo.epsilon_high is None or algo.epsilon_high <= algo.epsilon:
+        off.append("algorithm.epsilon_high (the paper: 0.28 with epsilon 0.2)")
+    if not cfg.rollout.drop_flat_groups:
+        off.append("rollout.drop_flat_groups=true")
+    if not algo.overlong.window:
+        off.append("algorithm.overlong.window (the paper: 4096 of 20480 tokens)")
+    if off:
+        logger.warning("algorithm.loss=dapo is DAPO's token-level loss; the rest of the paper's recipe is off here: "
+                       "set %s for it", ", ".join(off))
+
+
+def check_context(cfg: Config, policies: dict[str, Any]) -> None:
+    """Every agent's length cap leaves room for a prompt in its policy's model context (known once the
+    policies are built)."""
+    sampling = agent_sampling(cfg)
+    for a in cfg.agents:
+        context = getattr(policies[a.policy], "context_len", None)
+        cap = sampling[a.name].max_new_tokens
+        if context and cap >= context:
+            key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens is not None
+                   else "rollout.max_new_tokens")
+            raise ConfigError(f"{key}={cap} leaves no room for a prompt in the context of {context} tokens of "
+                              f"policy {a.policy!r}'s model; give a cap below {context} minus the prompt length")
 
 
 def build_env(cfg: Config):
@@ -115,7 +168,9 @@ def check_run(cfg: Config, env) -> dict[str, int]:
     of agents per policy."""
     check_registered(cfg)   # (build_env checked it too; check_run holds every cross-section rule)
     cfg.resolve_agents(tuple(env.agents))
-    check_advantage_config(cfg.algorithm.advantage, cfg.algorithm.normalize_std)
+    for name in {cfg.algorithm.advantage, *(a.advantage for a in cfg.agents if a.advantage)}:
+        check_advantage_config(name, cfg.algorithm.normalize_std)
+    note_dapo_recipe(cfg)
     check_steps(cfg, env)   # iac, maac, madpo, marlhf
     per_policy: dict[str, int] = defaultdict(int)
     for a in cfg.agents:
@@ -156,21 +211,22 @@ def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, A
     return {name: build_policy(cfg, name, i, total_opt, device=devices[name]) for i, name in enumerate(names)}, None
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], parts: dict[str, Any] | None = None) -> int:
-    """Load the latest checkpoint into ``policies`` (and the run's ``parts``); the step to continue from (0
-    without one)."""
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], parts: dict[str, Any] | None = None) -> dict | None:
+    """Load the latest checkpoint into ``policies`` (and the run's ``parts``: critics, pair buffer, reward
+    model); its trainer state (``step``: the step to continue from), or None without one."""
     state = resume_checkpoint(run_dir, policies, parts)
     if state is None:  # killed before its first checkpoint: the same seed replays it exactly
         logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
         discard_uncheckpointed(run_dir)
-        return 0
+        return None
     step = state["step"]
     if step > cfg.run.steps:
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint "
                           f"{state['path']}; resume with run.steps={step} or more")
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
+    prune_after(run_dir, step)   # audit records of the steps after the checkpoint are re-run
     logger.info("resumed %s at step %d", run_dir, step)
-    return step
+    return state
 
 
 def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> Run:
@@ -188,15 +244,21 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False) -> 
     agents = tuple(a.name for a in cfg.agents)
     agent_policy = {a.name: a.policy for a in cfg.agents}
     make_env_fn = functools.partial(build_env, cfg)
-    rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
+    name = rollout_name(cfg, env)
+    rollout = make_rollout(name, cfg, env, make_env_fn, agents, agent_policy)
+    if cfg.training.audit != "off" and name != "episodes":   # the episodes rollout records nothing (trainer_steps)
+        rollout.recorder = AuditRecorder()
     train_rows, eval_rows = split_data(cfg, env)
     policies, backend = build_policies(cfg, per_policy)
-    run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies, AgentGenerator(policies, agent_policy),
-              train_rows, eval_rows, cfg.run_dir, backend=backend)
+    run = Run(cfg, env, make_env_fn, agents, agent_policy, rollout, policies,
+              AgentGenerator(policies, agent_policy, agent_sampling(cfg)), train_rows, eval_rows, cfg.run_dir,
+              backend=backend)
     try:
+        check_context(cfg, policies)
         run.parts = build_parts(cfg, run)   # critics, pair buffer, reward model: before a resume loads them
         if resume:
-            run.start_step = resume_run(cfg, run.run_dir, policies, run.parts)
+            run.resume_state = resume_run(cfg, run.run_dir, policies, run.parts)
+            run.start_step = run.resume_state["step"] if run.resume_state else 0
         run.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
     except BaseException:

@@ -304,8 +304,9 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
     return state
 
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb")
-"""What makes a directory hold a run (any one of them); ``overwrite`` deletes these and ``report``, ``eval``."""
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb", "audit")
+"""What makes a directory hold a run (any one of them); ``overwrite`` deletes these and ``report``, ``eval``,
+``crossplay``."""
 
 
 def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -331,7 +332,7 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
                           "or choose another run.name")
     if held:
         logger.warning("--overwrite: deleting the earlier run in %s", run_dir)
-        for name in (*RUN_FILES, "report", "eval"):
+        for name in (*RUN_FILES, "report", "eval", "crossplay"):
             path = run_dir / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -341,7 +342,7 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 def discard_uncheckpointed(run_dir: Path) -> None:
     """Resuming a run that has no checkpoint yet starts it over: its logs of steps never checkpointed go."""
-    for name in ("metrics.jsonl", "completions", "tb"):
+    for name in ("metrics.jsonl", "completions", "tb", "audit"):
         path = Path(run_dir) / name
         if path.is_dir():
             shutil.rmtree(path)

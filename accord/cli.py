@@ -1,4 +1,4 @@
-"""Command line: ``accord train | sft | plan | eval | report | envs``.
+"""Command line: ``accord train | sft | compare | plan | eval | report | audit | export | envs``.
 
     accord train                         # the embedded default: writing task, SmolLM2-135M, two agents
     accord train examples/tiny.yaml rollout.batch_size=8 run.steps=20
@@ -6,8 +6,12 @@
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
     accord eval runs/writing-tldr --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
+    accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
+    accord eval --crossplay runs/seed0 runs/seed1        # each role with base / own / other seed's partners
     accord report runs/writing-tldr
+    accord audit runs/writing-tldr                       # rollout integrity: exit 1 on a violation
     accord export runs/writing-tldr [--step 10] [--out DIR]   # Hugging Face model dirs (or PEFT adapters)
     accord envs
 """
@@ -33,10 +37,12 @@ _USER_ERRORS = {
     "accord.config": ("ConfigError",),
     "accord.checkpoint": ("CheckpointError",),
     "accord.envs.registry": ("TaskError",),
+    "accord.envs.external.base": ("ReplayError", "TextObservationError"),
     "accord.envs.check": ("EnvCheckError",),
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
+    "accord.audit": ("AuditError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
@@ -54,9 +60,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``train``/``eval``: take ``key=value`` overrides out of argv wherever they stand (after ``--k 1 4`` too)."""
+    """``train``/``eval``/``compare``: take ``key=value`` overrides out of argv wherever they stand (after
+    ``--k 1 4`` too)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if cmd is None or argv[cmd] not in ("train", "eval"):
+    if cmd is None or argv[cmd] not in ("train", "eval", "compare"):
         return argv, []
     rest = argv[cmd + 1:]
     head = [a for a in rest if not _OVERRIDE.match(a)]
@@ -118,6 +125,16 @@ def _log_held_out(run_dir: Path, temperature: float) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if args.crossplay is not None:
+        from accord.crossplay import run_crossplay
+
+        runs = ([args.target] if args.target else []) + list(args.crossplay)
+        out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out)
+        sys.stdout.write((out / "crossplay.md").read_text())
+        sys.stdout.write(f"\n{out / 'crossplay.json'}\n")
+        return 0
+    if args.target is None:
+        raise ConfigError("accord eval needs a CONFIG.yaml or RUN_DIR (or --crossplay RUN_DIR [RUN_DIR ...])")
     from accord.evaluate import run_eval
 
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
@@ -127,12 +144,37 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from accord.compare import CompareError, compare_main, merge
+
+    if args.merge:
+        if args.args:
+            raise CompareError(f"--merge combines finished comparisons; drop {args.args[0]!r} (configs and overrides "
+                               "are for running one)")
+        if not args.out:
+            raise CompareError("--merge needs --out DIR: where the merged compare.json, compare.md and compare.png go")
+        data = merge(args.merge, args.out)
+    else:
+        data = compare_main(args.args, out=args.out, overwrite=args.overwrite)
+    sys.stdout.write(Path(data["files"]["markdown"]).read_text())
+    sys.stdout.write(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from accord.report import write_report
 
     path = write_report(args.run_dir)
     sys.stdout.write(f"{path}\n")
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from accord.audit import audit_run, format_run_audit
+
+    result = audit_run(args.run_dir)
+    sys.stdout.write(format_run_audit(Path(args.run_dir), result))
+    return 1 if result.violations else 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -155,7 +197,10 @@ def _envs(args: argparse.Namespace) -> int:
 
         for name in args.check:
             task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
-            check_env(lambda: make_env(name))  # a single-turn task is checked as a one-turn environment
+            # a single-turn task is checked as a one-turn environment; adapters of other libraries' games offer
+            # example moves (legal ones, so that the checker gets past the first turn)
+            examples = getattr(make_env(name), "example_actions", ())
+            check_env(lambda: make_env(name), actions=examples)
             sys.stdout.write(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}
@@ -172,7 +217,9 @@ def _envs(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{name:12s} {kind:34s} {roles:20s} {description}\n")
     for name, err in sorted(failed.items()):
         sys.stdout.write(f"{name:12s} {'(does not load)':34s} {'-':20s} {err}\n")
-    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n")
+    sys.stdout.write("(kind and roles with the default options; a task's options can change them, e.g. single_agent)\n"
+                     "other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
+                     "(pip install 'accord[envs]'; see docs/pettingzoo.md)\n")
     return 0
 
 
@@ -226,6 +273,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-demos", metavar="FILE.jsonl", help="only write the training demonstrations as JSONL "
                    "(the input format of sft.data) and exit")
     p.set_defaults(func=_sft)
+    p = sub.add_parser("compare", help="train several methods at an equal budget of generated tokens over several "
+                       "seeds; held-out before/after with paired 95 %% intervals and a win/tie/loss verdict per pair",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  accord compare examples/compare/relay.yaml\n"
+                       "  accord compare a.yaml b.yaml compare.seeds=[0,1] compare.budget_tokens=4000\n"
+                       "  accord compare --merge s0/compare.json s1/compare.json --out merged\n"
+                       "(docs/compare.md)\n\ncompare keys:\n" + "\n".join(
+                           line for line in _config_help().splitlines() if line.startswith("  compare.")))
+    p.add_argument("args", nargs="*", help="CONFIG.yaml with compare.methods, or one CONFIG.yaml per method; then "
+                   "key.sub=value overrides for all of them")
+    p.add_argument("--out", metavar="DIR", help="output directory (default compare.output_dir); with --merge: where "
+                   "the merged comparison goes (required)")
+    p.add_argument("--overwrite", action="store_true", help="delete an earlier comparison in the output directory "
+                   "and start over (without it, other settings there are an error; the same settings resume)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: combine the compare.json files (or output "
+                   "directories) of comparisons of one setting run apart, e.g. one per seed")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
+    p.set_defaults(func=_compare)
     p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights)")
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--prompt-tokens", type=int, help="typical prompt length (default rollout.max_prompt_tokens)")
@@ -233,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, help="with --gpu-memory-gb: how many such GPUs (default 8)")
     p.set_defaults(func=_plan)
     p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
-    p.add_argument("target", help="CONFIG.yaml or RUN_DIR")
+    p.add_argument("target", nargs="?", help="CONFIG.yaml or RUN_DIR")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides (e.g. task.eval_size=50)")
     p.add_argument("--samples", type=int, default=4, help="sampled completions per instance (0: greedy only)")
     p.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values (each <= --samples)")
@@ -244,11 +309,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")
+    p.add_argument("--crossplay", nargs="+", metavar="RUN_DIR", help="cross-play of trained runs (other seeds of one "
+                   "config): each role's policy with the base, its own and the other runs' partners, roles swapped, "
+                   "and the co-adaptation gap with 95%% intervals; writes RUN_DIR/crossplay (see docs/crossplay.md)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
     p.set_defaults(func=_report)
+    p = sub.add_parser("audit", help="check a run's recorded rollouts (training.audit): one prompt per group where the "
+                       "method says so, the state stepped is the one in the prompt, each reward belongs to its sample; "
+                       "exit 1 on a violation")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_audit)
     p = sub.add_parser("export", help="write a checkpoint as one Hugging Face model directory per policy "
                        "(a PEFT adapter per policy, plus the base, under specialization=lora)")
     p.add_argument("run_dir")

@@ -123,10 +123,49 @@ class PolicyConfig:
             _positive("policies.<name>", "replicas", self.replicas)
 
 
+def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens) -> None:
+    """The rules of the sampling settings, shared by ``rollout`` and ``agents[].sampling`` (None: not set)."""
+    if temperature is not None and temperature <= 0:
+        raise ConfigError(f"{where}temperature={temperature} must be > 0 for training (sampling log-probs are needed); "
+                          "use rollout.eval_temperature=0 for greedy evaluation")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"{where}top_p={top_p} must be in (0, 1]")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"{where}top_k={top_k} must be >= 0 (0: off)")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"{where}max_new_tokens={max_new_tokens} must be >= 1")
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float | None = _f(None, "This agent's sampling temperature (null: rollout.temperature); its training "
+                                   "log-probs use it.")
+    top_p: float | None = _f(None, "This agent's nucleus (null: rollout.top_p); its training log-probs renormalise "
+                             "over it.")
+    top_k: int | None = _f(None, "This agent's top-k (0: off; null: rollout.top_k); its training log-probs "
+                           "renormalise over it.")
+    max_new_tokens: int | None = _f(None, "This agent's completion length cap (null: rollout.max_new_tokens); must "
+                                    "fit the model's context with the prompt.")
+
+
 @dataclass
 class AgentConfig:
     name: str = _f(dataclasses.MISSING, "Agent (role) name; must be one of the task's agents.")
     policy: str = _f("main", "Name of the policy (under `policies`) that acts for this agent.")
+    trainable: bool = _f(True, "false: the agent acts with its policy but its samples never reach an optimizer (its "
+                         "weights stay as loaded); a policy acting for a frozen and a trained agent is an error.")
+    sampling: SamplingConfig = _f(help="This agent's sampling, overriding rollout's: {temperature, top_p, top_k, "
+                                  "max_new_tokens}; generation applies it per row of a batch and the learner applies "
+                                  "the same logit processing to this agent's samples.", factory=SamplingConfig)
+    advantage: str | None = _f(None, "This agent's advantage estimator (a registered name; null: "
+                               "algorithm.advantage), for agents that need different baselines.")
+
+    def __post_init__(self) -> None:
+        s = self.sampling
+        _check_sampling(f"agent {self.name!r}: sampling.", s.temperature, s.top_p, s.top_k, s.max_new_tokens)
+        if self.advantage is not None and (not isinstance(self.advantage, str) or not self.advantage.isidentifier()):
+            raise ConfigError(f"agent {self.name!r}: advantage={self.advantage!r} must be the name of a registered "
+                              "advantage estimator (e.g. mean, rloo) or null for algorithm.advantage")
 
 
 @dataclass
@@ -148,7 +187,24 @@ ACTOR_CRITIC = ("iac", "maac")                     # docs/algorithms-actor-criti
 PREFERENCE = ("madpo", "marlhf")                   # docs/algorithms-preference.md
 PAIR_SELECTIONS = ("reward_gap", "random", "all")   # accord.algorithms.preference.select_pairs
 SINGLE_SAMPLE_ALGORITHMS = ("iac", "maac", "marlhf")  # K = 1 allowed (marlhf: with an actor-critic stage)
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum")
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
+LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")   # built in (accord.algorithms.losses); ``clip`` = grpo
+TIS_MODES = ("auto", "off", "truncate", "mask")
+
+
+@dataclass
+class OverlongConfig:
+    window: int = _f(0, "DAPO's soft overlong penalty: tokens before a completion's length cap (its agent's "
+                     "max_new_tokens) over which a penalty ramps from 0 to -penalty (0: off). Added to the sample's "
+                     "return before advantages.")
+    penalty: float = _f(1.0, "The overlong penalty at the length cap (DAPO: 1).")
+    mask_truncated: bool = _f(False, "Leave completions that hit their length cap (finish_reason length) out of the "
+                              "loss; they still count in their group's baseline.")
+
+    def __post_init__(self) -> None:
+        _positive("algorithm.overlong", "window", self.window, 0)
+        if self.penalty < 0:
+            raise ConfigError(f"algorithm.overlong.penalty={self.penalty} is subtracted; give a value >= 0")
 
 
 @dataclass
@@ -175,9 +231,29 @@ class AlgorithmConfig:
     epsilon: float = _f(0.2, "Clip range below 1 of the importance ratio.")
     epsilon_high: float | None = _f(None, "Clip range above 1; None uses epsilon.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch.")
-    loss: str = _f("clip", "Policy loss: 'clip' (the clipped-ratio surrogate of PPO/GRPO), or a loss registered with "
+    loss: str = _f("grpo", "Policy loss (formulas and papers: docs/loss-controls.md): 'grpo' (the clipped token "
+                   "surrogate of PPO/GRPO; 'clip' is its older name), 'dapo' (the same, token-level aggregation, "
+                   "decoupled epsilon/epsilon_high), 'dr_grpo' (token sums divided by the length cap, no std "
+                   "normalisation), 'gspo' (sequence-level ratio, clipped per sequence), 'cispo' (clipped stop-gradient "
+                   "importance weight on a REINFORCE token loss), or a loss registered with "
                    "accord.algorithms.register_loss (in a module under imports:).")
-    loss_agg: str = _f("token_mean", f"Loss aggregation: {list(LOSS_AGGS)}.")
+    loss_agg: str | None = _f(None, f"Loss aggregation: {list(LOSS_AGGS)} (seq_sum_norm: a sequence's token sum "
+                              "divided by its length cap, mean over sequences); null: the loss's own (dapo token_mean, "
+                              "dr_grpo seq_sum_norm, gspo seq_mean_token_mean; grpo and cispo token_mean). A loss "
+                              "defined with one aggregation refuses another.")
+    tis: str = _f("auto", "Sampler/learner mismatch correction: the learner's old log-probs (computed once before the "
+                  "update) are the ratio's denominator and each token is weighted by r = pi_learner / pi_sampler, "
+                  "'truncate'd at tis_cap or 'mask'ed (weight 0) beyond it; 'off'; 'auto': on (truncate) where the "
+                  "sampler can differ from the learner (bf16 updates, a generation backend other than hf, dropout "
+                  "in training mode), off where both are the same fp32 computation on the same weights (also across "
+                  "data-parallel ranks, whose weights are identical).")
+    tis_cap: float = _f(2.0, "C of the mismatch correction: the cap of the importance weight (>= 1).")
+    alternate_every: int = _f(0, "Train the trainable agents in turns of N steps each, in the order of `agents` "
+                              "(the task's turn order): steps 0..N-1 the first, N..2N-1 the second, ...; the others "
+                              "act but are not updated (0: all agents train every step). Checkpoints carry the "
+                              "position in the schedule.")
+    overlong: OverlongConfig = _f(help="DAPO's overlong reward shaping and the masking of truncated completions.",
+                                  factory=OverlongConfig)
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
     kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
                            "at the sampling temperature): 'k3' (e^-x + x - 1 in the loss; its gradient is that of "
@@ -195,11 +271,33 @@ class AlgorithmConfig:
                          "drawn from identical prompt tokens; in turn-based MAGRPO trees a later agent's K samples "
                          "at a node come from K different states, which 'group' pools and 'prompt' separates).")
     parse_penalty: float = _f(1.0, "Centralized baseline: team-reward penalty per role section that cannot be parsed.")
+    credit: str = _f("team", "MAGRPO's per-agent return: 'team' (every agent gets the team return) or "
+                     "'counterfactual' (each agent's Shapley credit: the team reward's change when its action is "
+                     "swapped for its siblings' with the others fixed; costs reward calls or environment replays, "
+                     "never generation: K per joint action for two agents, 1 + (2^(N-1) - 1)(K - 1) for N; aligned "
+                     "joint actions; see docs/credit.md).")
+    credit_orderings: int = _f(8, "credit=counterfactual with N >= 3 agents: agent orderings of the sampled Shapley "
+                               "value (all N! orderings, i.e. the exact value, when N! is at most this).")
 
     def __post_init__(self) -> None:
         _choice("algorithm", "name", self.name, ALGORITHMS)
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
         _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
+        _choice("algorithm", "credit", self.credit, ("team", "counterfactual"))
+        _positive("algorithm", "credit_orderings", self.credit_orderings)
+        if self.credit == "counterfactual":
+            if self.name == "atgrpo":
+                raise ConfigError("algorithm.credit=counterfactual is MAGRPO's: AT-GRPO's groups already compare one "
+                                  "agent's K candidates from one state with the others' actions fixed; set "
+                                  "algorithm.credit=team or algorithm.name=magrpo")
+            if self.joint_mode == "cross":
+                raise ConfigError("algorithm.credit=counterfactual works on aligned joint actions; cross mode already "
+                                  "credits each sample with its mean over all partners: set algorithm.joint_mode="
+                                  "aligned or algorithm.credit=team")
+            if self.baseline in ("independent", "centralized", "single_agent"):
+                raise ConfigError(f"algorithm.credit=counterfactual splits a team reward among agents; "
+                                  f"algorithm.baseline={self.baseline} has no team reward to split among several "
+                                  "agents: set algorithm.credit=team")
         _choice("algorithm", "group_std", self.group_std, ("population", "sample"))
         if self.group_std != "population" and not self.normalize_std:
             raise ConfigError(f"algorithm.group_std={self.group_std} only matters with algorithm.normalize_std=true; "
@@ -225,7 +323,16 @@ class AlgorithmConfig:
             if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)!r} must be the name of a registered "
                                   f"{'advantage estimator' if key == 'advantage' else 'policy loss'}")
-        _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
+        if self.loss_agg is not None:
+            _choice("algorithm", "loss_agg", self.loss_agg, LOSS_AGGS)
+        _choice("algorithm", "tis", self.tis, TIS_MODES)
+        if self.tis_cap < 1:
+            raise ConfigError(f"algorithm.tis_cap={self.tis_cap} caps an importance weight; give a value >= 1 (2 is "
+                              "the usual choice)")
+        _positive("algorithm", "alternate_every", self.alternate_every, 0)
+        if self.loss == "dr_grpo" and self.normalize_std:
+            raise ConfigError("algorithm.loss=dr_grpo drops the std normalisation of advantages (Dr. GRPO); set "
+                              "algorithm.normalize_std=false, or use loss=grpo")
         _choice("algorithm", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         _positive("algorithm", "ppo_epochs", self.ppo_epochs)
         if not 0 < self.epsilon < 1:
@@ -249,6 +356,11 @@ class RolloutConfig:
     max_turns: int | None = _f(None, "Multi-turn environments: turns per episode (null: the environment's max_turns).")
     history_turns: int | None = _f(None, "Earlier (observation, action) exchanges kept in an agent's prompt (null: all).")
     max_tree_generations: int = _f(2048, "Refuse a MAGRPO tree that would sample more completions than this per step.")
+    drop_flat_groups: bool = _f(False, "Dynamic sampling (DAPO): drop advantage groups whose returns are all equal (no "
+                                "signal) and roll out more task instances until the step holds as many informative "
+                                "groups as its first round held groups, or max_extra_rounds is reached; logged as "
+                                "rollout/flat_groups_dropped and rollout/extra_rounds.")
+    max_extra_rounds: int = _f(3, "drop_flat_groups: most extra rounds of batch_size instances per step.")
     generation_backend: str = _f("hf", "Generation backend: 'hf' (transformers generate) or 'vllm' (optional extra: "
                                  "pip install 'accord[vllm]'; same sampling semantics and stored log-probs, weights "
                                  "and LoRA adapters synced after each update; see accord/generation/vllm_backend.py).")
@@ -262,14 +374,8 @@ class RolloutConfig:
         _positive("rollout", "max_new_tokens", self.max_new_tokens)
         _positive("rollout", "max_prompt_tokens", self.max_prompt_tokens)
         _positive("rollout", "generation_batch_size", self.generation_batch_size)
-        if self.temperature <= 0:
-            raise ConfigError(
-                f"rollout.temperature={self.temperature} must be > 0 for training (sampling log-probs are "
-                "needed); use rollout.eval_temperature=0 for greedy evaluation"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"rollout.top_p={self.top_p} must be in (0, 1]")
-        _positive("rollout", "top_k", self.top_k, 0)
+        _check_sampling("rollout.", self.temperature, self.top_p, self.top_k, None)
+        _positive("rollout", "max_extra_rounds", self.max_extra_rounds, 0)
         _positive("rollout", "eval_temperature", self.eval_temperature, 0)
         if self.max_turns is not None:
             _positive("rollout", "max_turns", self.max_turns)
@@ -312,6 +418,10 @@ class TrainingConfig:
                                         "completion length) so that each holds at most this many padded "
                                         "prompt+completion tokens (a longer sequence runs alone); replaces "
                                         "micro_batch_size. null: micro_batch_size sequences each.")
+    audit: str = _f("record", "Rollout integrity audit (docs/audit.md): 'record' writes RUN_DIR/audit/step_N.jsonl "
+                    "(prompt-token hashes, the state each action was scored on, the scored texts and rewards) for "
+                    "`accord audit RUN_DIR`; 'strict' also checks every step and stops on the first violation; "
+                    "'off' records nothing.")
     fsdp: bool = _f(False, "Shard each policy's parameters, gradients and AdamW state across its data-parallel "
                     "ranks (torch FSDP2 fully_shard per decoder layer, gloo on CPU, NCCL on CUDA): every policy "
                     "needs replicas >= 2; not with specialization=lora or generation_backend=vllm. Generation and "
@@ -325,6 +435,7 @@ class TrainingConfig:
             raise ConfigError(f"training.betas={self.betas} must be two numbers in [0, 1), e.g. [0.9, 0.999]")
         self.betas = tuple(float(b) for b in self.betas)
         _choice("training", "schedule", self.schedule, ("constant", "linear", "cosine"))
+        _choice("training", "audit", self.audit, ("off", "record", "strict"))
         _positive("training", "warmup_steps", self.warmup_steps, 0)
         if self.bf16 not in (True, False, "auto"):
             raise ConfigError(f"training.bf16={self.bf16!r} must be true, false or auto")
@@ -589,6 +700,82 @@ class RewardModelConfig:
         _choice("reward_model", "rl", self.rl, ("magrpo", "iac", "maac"))
         if self.max_tokens is not None:
             _positive("reward_model", "max_tokens", self.max_tokens, 8)
+def _default_seeds() -> list:
+    return [0]
+
+
+@dataclass
+class CompareConfig:
+    methods: dict = _f(help="`accord compare`: method name -> the key=value overrides that make it from this config, "
+                       "e.g. {atgrpo: [algorithm.name=atgrpo], grpo: [algorithm.name=atgrpo, "
+                       "algorithm.baseline=single_agent], roles: [algorithm.name=atgrpo, specialization=separate]} "
+                       "([] = this config as it is). Empty: each config file given to `accord compare` is one method, "
+                       "named by its file name.", factory=dict)
+    seeds: list = _f(help="`accord compare`: the seeds (run.seed of each method's run), each once; the held-out "
+                     "instances of a seed are the same for every method.", factory=_default_seeds)
+    budget_tokens: int | None = _f(None, "`accord compare`: generated training tokens per method and seed: each "
+                                   "method trains until the completions it generated for training reach this many "
+                                   "tokens, and the step that crosses it is its last. It must exceed every method's "
+                                   "first step.")
+    max_steps: int = _f(10_000, "`accord compare`: a method still short of budget_tokens after this many steps stops "
+                        "there; its result is marked as short of the budget.")
+    knobs: list = _f(help="`accord compare`: config keys besides the method keys (algorithm.name, algorithm.baseline, "
+                     "algorithm.joint_mode, algorithm.norm_scope, algorithm.parse_penalty, specialization, agents, "
+                     "policy names, lora) that the methods may set differently, e.g. [training.lr] to compare learning "
+                     "rates on purpose; a section name covers its keys. Any other difference is an error.",
+                     factory=list)
+    eval: str = _f("greedy", "`accord compare`: held-out evaluation before and after training: 'greedy' (one "
+                   "episode per instance) or 'sampled' (eval_samples episodes per instance at eval_temperature).")
+    eval_samples: int = _f(4, "`accord compare`, eval=sampled: episodes per held-out instance.")
+    eval_temperature: float | None = _f(None, "`accord compare`, eval=sampled: the temperature (null: "
+                                        "rollout.eval_temperature if > 0, else rollout.temperature).")
+    warm_start: str | None = _f(None, "`accord compare`: every policy of every method starts from this model: a "
+                                "Hugging Face model directory, or an `accord sft` output directory (its one model, or "
+                                "the one named like the policy); {seed} in it is replaced by the seed. null: the "
+                                "policies' own models.")
+    output_dir: str | None = _f(None, "`accord compare`: where its runs, results, table, plot and JSON go (null: "
+                                "run.output_dir/compare-<run.name>).")
+    keep_checkpoints: bool = _f(False, "`accord compare`: keep each finished run's checkpoints (its trained "
+                                "weights); false deletes them once the run's result is stored (they only serve to "
+                                "resume it), so that 6 methods x 5 seeds do not keep 30 models on disk.")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.methods, dict):
+            raise ConfigError(f"compare.methods={self.methods!r} must map method names to lists of key=value "
+                              "overrides, e.g. {grpo: [algorithm.baseline=single_agent], atgrpo: []}")
+        for name, overrides in list(self.methods.items()):
+            if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"compare.methods: {name!r} cannot name a method (it names its directories); use "
+                                  "letters, digits, '_' or '-'")
+            if overrides is None:
+                overrides = []
+            if isinstance(overrides, str):
+                overrides = [overrides]
+            if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) and "=" in o for o in overrides):
+                raise ConfigError(f"compare.methods.{name}={overrides!r} must be a list of key=value overrides, e.g. "
+                                  "[algorithm.name=atgrpo, specialization=separate] ([] for the config as it is)")
+            self.methods[name] = list(overrides)
+        if not isinstance(self.seeds, (list, tuple)) or not self.seeds:
+            raise ConfigError(f"compare.seeds={self.seeds!r} must be a non-empty list of seeds, e.g. [0, 1, 2]")
+        for seed in self.seeds:
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+                raise ConfigError(f"compare.seeds: {seed!r} is not a seed; give integers in [0, {MAX_SEED}]")
+        again = sorted({s for s in self.seeds if list(self.seeds).count(s) > 1})
+        if again:
+            raise ConfigError(f"compare.seeds={list(self.seeds)} gives seed(s) {again} more than once; give each seed "
+                              "once (a seed's runs are the same every time)")
+        self.seeds = list(self.seeds)
+        if self.budget_tokens is not None:
+            _positive("compare", "budget_tokens", self.budget_tokens)
+        _positive("compare", "max_steps", self.max_steps)
+        _choice("compare", "eval", self.eval, ("greedy", "sampled"))
+        _positive("compare", "eval_samples", self.eval_samples)
+        if self.eval_temperature is not None and self.eval_temperature <= 0:
+            raise ConfigError(f"compare.eval_temperature={self.eval_temperature} must be > 0 (greedy evaluation: "
+                              "compare.eval=greedy)")
+        if not isinstance(self.knobs, (list, tuple)) or not all(isinstance(k, str) and k for k in self.knobs):
+            raise ConfigError(f"compare.knobs={self.knobs!r} must be a list of config keys, e.g. [training.lr]")
+        self.knobs = list(self.knobs)
 
 
 def _default_policies() -> dict:
@@ -621,6 +808,8 @@ class Config:
                                       factory=PreferenceConfig)
     reward_model: RewardModelConfig = _f(help="algorithm.name=marlhf: the joint reward model and the RL against it.",
                                          factory=RewardModelConfig)
+    compare: CompareConfig = _f(help="`accord compare`: methods, seeds, token budget and evaluation of a comparison "
+                                "(`accord train` does not read it).", factory=CompareConfig)
 
     def __post_init__(self) -> None:
         _choice("", "specialization", self.specialization, ("shared", "separate", "lora"))
@@ -654,6 +843,11 @@ class Config:
         self._check_policies()
         self._check_ray()
         self._check_fsdp()
+        self._check_agents()
+        if self.rollout.drop_flat_groups and self.algorithm.norm_scope == "agent":
+            raise ConfigError("rollout.drop_flat_groups=true drops advantage groups with equal returns, but "
+                              "algorithm.norm_scope=agent pools all of an agent's samples of a step into one group; "
+                              "use norm_scope=group or prompt, or drop_flat_groups=false")
         self._check_actor_critic_and_preference()
 
     def _check_actor_critic_and_preference(self) -> None:
@@ -695,6 +889,79 @@ class Config:
         if self.rollout.generation_backend == "vllm":
             raise ConfigError(f"algorithm.name={algo.name} is not supported with rollout.generation_backend=vllm yet "
                               "(its reference and value forwards run on the learner); use generation_backend=hf")
+        # main's group-relative controls: each needs a step these algorithms do not run
+        if algo.credit != "team":
+            raise ConfigError(f"algorithm.credit={algo.credit} splits MAGRPO's team return among agents; it does not "
+                              f"apply to algorithm.name={algo.name} (critics, pairs or a reward model assign credit "
+                              "there); set algorithm.credit=team")
+        if self.rollout.drop_flat_groups:
+            raise ConfigError(f"rollout.drop_flat_groups drops advantage groups of equal returns (magrpo, atgrpo); "
+                              f"algorithm.name={algo.name} has no such groups (madpo already skips tied candidates); "
+                              "set rollout.drop_flat_groups=false")
+        if algo.name != "marlhf" or stage != "magrpo":   # marlhf's magrpo stage runs MAGRPO's own phases
+            if algo.overlong.window or algo.overlong.mask_truncated:
+                raise ConfigError(f"algorithm.overlong (DAPO's length shaping) is applied by MAGRPO's and AT-GRPO's "
+                                  f"step, not by algorithm.name={algo.name}; set algorithm.overlong.window=0 and "
+                                  "mask_truncated=false")
+        if algo.name == "madpo":
+            if algo.loss not in ("grpo", "clip"):
+                raise ConfigError(f"algorithm.loss={algo.loss} is a policy-gradient loss; madpo trains on the joint DPO "
+                                  "loss (preference.*): leave algorithm.loss at grpo")
+            if algo.tis not in ("auto", "off"):
+                raise ConfigError(f"algorithm.tis={algo.tis} corrects policy-gradient ratios; madpo's DPO margins use "
+                                  "the learner's own log-probs: set algorithm.tis=auto")
+
+    def _check_actor_critic_and_preference_agents(self) -> None:
+        """Per-agent settings iac, maac, madpo and marlhf's actor-critic stage do not apply (again once the task
+        has filled ``agents``)."""
+        algo = self.algorithm
+        if algo.name not in ACTOR_CRITIC + PREFERENCE:
+            return
+        own = [a.name for a in self.agents if a.advantage]
+        if own:
+            raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo); "
+                              f"algorithm.name={algo.name} takes its advantages from critics or preference pairs: "
+                              "drop agents[].advantage")
+        if algo.name == "marlhf" and self.reward_model.rl == "magrpo":
+            return   # MAGRPO's update: frozen and alternating agents apply
+        frozen = [a.name for a in self.agents if not a.trainable]
+        if frozen or algo.alternate_every:
+            what = f"agents {frozen} set trainable=false" if frozen else f"algorithm.alternate_every={algo.alternate_every}"
+            raise ConfigError(f"{what}, but algorithm.name={algo.name} updates every agent each step (its value heads "
+                              "and DPO update run per policy); train all agents, or use magrpo, atgrpo or marlhf with "
+                              "reward_model.rl=magrpo")
+
+    def _check_agents(self) -> None:
+        """Frozen agents, the alternation schedule and per-agent length caps (again once the task has filled
+        ``agents``: see :meth:`resolve_agents`)."""
+        self._check_actor_critic_and_preference_agents()
+        window = self.algorithm.overlong.window
+        for a in self.agents:
+            cap = a.sampling.max_new_tokens or self.rollout.max_new_tokens
+            if window and window >= cap:
+                key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens
+                       else "rollout.max_new_tokens")
+                raise ConfigError(f"algorithm.overlong.window={window} is not shorter than {key}={cap}, the length cap "
+                                  "it ends at; give a window below the cap (DAPO: a quarter of it)")
+        if not self.agents:
+            return
+        trained = [a.name for a in self.agents if a.trainable]
+        if not trained:
+            raise ConfigError(f"every agent ({[a.name for a in self.agents]}) has trainable=false, so nothing would be "
+                              "trained; set trainable=true for at least one agent (or evaluate with `accord eval`)")
+        by_policy: dict[str, set[bool]] = {}
+        for a in self.agents:
+            by_policy.setdefault(a.policy, set()).add(a.trainable)
+        for policy, flags in sorted(by_policy.items()):
+            if len(flags) > 1:
+                frozen = [a.name for a in self.agents if a.policy == policy and not a.trainable]
+                trained_here = [a.name for a in self.agents if a.policy == policy and a.trainable]
+                raise ConfigError(f"policy {policy!r} acts for frozen agents {frozen} and trained agents "
+                                  f"{trained_here}: training it would change the frozen ones too; give the frozen "
+                                  "agents a policy of their own (specialization=separate or lora)")
+        if self.algorithm.alternate_every and len(trained) < 2:
+            raise ConfigError(f"algorithm.alternate_every={self.algorithm.alternate_every} trains agents in turns, but "
+                              f"only {trained} is trainable; set alternate_every=0 or make another agent trainable")
 
     def _check_fsdp(self) -> None:
         """training.fsdp shards a policy across its replicas: every policy needs at least two."""
@@ -760,6 +1027,7 @@ class Config:
                 base = next(iter(self.policies.values()))
                 self.policies = {n: self.policies.get(n, dataclasses.replace(base)) for n in task_agents}
                 self.agents = [AgentConfig(name=n, policy=n) for n in task_agents]
+            self._check_agents()
             return
         names = [a.name for a in self.agents]
         if sorted(names) != sorted(task_agents):
@@ -769,6 +1037,7 @@ class Config:
             )
         order = {n: i for i, n in enumerate(task_agents)}
         self.agents.sort(key=lambda a: order[a.name])
+        self._check_agents()
 
     def validate_sizes(self, num_agents_per_policy: dict[str, int]) -> None:
         """Check that each policy's samples split evenly into mini-batches."""

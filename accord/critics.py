@@ -34,10 +34,11 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from accord.algorithms.actor_critic import value_loss
-from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss
+from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, policy_loss, tis_weights
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences, left_pad
-from accord.policies import TrainingError, lr_lambda, make_adamw, micro_batches, resolve_bf16
+from accord.policies import TrainingError, lr_lambda, make_adamw, micro_batches, resolve_bf16, right_aligned
+from accord.rollout.sample import rollout_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -322,14 +323,22 @@ def head_values(policy, samples) -> list[float]:
 
 
 def head_update(policy, samples, step: int) -> dict[str, float]:
-    """``algorithm.ppo_epochs`` passes of the summed loss over this policy's samples: the clipped policy
-    loss on each sample's advantage (as :meth:`accord.policies.Policy.update`) plus ``critic.value_coef`` x
-    the mean (clipped) value loss of its agent's head against ``extra["value_target"]``; one backward through
-    the shared trunk, the gradient of trunk and heads clipped together, then both optimizers step."""
+    """``algorithm.ppo_epochs`` passes of the summed loss over this policy's samples: the policy loss on each
+    sample's advantage exactly as :meth:`accord.policies.Policy.update` computes it (``algorithm.loss`` with
+    its aggregation and length caps, the old log-probs, the sampler/learner mismatch correction) plus
+    ``critic.value_coef`` x the mean (clipped) value loss of its agent's head against
+    ``extra["value_target"]``; one backward through the shared trunk, the gradient of trunk and heads
+    clipped together, then both optimizers step."""
     _activate(policy)
     algo, tr, critic = policy.algo, policy.training, policy.critic_cfg
     fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
     n_mb = tr.num_mini_batches
+    tis, stored_ok = policy.tis_mode, policy.backend.sampling_logprobs
+    if tis != "off" and not stored_ok:
+        raise ConfigError(f"algorithm.tis={tis} weights tokens by pi_learner / pi_sampler, but generation backend "
+                          f"{policy.backend.name!r} stores no sampling log-probs; set algorithm.tis=off")
+    spec = LOSS_SPECS.get(algo.loss, LossSpec())
+    default = rollout_sampling(policy.rollout)
     order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
                                                        len(samples[i].completion_ids)))
     params = policy.params + list(policy.value_heads.parameters())
@@ -337,6 +346,9 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
     sums: dict[str, float] = {}
     tokens_total, grad_norms = 0, []
     policy.model.train()
+    learner_old = None
+    if not fresh and (tis != "off" or not stored_ok):
+        learner_old = policy._learner_logprobs([samples[i] for i in order])
     for epoch in range(algo.ppo_epochs):
         for mb in range(n_mb):
             mb_samples = [samples[i] for i in order[mb::n_mb]]
@@ -348,20 +360,29 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
                 logp, ent, mask, *full = policy._forward_completion(policy.model, micro, want_entropy=epoch == 0,
                                                                     kl_too=kl_in_loss)
                 c = mask.size(1)
-                stored = torch.zeros(logp.shape, dtype=logp.dtype)
-                for i, s in enumerate(micro):
-                    stored[i, c - len(s.logprobs):] = torch.tensor(s.logprobs)
-                stored = stored.to(policy.device)
+                stored = right_aligned([s.logprobs for s in micro], c, policy.device)
+                if fresh:
+                    old = logp.detach()
+                elif learner_old is not None:
+                    old = right_aligned([learner_old.get(id(s), []) for s in micro], c, policy.device)
+                else:
+                    old = stored
+                weights = over = None
+                if tis != "off":
+                    weights, over = tis_weights(old, stored, algo.tis_cap, tis)
                 ref = policy._reference_logprobs(micro) if kl_in_loss else None
                 adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=policy.device)
+                max_lens = torch.tensor([(s.sampling or default).max_new_tokens for s in micro], dtype=logp.dtype,
+                                        device=policy.device)
                 loss, stats = policy_loss(
-                    logp, logp.detach() if fresh else stored, adv, mask, totals, epsilon=algo.epsilon,
-                    epsilon_high=algo.epsilon_high, agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0,
-                    ref_logp=ref, kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss)
+                    logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
+                    agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
+                    kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss,
+                    weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None)
                 values = _head_forward(policy, micro)
-                old = torch.tensor([s.extra[VALUE] for s in micro], dtype=values.dtype, device=values.device)
+                old_v = torch.tensor([s.extra[VALUE] for s in micro], dtype=values.dtype, device=values.device)
                 target = torch.tensor([s.extra[TARGET] for s in micro], dtype=values.dtype, device=values.device)
-                vloss, vstats = value_loss(values, old, target, critic.value_clip)
+                vloss, vstats = value_loss(values, old_v, target, critic.value_clip)
                 total = loss + critic.value_coef * vloss.sum() / totals.num_seqs
                 if not torch.isfinite(total):
                     raise TrainingError(f"step {step}: actor-critic loss of policy {policy.name!r} is {total.item()} "
@@ -371,7 +392,13 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
                 if epoch == 0:
                     fm = mask.float()
                     stats["entropy"] = (ent * fm).sum()
-                    stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                    if stored_ok:
+                        stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                    if weights is not None:
+                        log_r = old - stored   # log pi_learner - log pi_sampler
+                        stats["tis_weight"] = (weights * fm).sum()
+                        stats["tis_capped"] = (over.float() * fm).sum()
+                        stats["mismatch_kl"] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
                     tokens_total += int(fm.sum())
                     for key, v in stats.items():
                         sums[key] = sums.get(key, 0.0) + float(v)

@@ -102,6 +102,38 @@ def evaluate_run(run, step: int | None = None) -> dict[str, float]:
     return acc.mean()
 
 
+def evaluate_episodes(run, *, samples: int = 0, temperature: float = 1.0) -> list[dict[str, Any]]:
+    """Every held-out episode of the run's current weights, for ``accord compare``: one greedy episode per
+    instance (``samples=0``), or ``samples`` episodes per instance sampled at ``temperature``. Each episode
+    is ``{"instance", "sample", "team", "success" (where the task has a success check), "turns" (multi-turn),
+    per-agent values, "completions"}``; ``completions`` are the rows of :mod:`accord.tracking.eval_completions`
+    without the episode's own fields. The evaluation streams are seeded as in :func:`evaluate_run`, so the
+    same weights give the same episodes."""
+    rows = run.eval_rows
+    if not rows:
+        raise ConfigError("nothing to evaluate: task.eval_size is 0; set task.eval_size=N")
+    ids = [str(row.get("id", b)) for b, row in enumerate(rows)]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"task {run.cfg.task.name!r}: held-out instances share ids, so episodes cannot be paired "
+                          "by instance; give every row a unique id")
+    n = max(samples, 1)
+    reps = [row for row in rows for _ in range(n)]   # one played episode each, so that each has its completions
+    eval_seed = seed_eval_streams(run)
+    with torch.random.fork_rng():
+        torch.manual_seed(eval_seed)
+        played = play(run, reps, n=1, greedy=samples == 0, temperature=temperature)
+    by_episode: dict[int, list[dict]] = {}
+    for line in played.table:
+        by_episode.setdefault(line["joint"], []).append(
+            {k: v for k, v in line.items() if k not in ("instance", "joint", "reward", "success")})
+    episodes = []
+    for e, (per, row_id) in enumerate(zip(played.results, (i for i in ids for _ in range(n)))):
+        record = {"instance": row_id, "sample": e % n, **{k: float(v) for k, v in per[0].items()}}
+        record["completions"] = by_episode.get(e, [])
+        episodes.append(record)
+    return episodes
+
+
 def evaluate_parts(run, *, samples: int, ks: list[int], temperature: float, pipeline: str = "parallel",
                    record: Path | None = None) -> dict[str, float]:
     """Greedy and sampled metrics (pass@k where the task has a success check) of a run's current weights
@@ -222,8 +254,10 @@ def markdown_table(report: dict[str, Any]) -> str:
         from accord.pipelines import PIPELINE_TEXT
 
         lines += [f"Prompt-only pipeline `{report['pipeline']}`: {PIPELINE_TEXT[report['pipeline']]}", ""]
-    if not any(k.startswith("pass@") for k in keys):
+    if not any(k.endswith("/success") for k in keys):
         lines += ["This task defines no success check, so success rates and pass@k are not reported.", ""]
+    elif not any(k.startswith("pass@") for k in keys):
+        lines += ["pass@k is not reported: it needs sampled completions (--samples N).", ""]
     lines.append("| metric | " + " | ".join(names) + " |")
     lines.append("|---|" + "---:|" * len(names))
     for k in keys:

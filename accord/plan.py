@@ -234,7 +234,7 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     q, kv = heads * head_dim, getattr(config, "num_key_value_heads", heads) * head_dim
     inter = getattr(config, "intermediate_size", 4 * h)
     vocab = config.vocab_size
-    c = r.max_new_tokens
+    c = max([a.sampling.max_new_tokens or r.max_new_tokens for a in cfg.agents] or [r.max_new_tokens])  # longest cap
     k = cfg.algorithm.num_generations
     bf16 = _bf16_guess(tr.bf16, plan.device)
     plan.weights = 0.0 if plan.shared_base else 4.0 * plan.params

@@ -3,6 +3,18 @@
 Weights are fp32 (master weights); ``training.bf16`` runs forward/backward under bf16 autocast.
 The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights; the KL uses
 its and the policy's untruncated distributions at the sampling temperature (no top-k / top-p).
+
+Each sample's log-probs are recomputed with its own sampling settings (``Sample.sampling``: its agent's
+temperature, top-k and top-p), so agents with different settings can share a policy and a batch.
+
+Old log-probs and the sampler/learner correction (``algorithm.tis``, :meth:`Policy.update`). The ratio of
+the loss is taken to the *learner's* log-probs before the update: with one epoch and one mini-batch those
+are the current log-probs (detached; no extra forward), otherwise, where the sampler may differ from the
+learner, one no-grad forward over the batch before the first optimizer step computes them. With the
+correction on, each token's policy-gradient term is weighted by ``r = pi_learner / pi_sampler`` (the
+learner's old log-prob over the stored sampling one) truncated at ``algorithm.tis_cap`` (or set to 0
+beyond it: ``mask``); ``auto`` turns it on exactly where the two computations differ
+(:meth:`Policy.sampler_mismatch`).
 """
 
 from __future__ import annotations
@@ -18,15 +30,15 @@ import torch
 from safetensors.torch import load_model, save_model
 from transformers import DynamicCache
 
-from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LossTotals, logprobs_and_entropy, policy_loss,
-                                      process_logits)
+from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
+                                      policy_loss, process_logits, tis_weights)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
-from accord.rollout.sample import Sample
+from accord.rollout.sample import Sample, Sampling, rollout_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +98,24 @@ def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = Non
     if cur:
         out.append(cur)
     return out
+
+
+def dropout_in_training(model) -> bool:
+    """Whether the model's forward in training mode drops activations (an ``nn.Dropout`` with p > 0, e.g. LoRA's,
+    or an attention dropout in its config): the learner's log-probs then differ from the sampler's."""
+    config = getattr(model, "config", None)
+    if config is not None and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def right_aligned(rows: list, width: int, device=None) -> torch.Tensor:
+    """(len(rows), width) float tensor with each row's values at its right end (zeros before them)."""
+    out = torch.zeros((len(rows), width))
+    for i, values in enumerate(rows):
+        if len(values):
+            out[i, width - len(values):] = torch.as_tensor(values, dtype=out.dtype)
+    return out if device is None else out.to(device)
 
 
 def enable_gradient_checkpointing(model) -> None:
@@ -186,8 +216,9 @@ class Policy:
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
 
     # --- prompts -------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat prompt ending with the assistant turn's opening."""
+    def encode_chat(self, messages: list[dict[str, str]], max_new_tokens: int | None = None) -> list[int]:
+        """Token ids of a chat prompt ending with the assistant turn's opening; it must leave room in the
+        model's context for ``max_new_tokens`` (default ``rollout.max_new_tokens``: an agent's own cap)."""
         if self.tokenizer.chat_template:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -201,10 +232,11 @@ class Policy:
             raise PromptTooLongError(
                 f"a prompt of policy {self.name!r} has {len(ids)} tokens, more than rollout.max_prompt_tokens="
                 f"{limit}; raise rollout.max_prompt_tokens or shorten the task's texts")
-        if self.context_len and len(ids) + self.rollout.max_new_tokens > self.context_len:
+        new = self.rollout.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if self.context_len and len(ids) + new > self.context_len:
             raise PromptTooLongError(
-                f"a prompt of policy {self.name!r} has {len(ids)} tokens; with rollout.max_new_tokens="
-                f"{self.rollout.max_new_tokens} it exceeds the model context of {self.context_len}; lower "
+                f"a prompt of policy {self.name!r} has {len(ids)} tokens; with max_new_tokens={new} (rollout's, or "
+                f"the agent's sampling.max_new_tokens) it exceeds the model context of {self.context_len}; lower "
                 "max_new_tokens or rollout.max_prompt_tokens")
         return ids
 
@@ -217,9 +249,10 @@ class Policy:
         self._streams[stream] = make_generator(self.device, seed)
 
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                 stream: str | None = None) -> list[Generation]:
+                 stream: str | None = None, sampling: list[Sampling] | None = None) -> list[Generation]:
         """Complete tokenised prompts in batches (fp32 even with training.bf16: bf16 autocast slows CPU
-        decoding); sampling settings other than the temperature come from the rollout config.
+        decoding); sampling settings other than the temperature come from the rollout config, or each
+        prompt's from ``sampling`` (temperature included: its agent's settings).
 
         Sampling draws from this policy's own random stream (saved in checkpoints), so a policy samples
         the same tokens whether it runs in the trainer's process or in a Ray actor; ``stream`` names
@@ -229,7 +262,7 @@ class Policy:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
         return self.backend.generate(self.model, self.tokenizer, prompts, greedy=greedy, temperature=temperature,
-                                     generator=gen, name=self.name, adapter=self._adapter)
+                                     generator=gen, name=self.name, adapter=self._adapter, sampling=sampling)
 
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):
@@ -267,23 +300,40 @@ class Policy:
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **kwargs).logits
         logp, ent, full = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy, untruncated,
-                                                    kl_too)
+                                                    kl_too, self._row_settings(batch))
         return (logp, ent, mask, full) if kl_too else (logp, ent, mask)
 
+    def _row_settings(self, batch: list[Sample]) -> tuple:
+        """(temperature, top_k, top_p) of the batch's samples as they were drawn: numbers when every sample
+        has the same, else one value per sample (tensors)."""
+        default = rollout_sampling(self.rollout)
+        rows = [(x.temperature, x.top_k, x.top_p) for x in (s.sampling or default for s in batch)]
+        if all(r == rows[0] for r in rows):
+            return rows[0]
+        temperature, top_k, top_p = zip(*rows)
+        return (torch.tensor(temperature, dtype=torch.float32, device=self.device),
+                torch.tensor(top_k, device=self.device), torch.tensor(top_p, dtype=torch.float32, device=self.device))
+
     def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool,
-                             untruncated: bool = False, kl_too: bool = False):
+                             untruncated: bool = False, kl_too: bool = False, settings: tuple | None = None):
         """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)
         (without its top-k / top-p truncation when ``untruncated``), and, with ``kl_too``, the
-        untruncated log-probs as a third value (the same tensor when sampling is not truncated)."""
+        untruncated log-probs as a third value (the same tensor when sampling is not truncated).
+        ``settings``: (temperature, top_k, top_p) from :meth:`_row_settings` (None: the rollout config's)."""
         r = self.rollout
-        truncated = (r.top_k > 0 or r.top_p < 1.0) and not untruncated
-        processed = process_logits(logits, r.temperature, r.top_k if truncated else 0, r.top_p if truncated else 1.0,
+        temperature, top_k, top_p = settings if settings is not None else (r.temperature, r.top_k, r.top_p)
+        if isinstance(top_k, torch.Tensor):
+            truncated = bool((top_k > 0).any()) or bool((top_p < 1.0).any())
+        else:
+            truncated = top_k > 0 or top_p < 1.0
+        truncated = truncated and not untruncated
+        processed = process_logits(logits, temperature, top_k if truncated else 0, top_p if truncated else 1.0,
                                    keep=targets if truncated else None)
         logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated)
         full = None
         if kl_too:
             full = logp if not truncated else logprobs_and_entropy(
-                process_logits(logits, r.temperature), targets, want_entropy=False, truncated=False)[0]
+                process_logits(logits, temperature), targets, want_entropy=False, truncated=False)[0]
         return logp, ent, full
 
     def _can_share_prompts(self, model) -> bool:
@@ -331,7 +381,8 @@ class Policy:
                 logits = torch.cat([head, rest], dim=1)
             else:
                 logits = head
-        logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too)
+        logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too,
+                                                    self._row_settings(batch))
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
         steps = torch.arange(c, device=self.device)[None, :]
         source = (steps - (c - lengths)[:, None]).clamp(min=0)
@@ -363,17 +414,73 @@ class Policy:
             out.extend((v, len(s.completion_ids)) for v, s in zip(sums, micro))
         return out
 
+    # --- sampler / learner ---------------------------------------------------------------------
+    def sampler_mismatch(self) -> str | None:
+        """Why this policy's sampler may give other log-probs than its learner (None: both are the same fp32
+        computation on the same weights, up to float rounding)."""
+        reasons = []
+        if self.bf16:
+            reasons.append("training.bf16: the update runs under bf16 autocast, generation in fp32")
+        if self.backend.name != "hf":
+            reasons.append(f"generation backend {self.backend.name!r} samples with its own kernels")
+        if dropout_in_training(self.model):
+            reasons.append("dropout is active in the update (training mode), not in generation")
+        return "; ".join(reasons) or None
+
+    @property
+    def tis_mode(self) -> str:
+        """``algorithm.tis`` for this policy: ``off``, ``truncate`` or ``mask`` (``auto`` resolved once, logged)."""
+        mode = getattr(self, "_tis", None)
+        if mode is None:
+            mode = self.algo.tis
+            if mode == "auto":
+                why = self.sampler_mismatch()
+                if why and not self.backend.sampling_logprobs:
+                    logger.warning("policy %s: the sampler may differ from the learner (%s), but generation backend %r "
+                                   "stores no sampling log-probs: no mismatch correction", self.name, why,
+                                   self.backend.name)
+                    why = None
+                mode = "truncate" if why else "off"
+                logger.info("policy %s: algorithm.tis=auto -> %s (%s)", self.name, mode,
+                            why or "sampler and learner are the same fp32 computation")
+            self._tis = mode
+        return mode
+
+    @torch.no_grad()
+    def _learner_logprobs(self, samples: list[Sample]) -> dict[int, torch.Tensor]:
+        """The learner's log-probs of every sample's completion before the update (this process's part of each
+        mini-batch; by ``id(sample)``), computed once as the ratio's denominator."""
+        out: dict[int, torch.Tensor] = {}
+        n_mb = self.training.num_mini_batches
+        for mb in range(n_mb):
+            for micro, real in self._micro_batches(samples[mb::n_mb]):
+                logp, _, mask = self._forward_completion(self.model, micro, want_entropy=False)
+                if real:
+                    c = mask.size(1)
+                    for i, s in enumerate(micro):
+                        out[id(s)] = logp[i, c - len(s.completion_ids):].float()
+        return out
+
     # --- update ----------------------------------------------------------------------------------
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
-        """``ppo_epochs`` passes of clipped policy gradient over this policy's samples.
+        """``ppo_epochs`` passes of the registered policy loss over this policy's samples.
 
         With one epoch and one mini-batch the samples are fresh: the ratio is exactly 1, so the
         current log-probs (detached) serve as the old ones and no extra forward is paid; the stored
-        sampling log-probs are then only compared to them (``logp_diff``) as a health check.
+        sampling log-probs are then only compared to them (``logp_diff``) and, with the mismatch
+        correction on, give each token's weight. Otherwise the old log-probs are the stored sampling ones,
+        or, with the correction on (or a backend that stores none), the learner's, computed once first.
         """
         algo, tr = self.algo, self.training
         fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
         n_mb = tr.num_mini_batches
+        tis = self.tis_mode
+        stored_ok = self.backend.sampling_logprobs
+        if tis != "off" and not stored_ok:
+            raise ConfigError(f"algorithm.tis={tis} weights tokens by pi_learner / pi_sampler, but generation backend "
+                              f"{self.backend.name!r} stores no sampling log-probs; set algorithm.tis=off")
+        spec = LOSS_SPECS.get(algo.loss, LossSpec())
+        default = rollout_sampling(self.rollout)
         # by prompt length, then prompt, then completion length: the K samples of a prompt sit together, so
         # a micro-batch computes each of its prompts once (see _forward_shared_prompts), and lengths
         # stay near ascending for micro_batch_tokens packing
@@ -386,31 +493,43 @@ class Policy:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        learner_old = None
+        if not fresh and (tis != "off" or not stored_ok):
+            learner_old = self._learner_logprobs([samples[i] for i in order])
         for epoch in range(algo.ppo_epochs):
             for mb in range(n_mb):
                 idx = order[mb::n_mb]
                 mb_samples = [samples[i] for i in idx]
                 totals = LossTotals(num_tokens=max(1, sum(len(s.completion_ids) for s in mb_samples)),
-                                    num_seqs=len(mb_samples))
+                                    num_seqs=max(1, len(mb_samples)))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro, real in self._micro_batches(mb_samples):
                     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
                     logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
                                                                       kl_too=kl_in_loss)
                     c = mask.size(1)
-                    stored = torch.zeros(logp.shape, dtype=logp.dtype)
-                    for i, s in enumerate(micro):
-                        stored[i, c - len(s.logprobs):] = torch.tensor(s.logprobs)
-                    stored = stored.to(self.device)
-                    old = logp.detach() if fresh else stored
+                    stored = right_aligned([s.logprobs for s in micro], c, self.device)
+                    if fresh:
+                        old = logp.detach()
+                    elif learner_old is not None:
+                        old = right_aligned([learner_old[id(s)] if id(s) in learner_old else [] for s in micro], c,
+                                            self.device)
+                    else:
+                        old = stored
+                    weights = over = None
+                    if tis != "off":
+                        weights, over = tis_weights(old, stored, algo.tis_cap, tis)
                     ref = None
                     if kl_in_loss:
                         ref = self._reference_logprobs(micro)
                     adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=self.device)
+                    max_lens = torch.tensor([(s.sampling or default).max_new_tokens for s in micro],
+                                            dtype=logp.dtype, device=self.device)
                     loss, stats = policy_loss(
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                         agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
-                        kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss)
+                        kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss,
+                        weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None)
                     if not real:  # a filler micro-batch (FSDP): its collectives run, its gradient is zero
                         loss.mul(0.0).backward()
                         continue
@@ -422,10 +541,16 @@ class Policy:
                     if epoch == 0:
                         fm = mask.float()
                         stats["entropy"] = (ent * fm).sum()
-                        stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                        if stored_ok:
+                            stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                        if weights is not None:
+                            log_r = old - stored   # log pi_learner - log pi_sampler: k3 estimate of KL(sampler||learner)
+                            stats["tis_weight"] = (weights * fm).sum()
+                            stats["tis_capped"] = (over.float() * fm).sum()
+                            stats["mismatch_kl"] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
                         tokens_total += int(fm.sum())
                     for key, v in stats.items():
-                        if key in ("entropy", "logp_diff") or epoch == 0:
+                        if key in ("entropy", "logp_diff", "tis_weight", "tis_capped", "mismatch_kl") or epoch == 0:
                             sums[key] = sums.get(key, 0.0) + float(v)
                 self._sync_gradients()
                 max_norm = tr.max_grad_norm if tr.max_grad_norm is not None else float("inf")

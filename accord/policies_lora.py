@@ -182,14 +182,16 @@ class LoraGroup:
         self._streams[stream] = make_generator(self.device, seed)
 
     def generate_mixed(self, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
-                       stream: str | None = None) -> dict[str, list[Generation]]:
+                       stream: str | None = None, sampling: dict[str, list] | None = None
+                       ) -> dict[str, list[Generation]]:
         """All adapters' prompts in batches of mixed adapters (one generate call per
-        ``rollout.generation_batch_size`` rows), from the group's random stream."""
+        ``rollout.generation_batch_size`` rows), from the group's random stream (``sampling``: each adapter's
+        prompts' own settings)."""
         if stream is not None and stream not in self._streams:
             raise KeyError(f"lora group {self.names} has no random stream {stream!r}; call seed_stream first")
         gen = self.generator if stream is None else self._streams[stream]
         return self.backend.generate_mixed(self.model, self.tokenizer, prompts, greedy=greedy,
-                                           temperature=temperature, generator=gen)
+                                           temperature=temperature, generator=gen, sampling=sampling)
 
 
 class LoraPolicy(Policy):
@@ -221,10 +223,10 @@ class LoraPolicy(Policy):
             self.group.seed_stream(stream, seed)
 
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                 stream: str | None = None) -> list[Generation]:
+                 stream: str | None = None, sampling=None) -> list[Generation]:
         """This adapter alone, from its own random stream (the per-adapter path)."""
         self.group.activate(self.name)
-        return super().generate(prompts, greedy=greedy, temperature=temperature, stream=stream)
+        return super().generate(prompts, greedy=greedy, temperature=temperature, stream=stream, sampling=sampling)
 
     # --- update ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -310,21 +312,26 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
 
 
 def generate_by_policy(policies: dict, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
-                       stream: str | None = None) -> dict[str, list[Generation]]:
+                       stream: str | None = None, sampling: dict[str, list] | None = None
+                       ) -> dict[str, list[Generation]]:
     """Completions of each policy's prompts: one call per plain policy, and one mixed-adapter call
     for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
     mixes adapters in the rollout (``mixed_generation``: hf; vLLM serves each adapter through the policy's
-    own ``generate`` and batches the requests itself)."""
+    own ``generate`` and batches the requests itself). ``sampling``: per policy, each prompt's settings
+    (:class:`accord.rollout.sample.Sampling`; None: the rollout config's at ``temperature``)."""
     out: dict[str, list[Generation]] = {}
     groups: dict[int, dict[str, list[list[int]]]] = {}
+    sampling = sampling or {}
     for pname, ps in prompts.items():
         pol = policies[pname]
         group = getattr(pol, "group", None)
         if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.backend.mixed_generation:
             groups.setdefault(id(group), {})[pname] = ps
         else:
-            out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream)
+            extra = {"sampling": sampling[pname]} if pname in sampling else {}
+            out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
     for jobs in groups.values():
         group = policies[next(iter(jobs))].group
-        out.update(group.generate_mixed(jobs, greedy=greedy, temperature=temperature, stream=stream))
+        rows = {p: sampling[p] for p in jobs} if all(p in sampling for p in jobs) else None
+        out.update(group.generate_mixed(jobs, greedy=greedy, temperature=temperature, stream=stream, sampling=rows))
     return {p: out[p] for p in prompts}

@@ -7,11 +7,17 @@ timed into ``time/<phase>``:
 1. the rollout's phases (see :mod:`accord.rollout.base`): single-turn tasks ``gen`` (B task instances;
    every agent's prompt sampled K times, one generate call per policy) and ``reward`` (joint actions
    built, aligned or cross, and scored in one team-reward call); multi-turn environments ``rollout`` (a
-   MAGRPO tree or AT-GRPO's turn-wise candidates; generation batched per policy at every level);
-2. ``kl`` (with a k1 KL penalty on the reward) and ``adv``: group-relative advantages over the group
-   ids the rollout assigned (or per agent);
+   MAGRPO tree or AT-GRPO's turn-wise candidates; generation batched per policy at every level); with
+   ``rollout.drop_flat_groups`` groups without reward spread are dropped and more rounds rolled out
+   (:mod:`accord.rollout.dynamic`; a phase's time is summed over the rounds); then ``audit``
+   (``training.audit``: the step's groups recorded and, strict, checked; :mod:`accord.audit`);
+2. overlong shaping (:mod:`accord.algorithms.shaping`), ``kl`` (with a k1 KL penalty on the reward) and
+   ``adv``: group-relative advantages over the group ids the rollout assigned (or per agent, or per
+   prompt), each agent with its own estimator where ``agents[].advantage`` names one;
 3. ``update``: each policy updated on the samples of the agents it acts for (all policies' updates
-   are submitted before any is awaited, so Ray actors train concurrently);
+   are submitted before any is awaited, so Ray actors train concurrently); frozen agents
+   (``trainable: false``), agents out of turn (``algorithm.alternate_every``, :mod:`accord.algorithms.schedule`)
+   and, with ``algorithm.overlong.mask_truncated``, completions cut at their length cap are left out;
 4. ``eval`` (:func:`accord.evaluate.evaluate_run`), ``log`` and ``checkpoint``.
 
 The trainer knows neither the environment nor the generation backend: it sees the rollout interface
@@ -28,11 +34,15 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from accord.algorithms.advantages import group_advantages
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
+from accord.algorithms.schedule import AlternationSchedule
+from accord.algorithms.shaping import overlong_penalty
+from accord.audit import audit_step
 from accord.build import Run, build_run
 from accord.callbacks import check_callbacks
 from accord.checkpoint import commit_checkpoint, write_checkpoint
@@ -41,7 +51,8 @@ from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
 from accord.tracking import MetricAccumulator
 from accord.tracking.report_to import run_sinks
-from accord.rollout.sample import prompt_group_ids
+from accord.rollout.dynamic import extra_rows, flat_groups, keep_informative, renumber
+from accord.rollout.sample import prompt_group_ids, rollout_sampling
 from accord.trainer_steps import STEPS
 
 logger = logging.getLogger(__name__)
@@ -100,6 +111,12 @@ class Trainer:
         self.run_dir, self.start_step = run.run_dir, run.start_step
         self._perm_epoch, self._perm = -1, []
         self.sinks = None
+        self.trainable = [a.name for a in cfg.agents if a.trainable]
+        self.schedule = None
+        if cfg.algorithm.alternate_every:
+            self.schedule = AlternationSchedule(self.trainable, cfg.algorithm.alternate_every)
+            state = run.resume_state
+            self.schedule.restore(state.get("alternation") if state else None, self.start_step)
 
     # --- data --------------------------------------------------------------------------------------
     def batch_rows(self, step: int) -> list[dict]:
@@ -120,11 +137,50 @@ class Trainer:
         return self._perm
 
     # --- one step ----------------------------------------------------------------------------------
-    def rollout(self, step: int, rows: list[dict], acc: MetricAccumulator):
-        """Generate and score one step's samples with the run's rollout; returns them (rewards and returns
-        credited), its metrics added to ``acc``."""
-        generate = functools.partial(self.run.generate, temperature=self.cfg.rollout.temperature)
-        result = self.run.rollout.collect(rows, generate, step=step, phase=functools.partial(self._phase, acc))
+    def rollout(self, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float]):
+        """Generate and score one step's samples with the run's rollout (rewards and returns credited), its
+        metrics added to ``acc``; with ``rollout.drop_flat_groups``, more rounds until the step holds as many
+        informative groups as the first round held groups (:mod:`accord.rollout.dynamic`). Returns the
+        samples and the rows their ``instance`` indexes (the step's, then each extra round's)."""
+        r = self.cfg.rollout
+        phase = functools.partial(self._phase, times)
+        samples = self._collect(step, rows, acc, phase)
+        if not r.drop_flat_groups:
+            return samples, rows
+        rows = list(rows)
+        groups = self._groups(samples)
+        target = len(set(groups))
+        rounds = 0
+        while len(set(groups)) - len(flat_groups(samples, groups)) < target and rounds < r.max_extra_rounds:
+            rounds += 1
+            more_rows = extra_rows(self.train_rows, {row.get("id") for row in rows}, r.batch_size, self.cfg.run.seed,
+                                   step, rounds)
+            recorder = self.run.rollout.recorder
+            if recorder is not None:   # this round's audit keys start over: keep them apart from earlier rounds'
+                recorder.prefix = f"r{rounds}:"
+            try:
+                more = self._collect(step, more_rows, acc, phase)
+            finally:
+                if recorder is not None:
+                    recorder.prefix = ""
+            if recorder is not None:
+                for s in more:
+                    if "audit_keys" in s.extra:
+                        s.extra["audit_keys"] = [f"r{rounds}:{k}" for k in s.extra["audit_keys"]]
+            joints = [s.extra["joint"] for s in samples if s.extra.get("joint") is not None]
+            renumber(more, max(s.group for s in samples) + 1, len(rows), max(joints, default=-1) + 1)
+            samples, rows = samples + more, rows + more_rows
+            groups = self._groups(samples)
+        kept, dropped = keep_informative(samples, groups, target)
+        acc.add("rollout/flat_groups_dropped", dropped)
+        acc.add("rollout/extra_rounds", rounds)
+        acc.add("rollout/informative_groups", len(set(self._groups(kept))))
+        return kept, rows
+
+    def _collect(self, step: int, rows: list[dict], acc: MetricAccumulator, phase) -> list:
+        """One round of the run's rollout over ``rows`` (each agent samples with its own settings)."""
+        generate = functools.partial(self.run.generate, temperature=None)
+        result = self.run.rollout.collect(rows, generate, step=step, phase=phase)
         for key, values in result.metrics.items():
             for v in values:
                 acc.add(key, v)
@@ -133,17 +189,20 @@ class Trainer:
     def train_step(self, step: int) -> tuple[dict[str, float], list[dict]]:
         algo = self.cfg.algorithm
         acc = MetricAccumulator()
+        times: dict[str, float] = defaultdict(float)
         rows = self.batch_rows(step)
         t_step = time.perf_counter()
         self.run.generate.tokens = 0
         per_step_peak = reset_peak_memory()
         step_fn = STEPS.get(algo.name)
         if step_fn is not None:   # iac, maac, madpo, marlhf: their own phases (accord.trainer_steps)
-            samples = step_fn(self, step, rows, acc)
+            samples = step_fn(self, step, rows, acc, times)
         else:
-            samples = self.rollout(step, rows, acc)
-            self._policy_gradient(samples, step, acc)
+            samples, rows = self.rollout(step, rows, acc, times)
+            self._policy_gradient(samples, rows, step, acc, times)
         elapsed = time.perf_counter() - t_step
+        for name, seconds in times.items():
+            acc.add(f"time/{name}", seconds)
         acc.add("time/step", elapsed)
         means = acc.mean()
         gen_time = means.get("time/gen", means.get("time/rollout", 0.0))
@@ -166,42 +225,81 @@ class Trainer:
                  for s in samples]
         return acc.mean(), table
 
-    def _policy_gradient(self, samples: list, step: int, acc: MetricAccumulator) -> None:
-        """MAGRPO's and AT-GRPO's phases after the rollout: ``kl`` (a k1 penalty), ``adv``, ``update``."""
+    def _policy_gradient(self, samples: list, rows: list[dict], step: int, acc: MetricAccumulator,
+                         times: dict[str, float]) -> None:
+        """MAGRPO's and AT-GRPO's phases after the rollout (also marlhf's with ``reward_model.rl: magrpo``):
+        ``audit``, the overlong penalty, ``kl`` (a k1 penalty), ``adv``, ``update``."""
         algo = self.cfg.algorithm
+        if self.run.rollout.recorder is not None:
+            with self._phase(times, "audit"):   # training.audit: records (and, strict, checks) the step's groups
+                audit_step(self.run, step + 1, samples, rows, acc)
+        if algo.overlong.window:
+            self._overlong(samples, acc)
         if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
-            with self._phase(acc, "kl"):
+            with self._phase(times, "kl"):
                 self._kl_reward_penalty(samples, acc)
-        with self._phase(acc, "adv"):
+        with self._phase(times, "adv"):
             self._advantages(samples, acc)
-        with self._phase(acc, "update"):  # all policies' updates sent first: concurrent on the Ray backend
+        with self._phase(times, "update"):  # all policies' updates sent first: concurrent on the Ray backend
             self._update(samples, step, acc)
 
+    def _groups(self, samples: list) -> list[int]:
+        """Each sample's advantage group under ``algorithm.norm_scope``."""
+        scope = self.cfg.algorithm.norm_scope
+        if scope == "agent":
+            return [self.agents.index(s.agent) for s in samples]
+        if scope == "prompt":
+            return prompt_group_ids(samples)
+        return [s.group for s in samples]
+
     def _advantages(self, samples: list, acc: MetricAccumulator) -> None:
-        """Group-relative advantages over the rollout's groups (or per agent, or per prompt)."""
+        """Group-relative advantages over the rollout's groups (or per agent, or per prompt); an agent with its
+        own ``advantage`` estimator gets it over its samples (groups never span agents)."""
         algo = self.cfg.algorithm
-        if algo.norm_scope == "agent":
-            groups = [self.agents.index(s.agent) for s in samples]
-        elif algo.norm_scope == "prompt":
-            groups = prompt_group_ids(samples)
-        else:
-            groups = [s.group for s in samples]
-        adv = group_advantages(torch.tensor([s.ret for s in samples]), torch.tensor(groups),
-                               algo.advantage, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
-        for s, a in zip(samples, adv.tolist()):
-            s.advantage = a
+        groups = self._groups(samples)
+        own = {a.name: a.advantage for a in self.cfg.agents if a.advantage and a.advantage != algo.advantage}
+        parts = [(algo.advantage, [i for i, s in enumerate(samples) if s.agent not in own])]
+        parts += [(est, [i for i, s in enumerate(samples) if s.agent == agent]) for agent, est in own.items()]
+        for estimator, idx in parts:
+            if not idx:
+                continue
+            adv = group_advantages(torch.tensor([samples[i].ret for i in idx]), torch.tensor([groups[i] for i in idx]),
+                                   estimator, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
+            for i, a in zip(idx, adv.tolist()):
+                samples[i].advantage = a
         # groups whose members all have the same return carry no learning signal (every advantage 0)
-        spread = defaultdict(set)
-        for s, g in zip(samples, groups):
-            spread[g].add(s.ret)
-        for values in spread.values():
-            acc.add("adv/zero_std_frac", float(len(values) == 1))
+        flat = flat_groups(samples, groups)
+        for g in set(groups):
+            acc.add("adv/zero_std_frac", float(g in flat))
+
+    def _overlong(self, samples: list, acc: MetricAccumulator) -> None:
+        """DAPO's soft overlong penalty (``algorithm.overlong``) added to each sample's return."""
+        o, default = self.cfg.algorithm.overlong, rollout_sampling(self.cfg.rollout)
+        for s in samples:
+            p = overlong_penalty(len(s.completion_ids), (s.sampling or default).max_new_tokens, o.window, o.penalty)
+            s.ret += p
+            s.extra["overlong"] = p
+            acc.add("rollout/overlong_penalty", p)
+
+    def trained_agents(self) -> list[str]:
+        """The agents whose samples this step's update uses: the trainable ones, or the one whose turn it is."""
+        return [self.schedule.active] if self.schedule is not None else list(self.trainable)
 
     def _update(self, samples: list, step: int, acc: MetricAccumulator) -> None:
-        """Each policy updated on its agents' samples; all updates submitted before any is awaited."""
+        """Each policy updated on its trained agents' samples (without truncated completions when
+        ``overlong.mask_truncated``); all updates submitted before any is awaited."""
+        trained = set(self.trained_agents())
+        train = [s for s in samples if s.agent in trained]
+        if self.cfg.algorithm.overlong.mask_truncated:
+            kept = [s for s in train if s.finish_reason != "length"]
+            acc.add("rollout/truncated_masked", (len(train) - len(kept)) / max(1, len(train)))
+            train = kept
+        if self.schedule is not None:
+            acc.add("schedule/active_agent", self.agents.index(self.schedule.active))
+            self.schedule.advance()
         jobs = {}
         for pname, pol in self.policies.items():
-            mine = [s for s in samples if s.policy == pname]
+            mine = [s for s in train if s.policy == pname]
             if mine:
                 jobs[pname] = submit(pol, "update", mine, step)
         for pname, stats in zip(jobs, gather(list(jobs.values()))):
@@ -221,12 +319,13 @@ class Trainer:
             acc.add(f"loss/{pname}/kl", sum(kl for kl, _ in kls) / max(1, sum(n for _, n in kls)))
 
     @contextmanager
-    def _phase(self, acc: MetricAccumulator, name: str):
+    def _phase(self, times: dict[str, float], name: str):
+        """Time the enclosed work into ``times[name]`` (summed: a phase may run once per rollout round)."""
         t = time.perf_counter()
         if self.sinks is not None:
             self.sinks.set_activity(name)  # named in the console's heartbeat line
         yield
-        acc.add(f"time/{name}", time.perf_counter() - t)
+        times[name] += time.perf_counter() - t
 
     # --- evaluation --------------------------------------------------------------------------------
     def evaluate(self, step: int | None = None) -> dict[str, float]:
@@ -248,10 +347,15 @@ class Trainer:
             self.run.close()
 
     # --- the loop ----------------------------------------------------------------------------------
-    def train(self, stop_after: int | None = None) -> dict[str, float]:
+    def train(self, stop_after: int | None = None,
+              stop_when: Callable[[int, dict[str, float]], bool] | None = None) -> dict[str, float]:
         """Run to ``run.steps`` (or stop after ``stop_after`` total steps, for tests of resume).
 
-        Returns the last step's metrics merged with the final evaluation.
+        ``stop_when(step, metrics)`` is called after each training step with a copy of its metrics (before
+        that step's evaluation); True makes that step the last one, as step ``run.steps`` would be: it is
+        evaluated (``run.eval_after``), its completions written and a checkpoint saved (``accord compare``
+        stops each method at its token budget this way). Returns the last step's metrics merged with the
+        final evaluation.
         """
         cfg = self.cfg
         self.sinks = run_sinks(cfg, self.run_dir, start_step=self.start_step)
@@ -266,7 +370,8 @@ class Trainer:
             for step in range(self.start_step, end):
                 metrics, table = self.train_step(step)
                 n = step + 1
-                final = n == cfg.run.steps
+                stop = stop_when is not None and bool(stop_when(n, dict(metrics)))
+                final = n == cfg.run.steps or stop
                 if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
                     evaluation = self.evaluate(step=n)
                     self._callback("on_evaluate", n, dict(evaluation))
@@ -274,10 +379,12 @@ class Trainer:
                 ce = cfg.logging.completions_every
                 if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
                     self.sinks.log_completions(n, table)
-                if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end:
+                if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or stop:
                     t = time.perf_counter()
-                    tmp = write_checkpoint(self.run_dir, n, self.policies,
-                                           {"data_position": n * cfg.rollout.batch_size}, parts=self.run.parts)
+                    state = {"data_position": n * cfg.rollout.batch_size}
+                    if self.schedule is not None:
+                        state["alternation"] = self.schedule.state()
+                    tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
                     metrics["time/checkpoint"] = time.perf_counter() - t
                     # the step's metrics (fsynced) before the rename: a checkpoint never exists without them, and
                     # a resume cuts metrics.jsonl back to the checkpoint it loads, so every step is logged once
@@ -289,6 +396,8 @@ class Trainer:
                     self.sinks.log(n, metrics)
                 self._callback("on_step_end", n, dict(metrics))
                 last = metrics
+                if stop:
+                    break
             self._callback("on_train_end", dict(last))
         finally:
             self.sinks.close()

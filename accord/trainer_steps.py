@@ -1,9 +1,9 @@
 """The training steps of iac, maac, madpo and marlhf, and the state they add to a run.
 
 :class:`accord.trainer.Trainer` runs MAGRPO and AT-GRPO steps itself (rollout, group-relative advantages,
-clipped policy gradient); for the algorithms here it calls ``STEPS[algorithm.name](trainer, step, rows, acc)``,
-which runs its own named, timed phases and returns the step's samples (for the completions table and the
-per-agent metrics the trainer logs for every algorithm):
+clipped policy gradient); for the algorithms here it calls ``STEPS[algorithm.name](trainer, step, rows, acc,
+times)``, which runs its own named phases (timed into ``times``) and returns the step's samples (for the
+completions table and the per-agent metrics the trainer logs for every algorithm):
 
 - **iac / maac** (:func:`actor_critic_step`): ``rollout`` (single-turn: K aligned joint actions per instance;
   multi-turn: K sampled episodes, :mod:`accord.rollout.episodes`), ``kl`` (a k1 KL penalty on the reward),
@@ -41,13 +41,15 @@ import torch
 from accord.algorithms.actor_critic import explained_variance, gae, next_indices, normalize_per_group
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.algorithms.preference import bradley_terry, dpo_margins, joint_dpo, select_pairs
+from accord.audit import audit_step
 from accord.config import ACTOR_CRITIC, Config, ConfigError
 from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_reference, head_update, head_values,
                             joint_text, load_heads, same_vocabulary, save_heads, sequence_logprobs,
                             weighted_logprob_update)
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
-from accord.rollout.sample import Sample
+from accord.rollout.episodes import uses_episodes
+from accord.rollout.sample import Sample, Sampling
 from accord.tracking import MetricAccumulator
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,13 @@ def check_run(cfg: Config, env) -> None:
     from accord.envs.single_turn import SingleTurnEnv
 
     algo = cfg.algorithm
+    if cfg.training.audit == "strict" and uses_episodes(algo.name, env):
+        raise ConfigError(f"training.audit=strict checks the scored joint actions MAGRPO's and AT-GRPO's rollouts "
+                          f"record; algorithm.name={algo.name} on the multi-turn {cfg.task.name!r} samples whole "
+                          "episodes and records none: set training.audit=off (or record), or use magrpo/atgrpo")
+    if cfg.training.audit == "record" and uses_episodes(algo.name, env):
+        logger.info("training.audit=record: algorithm.name=%s on the multi-turn %r samples whole episodes, which the "
+                    "audit does not record (docs/algorithms-actor-critic.md)", algo.name, cfg.task.name)
     if algo.name == "marlhf" and not isinstance(env, SingleTurnEnv):
         raise ConfigError(f"algorithm.name=marlhf needs a single-turn task (its reward model scores one joint action "
                           f"of all agents); {cfg.task.name!r} is a multi-turn environment: use madpo, iac or maac")
@@ -275,19 +284,29 @@ def advantages_and_targets(samples: list[Sample], agents: tuple[str, ...], cfg: 
         s.extra[TARGET] = g
 
 
-def actor_critic_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator,
+def audit(trainer, step: int, samples: list[Sample], rows: list[dict], acc: MetricAccumulator,
+          times: dict[str, float]) -> None:
+    """The ``audit`` phase (``training.audit``) of a step that rolled out: as MAGRPO's, on the single-turn
+    rollout's joint actions (the multi-turn ``episodes`` rollout records nothing: see :func:`check_run`)."""
+    if trainer.run.rollout.recorder is not None:
+        with trainer._phase(times, "audit"):
+            audit_step(trainer.run, step + 1, samples, rows, acc)
+
+
+def actor_critic_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float],
                       samples: list[Sample] | None = None) -> list[Sample]:
     """One iac / maac step (see the module docstring); ``samples``: already rolled out (marlhf's stage 2)."""
     cfg, critics = trainer.cfg, trainer.run.parts["critics"]
     if samples is None:
-        samples = trainer.rollout(step, rows, acc)
+        samples, rows = trainer.rollout(step, rows, acc, times)
+    audit(trainer, step, samples, rows, acc, times)
     algo = cfg.algorithm
     if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
-        with trainer._phase(acc, "kl"):
+        with trainer._phase(times, "kl"):
             trainer._kl_reward_penalty(samples, acc)
-    with trainer._phase(acc, "values"):
+    with trainer._phase(times, "values"):
         critics.values(samples, acc)
-    with trainer._phase(acc, "adv"):
+    with trainer._phase(times, "adv"):
         advantages_and_targets(samples, trainer.agents, cfg)
         by_critic: dict[str, list[Sample]] = defaultdict(list)
         for s in samples:
@@ -299,7 +318,7 @@ def actor_critic_step(trainer, step: int, rows: list[dict], acc: MetricAccumulat
             ev = explained_variance(v, g)
             if ev is not None:
                 acc.add(f"critic/{name}/explained_variance", ev)
-    with trainer._phase(acc, "update"):
+    with trainer._phase(times, "update"):
         critics.update(trainer, samples, step, acc)
     return samples
 
@@ -372,7 +391,8 @@ class PairBuffer:
     def load(self, directory: Path) -> None:
         state = torch.load(Path(directory) / "pairs.pt", weights_only=True)
         self.round_step = state["round_step"]
-        self.samples = [Sample(**s) for s in state["samples"]]
+        self.samples = [Sample(**{**s, "sampling": Sampling(**s["sampling"]) if s.get("sampling") else None})
+                        for s in state["samples"]]   # asdict made the nested Sampling a dict
         self.pairs = [tuple(p) for p in state["pairs"]]
         self.members = {tuple(k): list(v) for k, v in state["members"]}
         self.ref = list(state["ref"])
@@ -444,17 +464,18 @@ def preference_update(trainer, buf: PairBuffer, step: int, acc: MetricAccumulato
                     acc.add(f"loss/{pname}/{key}", v)
 
 
-def madpo_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator) -> list[Sample]:
+def madpo_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float]) -> list[Sample]:
     """One madpo step: a new round of pairs every ``preference.rounds_every`` steps (and whenever the buffer
     holds none yet), then the joint DPO update over the round's pairs."""
     buf: PairBuffer = trainer.run.parts["pairs"]
     samples: list[Sample] = []
     if step % trainer.cfg.preference.rounds_every == 0 or buf.round_step < 0:
-        samples = trainer.rollout(step, rows, acc)
-        with trainer._phase(acc, "pairs"):
+        samples, rows = trainer.rollout(step, rows, acc, times)
+        audit(trainer, step, samples, rows, acc, times)
+        with trainer._phase(times, "pairs"):
             buf.new_round(trainer, samples, step, acc)
     acc.add("pref/round_step", buf.round_step)
-    with trainer._phase(acc, "update"):
+    with trainer._phase(times, "update"):
         preference_update(trainer, buf, step, acc)
     return samples
 
@@ -555,12 +576,14 @@ class RewardModel:
         rows = list(run.train_rows)
         random.Random(cfg.run.seed * 1_000_003 + 424_242).shuffle(rows)
         rows = rows[:cfg.reward_model.prompts]
-        generate = functools.partial(run.generate, temperature=cfg.rollout.temperature)
+        generate = functools.partial(run.generate, temperature=None)   # each agent its own sampling
         out = []
         b = cfg.rollout.batch_size
         for start in range(0, len(rows), b):
             chunk = rows[start:start + b]
             result = run.rollout.collect(chunk, generate, step=0, phase=lambda name: contextlib.nullcontext())
+            if run.rollout.recorder is not None:   # stage 1's pairs are no training step's samples: not audited
+                run.rollout.recorder.take()
             pairs, members = build_pairs(result.samples, cfg, -1 - start)
             for inst, w, l, _, _ in pairs:
                 texts = []
@@ -679,19 +702,19 @@ class RewardModel:
             self._freeze()
 
 
-def marlhf_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator) -> list[Sample]:
+def marlhf_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float]) -> list[Sample]:
     """One marlhf step: stage 1 first if the reward model is not trained yet, then the rollout, the reward
     model's scores as the training reward, and the online RL stage (``reward_model.rl``)."""
     rm: RewardModel = trainer.run.parts["reward_model"]
     if not rm.ready:
-        with trainer._phase(acc, "reward_model"):
+        with trainer._phase(times, "reward_model"):
             rm.train_stage(trainer, acc, step)
-    samples = trainer.rollout(step, rows, acc)
-    with trainer._phase(acc, "rm_score"):
+    samples, rows = trainer.rollout(step, rows, acc, times)
+    with trainer._phase(times, "rm_score"):
         rm.rescore(samples, acc)
     if stage_of(trainer.cfg) in ACTOR_CRITIC:
-        return actor_critic_step(trainer, step, rows, acc, samples)
-    trainer._policy_gradient(samples, step, acc)
+        return actor_critic_step(trainer, step, rows, acc, times, samples)
+    trainer._policy_gradient(samples, rows, step, acc, times)
     return samples
 
 

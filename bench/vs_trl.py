@@ -3,6 +3,7 @@
 
     python bench/vs_trl.py                         # defaults: hidden 64, 2 layers, vocab 2048, K 4, B 8, T 32, 10 steps
     python bench/vs_trl.py --steps 8 --json /tmp/bench.json
+    python bench/vs_trl.py --loss cispo            # a loss variant against TRL's matching loss_type (see LOSSES)
 
 Both frameworks train the same tiny random Qwen2 model (built by accord, saved once with
 ``save_pretrained`` and loaded from that directory by both) on one single-agent task defined by this
@@ -13,6 +14,8 @@ chat template (checked). K completions per prompt, B prompts per step, temperatu
 no top-k, at most ``--max-new-tokens`` tokens, group-normalised advantages, the clipped token-level
 loss normalised by the step's token count (accord ``token_mean`` = TRL ``loss_type="dapo"``), no KL
 (no reference model), AdamW at lr 1e-4, grad-norm clipping at 1.0, one optimizer step per step.
+``--loss`` picks another loss variant on both sides (:data:`LOSSES`: accord's ``algorithm`` keys and TRL's
+``GRPOConfig`` fields that compute the same loss), everything else unchanged.
 
 The metric is completions trained per second: completions that were generated, rewarded and used in a
 gradient update, divided by the wall time of the measured steps (generation + reward + advantage +
@@ -48,6 +51,18 @@ TRL_VERSION = "1.16.0"  # newest on PyPI when written; needs transformers>=4.56.
 RESULT_TAG = "@@VS_TRL_RESULT@@ "
 TASK_NAME = "bench-letter-e"   # registered inside the accord worker only
 LETTER = "e"
+
+# accord's loss variant -> (its algorithm keys, TRL GRPOConfig fields of the same loss). TRL's "grpo" is the mean
+# over sequences of token means; GSPO is TRL's sequence-level importance sampling with that aggregation; Dr. GRPO
+# divides by the length cap and drops the std scaling of advantages; CISPO caps its weight at TRL epsilon_high,
+# which accord writes as 1 + epsilon_high (4.0 here = TRL's recommended 5.0).
+LOSSES = {
+    "dapo": ({"loss": "dapo"}, {"loss_type": "dapo"}),
+    "grpo": ({"loss": "grpo", "loss_agg": "seq_mean_token_mean"}, {"loss_type": "grpo"}),
+    "dr_grpo": ({"loss": "dr_grpo", "normalize_std": False}, {"loss_type": "dr_grpo", "scale_rewards": "none"}),
+    "gspo": ({"loss": "gspo"}, {"loss_type": "grpo", "importance_sampling_level": "sequence"}),
+    "cispo": ({"loss": "cispo", "epsilon_high": 4.0}, {"loss_type": "cispo", "epsilon_high": 5.0}),
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,8 +122,11 @@ args = GRPOConfig(
     use_transformers_continuous_batching=False,
     beta=0.0,                     # no KL term, no reference model
     epsilon=0.2,
-    loss_type="dapo",             # token sum / tokens of the whole generation batch = accord token_mean
-    scale_rewards="group",        # divide by the group std, like accord normalize_std
+    # default "dapo": token sum / tokens of the whole generation batch = accord token_mean; --loss: see LOSSES
+    loss_type=spec["trl_loss"].get("loss_type", "dapo"),
+    importance_sampling_level=spec["trl_loss"].get("importance_sampling_level", "token"),
+    epsilon_high=spec["trl_loss"].get("epsilon_high"),
+    scale_rewards=spec["trl_loss"].get("scale_rewards", "group"),   # divide by the group std, like normalize_std
     mask_truncated_completions=False,
     learning_rate=spec["lr"],
     lr_scheduler_type="constant",
@@ -237,6 +255,7 @@ result = {
         "ref_model": trainer.ref_model is not None,
         "beta": trainer.beta,
         "loss_type": trainer.loss_type,
+        "importance_sampling_level": trainer.importance_sampling_level,
         "old_logps_forward": any(c[3] for c in loss_calls),
         "ref_logps_forward": any(c[4] for c in loss_calls),
         "optimizer": type(opt).__name__,
@@ -264,6 +283,7 @@ wrong = [name for name, ok in (
     ("one loss call (micro-batch) per step", result["loss_calls_per_step"] == 1.0),
     ("B*K completions per step", result["completions_per_step"] == B * K),
     ("constant lr", abs(c["lr"] - spec["lr"]) < 1e-12),
+    ("the requested loss", c["loss_type"] == spec["trl_loss"].get("loss_type", "dapo")),
 ) if not ok]
 if wrong:
     raise SystemExit(f"TRL did not run the intended workload ({', '.join(wrong)}): {json.dumps(result)}")
@@ -318,7 +338,7 @@ def accord_worker(spec: dict) -> dict:
         "algorithm": {"num_generations": K, "advantage": "mean",
                       "normalize_std": True,       # TRL scale_rewards="group"
                       "epsilon": 0.2, "ppo_epochs": 1, "kl_coef": 0.0,
-                      "loss_agg": "token_mean"},   # TRL loss_type="dapo" (one micro-batch: = "bnpo")
+                      **spec["accord_loss"]},      # default dapo: token_mean = TRL loss_type="dapo" (= "bnpo" here)
         "rollout": {"batch_size": B, "max_new_tokens": spec["max_new_tokens"], "temperature": 1.0,
                     "top_p": 1.0, "top_k": 0},
         "training": {"lr": spec["lr"], "micro_batch_size": spec["micro_batch_size"], "num_mini_batches": 1,
@@ -429,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-grad-norm", type=float, default=1.0,
                    help="grad-norm clipping on both sides (the default of both); <= 0 disables it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss", default="dapo", choices=sorted(LOSSES),
+                   help="the loss variant on both sides (accord algorithm.loss and TRL's matching loss_type)")
     p.add_argument("--micro-batch-size", type=int, default=64,
                    help="accord training.micro_batch_size (TRL trains the B*K completions in one micro-batch)")
     p.add_argument("--bench-dir", default=os.environ.get("ACCORD_BENCH_DIR", str(REPO / ".bench")),
@@ -469,12 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     max_grad_norm = args.max_grad_norm if args.max_grad_norm > 0 else None
     common = {"model_dir": str(model_dir), "batch": args.batch, "k": args.k, "warmup": args.warmup,
               "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-              "lr": args.lr, "seed": args.seed, "max_grad_norm": max_grad_norm}
+              "lr": args.lr, "seed": args.seed, "max_grad_norm": max_grad_norm,
+              "accord_loss": LOSSES[args.loss][0], "trl_loss": LOSSES[args.loss][1]}
     results: dict = {
         "config": {**common, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                    "vocab": args.vocab, "rounds": args.rounds, "omp_wait_policy": args.omp_wait_policy,
                    "cpu_count": os.cpu_count(), "micro_batch_size": args.micro_batch_size,
-                   "trl_version": TRL_VERSION},
+                   "trl_version": TRL_VERSION, "loss": args.loss},
         "trl_venv_install_s": install_s,
     }
     runs: dict[str, list[dict]] = {"accord": [], "trl": []}
@@ -534,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"trl {t['completions_per_step']}", file=sys.stderr)
 
     cfg = results["config"]
-    print(f"GRPO single agent, 'e' words task, tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, "
+    print(f"loss {cfg['loss']}: single agent, 'e' words task, tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, "
           f"vocab {cfg['vocab']}), K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
           f"{cfg['steps']} measured steps (+{cfg['warmup']} warm-up), {cfg['threads']} threads, "
           f"best of {cfg['rounds']} rounds; trl {TRL_VERSION}")

@@ -167,8 +167,33 @@ def test_separate_critic_with_another_tokenizer_reads_the_prompt_text(tiny_cfg):
      "does not support data-parallel"),
     ({"algorithm": {"name": "magrpo", "num_generations": 1}}, "need K >= 2"),
     ({"critic": {"gae_lambda": 1.5}}, r"critic.gae_lambda=1.5 must be in \[0, 1\]"),
+    # main's group-relative controls, where a step here does not run them
+    ({"algorithm": {"name": "iac", "credit": "counterfactual"}}, "algorithm.credit=counterfactual .* does not apply"),
+    ({"algorithm": {"name": "madpo"}, "rollout": {"drop_flat_groups": True}}, "drop_flat_groups .*name=madpo"),
+    ({"algorithm": {"name": "maac", "overlong": {"window": 4}}}, "overlong .* not by algorithm.name=maac"),
+    ({"algorithm": {"name": "madpo", "loss": "gspo"}}, "madpo trains on the joint DPO loss"),
+    ({"algorithm": {"name": "iac"}, "agents": [{"name": "e", "trainable": False}, {"name": "o"}],
+      "specialization": "separate"}, r"agents \['e'\] set trainable=false, but algorithm.name=iac"),
+    ({"algorithm": {"name": "madpo", "alternate_every": 2}, "specialization": "separate"},
+     "alternate_every=2, but algorithm.name=madpo"),
+    ({"algorithm": {"name": "maac"}, "agents": [{"name": "e", "advantage": "rloo"}, {"name": "o"}]},
+     r"agents \['e'\] set their own advantage estimator"),
 ])
 def test_combinations_that_do_not_apply_are_one_line_errors(tiny_cfg, overrides, match):
     with pytest.raises(ConfigError, match=match) as err:
         config_from_dict(tiny_cfg(**overrides))
+    assert "\n" not in str(err.value)
+
+
+def test_audit_records_single_turn_steps_and_strict_refuses_episodes(tiny_cfg):
+    """training.audit: iac's single-turn steps are recorded and checked as MAGRPO's (two steps: the recorder is
+    emptied each step); the multi-turn episodes rollout records nothing, so strict is a one-line error."""
+    trainer = Trainer(config_from_dict(tiny_cfg(algorithm={"name": "iac", "num_generations": 2},
+                                                training={"audit": "strict"})))
+    trainer.train()
+    assert [r["audit/violations"] for r in read_metrics(trainer.run_dir)] == [0.0, 0.0]
+    with pytest.raises(ConfigError, match="training.audit=strict .* records none") as err:
+        Trainer(config_from_dict(tiny_cfg(run={"run_dir": str(trainer.run_dir) + "-relay"},
+                                          algorithm={"name": "iac", "num_generations": 1},
+                                          task={"name": "relay", "eval_size": 0}, training={"audit": "strict"})))
     assert "\n" not in str(err.value)

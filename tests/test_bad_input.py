@@ -106,6 +106,13 @@ CASES = [
      ["task.eval_sise", "did you mean 'task.eval_size'"]),
     ("eval-override-after-k", ["eval", TINY, "--k", "1", "2", "task.eval_sise=3"], ["did you mean 'task.eval_size'"]),
     ("eval-missing-target", ["eval", "nothing.yaml"], ["nothing.yaml", "neither a config file nor a run directory"]),
+    # the controls of issue 28 (a loss that needs stored log-probs with a backend without them: test_controls.py)
+    ("all-agents-frozen", ["train", TINY, "agents.0.trainable=false", "agents.1.trainable=false"],
+     ["every agent", "trainable=false", "set trainable=true for at least one agent"]),
+    ("frozen-shares-a-policy", ["train", TINY, "agents.0.trainable=false"],
+     ["policy 'main' acts for frozen agents ['e'] and trained agents ['o']", "a policy of their own"]),
+    ("agent-cap-above-context", ["train", TINY, *SMALL, "agents.1.sampling.max_new_tokens=4096"],
+     ["agents.o.sampling.max_new_tokens=4096", "context of 1024 tokens", "give a cap below 1024"]),
 ]
 
 

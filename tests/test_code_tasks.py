@@ -4,6 +4,8 @@ and multi-turn) and AT-GRPO's coder + tester environment. Model code only ever r
 from __future__ import annotations
 
 import ast
+import json
+import logging
 import sys
 import time
 import types
@@ -22,6 +24,7 @@ from accord.envs.coding.common import (
     TestCache,
     binds_name,
     case_sources,
+    docstring_examples,
     extract_code,
     function_defs,
     ignored_calls,
@@ -37,6 +40,7 @@ from accord.envs.coding.magrpo import (
     check_pair,
     pair_levels,
     run_pairs,
+    statement_examples,
 )
 from accord.envs.protocol import is_env
 from accord.sandbox import SandboxConfig
@@ -178,6 +182,23 @@ def test_mbpp_and_coophumaneval_fixtures():
     assert len(case_sources(cube["test"], "candidate")) == 3  # `assert True, ...` dropped
 
 
+def test_records_without_a_canonical_solution(tmp_path, caplog):
+    """Tolerance checks need no reference (judged by replay, not failed for every program); a test that
+    only a reference can plan is refused when the data is read, with the record's id."""
+    prompt = "def half(x):\n    \"\"\"Half of x.\"\"\"\n"
+    records = [{"task_id": "T/1", "prompt": prompt, "entry_point": "half", "split": "train",
+                "test": "def check(candidate):\n    assert abs(candidate(3) - 1.5) < 1e-9\n    assert candidate(4) == 2\n"},
+               {"task_id": "T/2", "prompt": prompt, "entry_point": "half", "split": "train",
+                "test": "def check(candidate):\n    for x in range(3):\n        assert candidate(2 * x) == x\n"}]
+    path = tmp_path / "coop.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with caplog.at_level(logging.WARNING, logger="accord.envs.coding.data"):
+        rows = load_problems("coophumaneval", "train", data_files=path)
+    assert [p["id"] for p in rows] == ["T/1"] and "T/2" in caplog.text and "canonical" in caplog.text
+    run = TestCache().run([("def half(x):\n    return x / 2\n", suite_of(rows[0]))])[0]
+    assert (run.passed, run.total) == (2, 2)
+
+
 def test_hub_datasets_offline_name_the_alternatives():
     for dataset in ("coophumaneval", "mbpp"):
         with pytest.raises(CodeDataUnavailable, match=r"dataset=humaneval.*data_files"):
@@ -245,16 +266,13 @@ def test_all_164_canonical_pass_and_without_returns_fail(problems):
     cache = TestCache(SandboxConfig(timeout_s=3.0))
     jobs = [(p["canonical"], suite_of(p)) for p in rows]
     jobs += [(_without_returns(p["canonical"], p["entry_point"]), suite_of(p)) for p in rows]
-    t = time.perf_counter()
     runs = cache.run(jobs)
-    elapsed = time.perf_counter() - t
     assert cache.calls == 1
     canonical, stripped = runs[:164], runs[164:]
     assert [p["id"] for p, r in zip(rows, canonical) if not r.all_passed] == []
     assert min(r.total for r in canonical) >= 1
     nonzero = {p["id"]: (r.passed, r.total) for p, r in zip(rows, stripped) if r.passed}
     assert nonzero == NONE_PASSES
-    assert elapsed < 60
 
 
 def _pairs():
@@ -391,7 +409,8 @@ def test_helper_main_env_feedback_and_increments(problems):
     assert not first.done and not first.info["success"]
     assert first.team_reward == pytest.approx(1.5)
     fb = first.observations["main"]
-    assert "Tests: 0/3 passed." in fb and "FAILED: assert candidate(3.5) == 0.5 -> AssertionError: got 3" in fb
+    assert "Examples from the problem statement: 0/1 passed" in fb and "candidate(" not in fb
+    assert "FAILED: assert truncate_number(3.5) == 0.5 -> AssertionError: got 3" in fb
     assert "def aux(x)" in fb  # the teammate's code is shown
     clone = env.clone()
     second = env.step({"helper": fenced("def aux(x):\n    return int(x)"),
@@ -408,6 +427,58 @@ def test_helper_main_env_feedback_and_increments(problems):
         res = e.step({"helper": "x", "main": fenced("def truncate_number(n):\n    return n")})
         assert f"Feedback:\n{text}" in res.observations["helper"]
         assert "AssertionError" not in res.observations["helper"]
+
+
+def test_docstring_examples_are_read_statically(problems):
+    prompt = ('def f(x, y=0):\n    """Doc.\n\n    >>> f(1)\n    2\n    >>> f([1,\n    ... 2])\n    >>> f(2, y=1)  # two\n'
+              '    [3,\n     4]\n\n    f(3) ==> 4\n    f(4) ➞ true\n    f(5) returns 6.\n    Example: assert f(6) == "7"\n'
+              '    print(f(7))\n    f(8) -> 8 - 1 = 7\n    set(f(9)) == {1}\n    g(f(1)) => 2\n    f(1)\n    2\n    """\n')
+    assert docstring_examples(prompt, "f") == [
+        "assert f(1) == 2", "assert f(2, y=1) == [3, 4]", "assert f(3) == 4", "assert f(4) == True",
+        "assert f(5) == 6", "assert f(6) == '7'"]
+    assert docstring_examples("def f(:\n", "f") == [] and docstring_examples(prompt, "g") == []
+    plan = statement_examples(problems["HumanEval/47"], TestCache())  # its docstring's second example is wrong
+    assert [st.source for st in plan.statements] == ["assert median([3, 1, 2, 4, 5]) == 3"]
+    assert statement_examples(problems["HumanEval/41"], TestCache()) is None  # no examples in its docstring
+
+
+def _lookup_table_main(entry: str, observation: str) -> str:
+    """The attack of issue 23: a main agent that answers every input of a FAILED line in its feedback with
+    the value that line expects, and anything else through aux."""
+    table = {}
+    for line in observation.splitlines():
+        if not line.startswith("FAILED: "):
+            continue
+        try:
+            test = ast.parse(line[len("FAILED: "):].rsplit(" -> ", 1)[0]).body[0]
+            call, expected = test.test.left, test.test.comparators[0]
+            table[repr(tuple(ast.literal_eval(a) for a in call.args))] = ast.literal_eval(expected)
+        except (SyntaxError, ValueError, AttributeError, IndexError):
+            continue
+    return fenced(f"def {entry}(*args):\n    table = {table!r}\n    key = repr(args)\n    if key in table:\n"
+                  f"        return table[key]\n    return aux(key)")
+
+
+@pytest.mark.slow
+def test_multi_turn_feedback_does_not_leak_the_hidden_tests():
+    """Turn 1 fails every test on purpose; turn 2 pastes the expected values shown in the feedback into a
+    lookup table. Before the fix the feedback printed failing hidden asserts, and the table scored 4.15
+    of 4.5 on average and was marked solved on 11 of the 32 eval problems without solving any (on the 10
+    here: 5 solved, 4.0 on average). Now the feedback runs the problem statement's own examples (already
+    in the prompt), never the hidden tests: none solved, 2.4 on average over all 32."""
+    env = HelperMainEnv(max_turns=2)
+    helper = fenced("def aux(x):\n    return x")
+    solved, scores = [], []
+    chosen = {f"HumanEval/{i}" for i in (0, 2, 3, 4, 5, 6, 7, 11, 14, 15)}
+    for p in [p for p in load_problems("humaneval", "eval") if p["id"] in chosen]:
+        env.reset(p)
+        first = env.step({"helper": helper, "main": fenced(f"def {p['entry_point']}(*args):\n    return aux(None)")})
+        observation = first.observations["main"]
+        assert "candidate(" not in observation  # no hidden HumanEval assert is ever shown
+        second = env.step({"helper": helper, "main": _lookup_table_main(p["entry_point"], observation)})
+        solved += [p["id"]] if second.info["success"] else []
+        scores.append(second.info["score"])
+    assert solved == [] and sum(scores) / len(scores) < 3.0, (solved, sum(scores) / len(scores))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -62,6 +62,19 @@ def test_eval_single_turn_without_success_check(tiny_cfg, tmp_path):
     assert "no success check" in (out / "eval.md").read_text()
 
 
+def test_eval_greedy_only_keeps_the_success_check(tiny_cfg, tmp_path):
+    """--samples 0 on a task with a success check: the table has greedy/success and says pass@k needs samples,
+    not that the task has no success check."""
+    import yaml
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(tiny_cfg(task={"name": "relay", "eval_size": 2})))
+    out = run_eval(cfg_path, samples=0, out=tmp_path / "out")
+    md = (out / "eval.md").read_text()
+    assert "| greedy/success |" in md
+    assert "no success check" not in md and "pass@k is not reported: it needs sampled completions" in md
+
+
 @pytest.mark.slow
 def test_eval_cli(tiny_cfg, tmp_path):
     run = _train_relay(tiny_cfg, tmp_path)

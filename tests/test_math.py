@@ -80,6 +80,10 @@ EQUIVALENCE = [
     ("1.4142135623730951", r"\sqrt{2}", True), ("1.41421", r"\sqrt{2}", False),
     (r"4\pi", "12.566370614359172", True), (r"4\pi", "12.57", False), (r"\sqrt[3]{-8}", "-2", True),
     ("10^{3}", "1000", True), ("2^{10}", "1024", True), (r"\frac{9}{\sqrt{4}}", "4.5", True),
+    # an integer matches only that integer (or a double's rounding noise of it), however large
+    ("123456789.5", "123456790", False), ("10000000000\u00b7\u03c0/\u03c0", "10000000099", False),
+    (r"10000000000\cdot\pi/\pi", "10000000000", True), ("1.9999999999", "2", False), ("1e-13", "0", False),
+    ("3.0000000000000004", "3", True), ("12.000000000000002", r"2\sqrt{3}\cdot\sqrt{12}", True),
     # expressions with variables, assignments
     ("x = 5", "5", True), ("y = 2x + 3", "2x+3", True), ("2x+3", "3+2x", True), ("x^2+2x+1", "(x+1)^2", True),
     ("(x+1)^2", "x^2+1", False), ("k=3, m=4", "3, 4", True),
@@ -115,6 +119,37 @@ def test_hostile_answers_are_safe_and_fast(hostile):
     start = time.perf_counter()
     assert answers_equal(hostile, "5") is False
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("answer", ["1e-999999999", "1e999999999", "-1E+999999999", "\\frac{1e-99999999}{3}",
+                                    "2^{1e99999999}", "\\sqrt{1e999999999}", "10^{10^{10^{10}}}"])
+def test_huge_exponents_are_judged_at_once(answer):
+    """``1e-999999999`` used to build 10**999999999 exactly (hours); now a literal's exponent is bounded."""
+    start = time.perf_counter()
+    for text in (answer, f"The answer is \\boxed{{{answer}}}", f"Answer: {answer}"):
+        found = extract_answer(text) or text
+        assert tool_answer(text + "\n") is not None
+        assert not answers_equal(found, "0") and not check_answer(found, "1") and not check_answer(found, "0")
+    assert time.perf_counter() - start < 1.0
+
+
+def test_a_trailing_backslash_is_no_error():
+    """``5\\`` and ``\\boxed{5\\ }`` raised AttributeError out of the parser (and out of env.step)."""
+    for text in ("\\boxed{5\\ }", "The answer is 5\\", "\\boxed{\\frac{1}{2}\\\\}"):
+        found = extract_answer(text)
+        assert found is not None and normalize_answer(found) in ("5", "\\frac{1}{2}")
+    assert answers_equal("5\\", "5") and check_answer(extract_answer("\\boxed{5\\ }"), "5")
+    assert not answers_equal("5\\", "6") and not answers_equal("\\", "5") and not answers_equal("2\\\\3", "6")
+
+
+def test_regular_expression_traps_are_linear():
+    """Two traps measured before the fix: 18 s for the unit-word one, 22 s for the inline-math one."""
+    traps = ["1" + " ^1   " * 60 + "!", "Answer: " + "\\(" * 20000, "answer: x y z w\n" * 20000,
+             "The answer is " + "  " * 50_000 + "x", "\\boxed{" * 5000, "#### " + "$" * 100_000]
+    for trap in traps:
+        start = time.perf_counter()
+        extract_answer(trap), answers_equal(trap, "5"), tool_answer(trap), normalize_answer(trap)
+        assert time.perf_counter() - start < 1.0, trap[:40]
 
 
 def test_normalize_and_reduced_fractions():
@@ -302,6 +337,26 @@ def test_failing_program_shows_a_clean_traceback():
     assert res.info["tool_status"] == "syntax_error"
 
 
+@pytest.mark.parametrize("unit", ["/", 'File "/', "/accord-sbx-", "accord-sbx-/", "a/", 'File "a/accord-sbx-b/'])
+def test_clean_error_is_linear_in_hostile_stderr(unit):
+    """A program picks its stderr: a run of ``/`` made the old regular expression quadratic (20-33 s of the
+    trainer per program at the sandbox's 64 KiB cap). Time must grow like the input: 4x the text, ~4x the
+    time (quadratic would be 16x); the best of 5 CPU times, against noise from other processes."""
+    from accord.envs.tool_programs import clean_error
+
+    def cost(n: int) -> float:
+        text = "Traceback:\n  " + unit * (n // len(unit)) + "\nValueError: x\n"
+        best = float("inf")
+        for _ in range(5):
+            start = time.process_time()  # CPU time of this process: other processes' load counts less
+            clean_error(text, "ValueError")
+            best = min(best, time.process_time() - start)
+        return best
+
+    small, large = cost(20_000), cost(80_000)
+    assert large < 0.5 and large / max(small, 1e-4) < 10, (small, large)
+
+
 def test_reduced_fraction_task_and_single_agent():
     env = MathEnv()
     env.reset(FRACTION_TASK)
@@ -316,6 +371,50 @@ def test_reduced_fraction_task_and_single_agent():
     assert not res.done and "no final answer" in res.observations["reasoner"]
     res = solo.step({"reasoner": "\\boxed{\\frac{3}{4}}"})
     assert res.done and res.info["success"] and res.team_reward == 1.0
+
+
+def test_hostile_answers_neither_raise_out_of_step_nor_stall_it():
+    """Before the fix: AttributeError out of step for a trailing backslash, and a step that never returned for
+    ``\\boxed{1e-999999999}`` or a program printing ``1e999999999``."""
+    zero = dict(TASK, answer="0")
+    env = MathEnv()
+    start = time.perf_counter()
+    env.reset(zero)
+    res = env.step({"tool": "```python\nprint('1e999999999')\n```"})
+    assert res.info["answer"] == "1e999999999" and res.local_rewards["tool"] == 0.0
+    res = env.step({"reasoner": "Tiny: \\boxed{1e-999999999}"})
+    assert res.info["answer"] == "1e-999999999" and res.local_rewards["reasoner"] == 0.0 and not res.done
+    res = env.step({"tool": "```python\nprint('0\\\\')\n```"})
+    assert res.local_rewards["tool"] == 1.0
+    res = env.step({"reasoner": "The answer is 0\\"})
+    assert res.info["success"] and res.done and res.info["agree"]
+    env.reset(TASK)
+    env.step({"tool": "```python\nprint(42)\n```"})
+    assert env.step({"reasoner": "\\boxed{42\\ }"}).info["success"]
+    assert time.perf_counter() - start < 30
+
+
+def test_timebox_kills_a_check_that_runs_in_c(tmp_path):
+    """The deadline holds for work no signal can interrupt: one big-integer power inside C (10**300000000,
+    minutes of CPU), the shape of the original ``1e-999999999`` hang. A stand-in checker module runs it,
+    since the real one bounds its inputs before it gets there."""
+    from accord.envs.maths.timebox import AnswerChecker
+
+    module = tmp_path / "slow_checker.py"
+    module.write_text("def extract_answer(text):\n    return text.upper()\n\n"
+                      "def check_answer(answer, reference, mode='math'):\n    return 10 ** 300_000_000 == 0\n\n"
+                      "tool_answer = answers_equal = extract_answer\n")
+    checker = AnswerChecker(module, timeout_s=0.5)
+    try:
+        assert checker.call("extract_answer", "warm up", default=None) == "WARM UP"
+        start = time.perf_counter()
+        assert checker.call("check_answer", "1", "1", default="stopped") == "stopped"
+        assert time.perf_counter() - start < 10 and checker.timeouts == 1
+        assert checker.call("extract_answer", "again", default=None) == "AGAIN"  # a fresh helper
+        with pytest.raises(ValueError, match="unknown check"):
+            checker.call("eval", "1", default=None)
+    finally:
+        checker.close()
 
 
 def test_extract_code():

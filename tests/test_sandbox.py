@@ -143,6 +143,43 @@ def test_site_packages_only_when_asked(box):
     assert Sandbox(SandboxConfig(site_packages=True)).run("import yaml\nprint('ok')").stdout == "ok\n"
 
 
+_VENV_PROGRAM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from accord.sandbox import Sandbox, SandboxConfig, probe_isolation
+if not probe_isolation().mount_namespace:
+    print("no-own-root")
+else:
+    for site in (False, True):
+        r = Sandbox(SandboxConfig(site_packages=site, timeout_s=20)).run("import venv_probe; print(venv_probe.X)")
+        print(site, r.status, r.exception, r.stdout.strip(), r.stderr.strip()[-300:].replace(chr(10), " | "))
+"""
+
+
+def test_a_virtual_environment_under_tmp_is_mounted_over_the_private_tmp(tmp_path):
+    """A trainer whose interpreter and site-packages live under /tmp (a checkout or venv there): with
+    ``site_packages=True`` its packages are importable in the sandbox (they were hidden by the sandbox's own
+    /tmp), and still not without it."""
+    base = Path(tempfile.mkdtemp(prefix="accord-venv-", dir="/tmp"))
+    try:
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip",
+                        str(base / "venv")], check=True, capture_output=True, timeout=120)
+        python = base / "venv" / "bin" / "python"
+        site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+        assert site.startswith("/tmp/")
+        Path(site, "venv_probe.py").write_text("X = 'from the venv'\n")
+        out = subprocess.run([python, "-c", _VENV_PROGRAM, str(REPO)], capture_output=True, text=True, timeout=120,
+                             cwd=base).stdout
+        if out.strip() == "no-own-root":
+            pytest.skip("no mount namespace here: the sandbox sees the host's /tmp anyway")
+        lines = out.splitlines()
+        assert lines[0].startswith("False error ModuleNotFoundError"), out
+        assert lines[1].startswith("True ok None from the venv"), out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # ------------------------------------------------------------------------------------------------ hostile code
 def test_infinite_loop_times_out(quick):
     start = time.monotonic()
@@ -427,12 +464,36 @@ def test_harness_plans_literal_tests_without_running_anything(box):
     assert [s.op for s in plan.statements] == ["==", "falsy", "is not"]
 
 
-def test_harness_refuses_to_plan_computed_tests_without_a_reference(box):
-    from accord.sandbox import SandboxError
+def test_harness_judges_tolerance_tests_without_a_reference(box):
+    """``abs(f(x) - y) < eps`` and other asserts whose calls of the function do not depend on its results
+    are planned without a reference: their inputs are evaluated by trusted code, the verdict is replayed by
+    the judge. Before the fix a correct f(x) = 2x + 1 scored 3 of 4 on these four plain asserts."""
+    correct, wrong = "def f(x):\n    return 2 * x + 1\n", "def f(x):\n    return 2 * x + 1.5\n"
+    tests = ["assert f(1) == 3", "assert abs(f(0.5) - 2.0) < 1e-9", "assert f(2) == 5", "assert f(3) == 7"]
+    assert box.run_tests(correct, tests, "f")[:2] == (4, 4)
+    assert box.run_tests(wrong, tests, "f")[:2] == (0, 4)
+    more = ("import math\nassert math.isclose(f(0.25), 1.5)\nassert abs(f(1) - f(0)) <= 2\n"
+            "assert round(f(1 / 3), 6) == round(5 / 3, 6)\nassert sorted([f(2), f(-1)]) == [-1, 5]\n"
+            "assert {'a': f(1), f(0): 'b'} == {'a': 3, 1: 'b'}\n")
+    plan = box.plan_tests(more, "f")
+    assert [s.kind for s in plan.statements] == ["setup"] + ["test"] * 5 and plan.needs_judge
+    assert all(s.error is None for s in plan.statements) and len(plan.inputs) == 8
+    assert box.run_tests(correct, plan)[:2] == (5, 5)
+    run = box.run_tests(wrong, plan)
+    assert run.passed == 1 and run.result.test_cases[1].passed  # only f(1) - f(0) <= 2 holds for 2x + 1.5
 
-    plan = box.plan_tests("for a in range(3):\n    assert add(a, 1) == a + 1\n", "add")
-    assert plan.statements[0].error is not None  # cannot be planned: fails for every program, loudly
-    assert box.run_tests(REFERENCE, plan)[:2] == (0, 1)
+
+def test_harness_refuses_to_plan_computed_tests_without_a_reference(box):
+    from accord.sandbox import SandboxError, TestPlanError
+
+    for tests in ("for a in range(3):\n    assert add(a, 1) == a + 1\n", "assert add(add(1, 1), 1) == 3\n",
+                  "assert all(add(a, 1) for a in range(3))\n", "assert (add(1, 1) if True else add(2, 2)) == 2\n",
+                  "assert list(map(add, [1], [2])) == [3]\n", "assert add(1, 1) == 2 or add(9, 9) == 0\n",
+                  "assert 0 < add(1, 1) < add(2, 2)\n"):
+        with pytest.raises(TestPlanError, match="reference") as err:  # at planning, before any scoring
+            box.plan_tests(tests, "add")
+        assert "\n" not in str(err.value)
+        assert box.plan_tests(tests, "add", reference=REFERENCE).statements[0].error is None
     with pytest.raises(SandboxError, match="planning the tests"):
         box.plan_tests("import no_such_module\nassert add(1, 1) == 2\n", "add", reference=REFERENCE)
 

@@ -1,5 +1,6 @@
 """``accord sft``: oracles, demonstrations (oracle and JSONL), the prompts RL shows, the warm start through the CLI."""
 
+import collections
 import json
 import os
 import random
@@ -153,7 +154,7 @@ def test_sft_prompts_are_the_token_ids_the_rl_rollout_shows(tmp_path):
     trainer = Trainer(cfg)
     policy = trainer.policies["main"]
     rows = trainer.batch_rows(0)
-    samples = trainer.rollout(0, rows, MetricAccumulator())
+    samples, _ = trainer.rollout(0, rows, MetricAccumulator(), collections.defaultdict(float))
     row = rows[0]
     demos, _ = collect_demos_for(cfg, [row])
     planner_demo = next(d for d in demos if d.agent == "planner" and "turn 1" in d.where)
@@ -283,3 +284,22 @@ def test_epochs_decide_each_policys_steps():
     assert step_counts(cfg, {"a": 100, "b": 3}) == {"a": 16, "b": 3}
     with pytest.raises(Exception, match="sft.epochs=0"):
         config_from_dict({"sft": {"epochs": 0}})
+
+
+def test_centralized_demos_answer_every_role_and_solve(tmp_path):
+    cfg = config_from_dict({**planpath_cfg(tmp_path, max_new_tokens=200),
+                            "algorithm": {"name": "atgrpo", "num_generations": 2, "baseline": "centralized"}})
+    train, _ = collect_demos(cfg)
+    assert {d.agent for d in train} == {"central"}
+    from accord.build import build_task
+
+    env = build_task(cfg)
+    # the first turn's demonstrations come first, one per puzzle in order
+    for demo, row in zip(train, env.tasks("train", limit=cfg.sft.instances, seed=cfg.run.seed)):
+        assert demo.where.endswith("turn 1") and row["id"] in demo.where
+        assert demo.completion.index("<planner>") < demo.completion.index("<executor>")
+        env.reset(row)
+        res = env.step({"central": demo.completion})
+        assert res.info["parse_failures"] == 0
+        if not demo.noisy:
+            assert res.info["success"], demo.completion

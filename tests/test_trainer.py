@@ -44,11 +44,13 @@ def test_separate_policies_each_update(tiny_cfg):
 
 
 @pytest.mark.slow
-def test_team_reward_rises(tiny_cfg):
-    """The learning test: on the cooperative letters task the team reward must rise within 30 steps."""
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
+def test_team_reward_rises(tiny_cfg, loss):
+    """The learning test, for every loss variant: on the cooperative letters task the team reward must rise
+    within 30 steps (Dr. GRPO without the std normalisation it drops)."""
     data = tiny_cfg(run={"steps": 30, "eval_before": True, "eval_after": True},
                     task={"name": "letters", "eval_size": 16},
-                    algorithm={"num_generations": 4, "normalize_std": True},
+                    algorithm={"num_generations": 4, "normalize_std": loss != "dr_grpo", "loss": loss},
                     rollout={"batch_size": 8, "max_new_tokens": 12, "temperature": 1.0, "eval_temperature": 1.0},
                     training={"lr": 2e-2, "micro_batch_size": 64})
     trainer = Trainer(config_from_dict(data))
@@ -163,3 +165,23 @@ def test_metrics_and_completions_are_written(tiny_cfg):
     flat = sum(len(v) == 1 for v in returns.values()) / len(returns)
     assert last["adv/zero_std_frac"] == pytest.approx(flat)
     assert (trainer.run_dir / "checkpoints" / "step_000002" / "policies" / "main" / "model.safetensors").is_file()
+
+
+def test_stop_when_makes_a_step_the_last(tiny_cfg):
+    """train(stop_when=...): the step where it returns True is the last, evaluated, logged and checkpointed as step
+    run.steps would be; it sees each step's metrics (accord compare stops at a token budget this way)."""
+    seen = []
+
+    def stop_when(step, metrics):
+        seen.append((step, metrics["perf/gen_tokens"]))
+        return sum(tokens for _, tokens in seen) >= 150
+
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 50, "eval_after": True, "checkpoint_every": 0},
+                                                task={"name": "letters", "eval_size": 2})))
+    last = trainer.train(stop_when=stop_when)
+    n = len(seen)
+    assert [s for s, _ in seen] == list(range(1, n + 1)) and 1 < n < 50
+    assert sum(t for _, t in seen[:-1]) < 150 <= sum(t for _, t in seen)
+    assert [r["step"] for r in read_metrics(trainer.run_dir)] == list(range(1, n + 1))
+    assert "eval/team/reward" in last   # run.eval_after: evaluated as the last step
+    assert [p.name for p in (trainer.run_dir / "checkpoints").iterdir()] == [f"step_{n:06d}"]

@@ -1,4 +1,8 @@
-"""Token log-probabilities under the sampling distribution, and the clipped policy-gradient loss.
+"""Token log-probabilities under the sampling distribution, and the policy-gradient losses.
+
+The losses are a registry (``algorithm.loss``; :func:`register_loss` adds one): ``grpo`` (alias ``clip``),
+``dapo``, ``dr_grpo``, ``gspo`` and ``cispo``, each a pure function of one micro-batch's log-probs,
+advantages and mask; their formulas, aggregations and papers are in ``docs/loss-controls.md``.
 
 The training log-prob of a token must be the log-prob it had when it was sampled: the same
 temperature and the same top-k / top-p truncation (renormalised over the kept tokens). Both the
@@ -18,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 
-def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   keep: torch.Tensor | None = None) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
+                   top_p: float | torch.Tensor = 1.0, keep: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logits of the sampling distribution: divided by temperature, truncated to -inf.
 
     The truncation mask is computed without gradient; the kept logits keep theirs. ``keep`` (the
@@ -27,22 +31,36 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     the learner passes the sampled tokens, which the sampler kept by construction, so that a
     recomputed forward whose float rounding puts a sampled token just past the top-k / top-p boundary
     cannot give it probability 0 (a -inf log-prob and a NaN loss).
+
+    Each setting is one number for every row, or a tensor with one value per row (its shape a prefix of
+    the logits' leading axes: ``(rows,)`` for ``(rows, V)`` or ``(rows, C, V)`` logits), so that rows of
+    agents with different sampling settings share one batch; a row's result is the same as with its
+    settings given as numbers (top-k 0 and top-p 1 mean no truncation).
     """
     logits = logits.float()
-    if temperature != 1.0:
+    if isinstance(temperature, torch.Tensor):
+        logits = logits / _per_row(temperature.to(logits.dtype), logits)
+    elif temperature != 1.0:
         logits = logits / temperature
-    if top_k and top_k < logits.size(-1):
+    if isinstance(top_k, torch.Tensor):
+        logits = _top_k_rows(logits, top_k, keep)
+    elif top_k and top_k < logits.size(-1):
         with torch.no_grad():
             kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
             drop = _spare(logits < kth, keep)
         logits = logits.masked_fill(drop, float("-inf"))
-    if top_p < 1.0:
+    rows_p = isinstance(top_p, torch.Tensor)
+    if (rows_p and bool((top_p < 1.0).any())) or (not rows_p and top_p < 1.0):
         with torch.no_grad():
             sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
             probs = sorted_logits.softmax(-1)
             # drop a token when the mass strictly before it already reaches top_p (the first always stays)
             before = probs.cumsum(-1) - probs
-            drop_sorted = before >= top_p
+            if rows_p:
+                p = _per_row(top_p.to(logits.dtype), logits)
+                drop_sorted = (before >= p) & (p < 1.0)
+            else:
+                drop_sorted = before >= top_p
             drop = _spare(torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted), keep)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -53,6 +71,29 @@ def _spare(drop: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     if keep is None:
         return drop
     return drop.scatter(-1, keep.unsqueeze(-1), False)
+
+
+def _per_row(values: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-row settings shaped to broadcast over ``logits`` (trailing axes of size 1)."""
+    values = values.to(logits.device)
+    return values.reshape(values.shape + (1,) * (logits.dim() - values.dim()))
+
+
+def _top_k_rows(logits: torch.Tensor, top_k: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Top-k truncation with each row's own k (0: none): the k-th largest logit of a row is read from one
+    ``topk`` of the largest k in the batch, so it is the value a row-alone ``topk`` gives."""
+    vocab = logits.size(-1)
+    k = _per_row(top_k.long().clamp(max=vocab), logits)
+    active = (k > 0) & (k < vocab)
+    if not bool(active.any()):
+        return logits
+    with torch.no_grad():
+        kmax = int(k[active].max())
+        values = torch.topk(logits, kmax, dim=-1).values
+        index = (k.clamp(min=1, max=kmax) - 1).expand(*logits.shape[:-1], 1)
+        kth = values.gather(-1, index)
+        drop = _spare((logits < kth) & active, keep)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -127,7 +168,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
 @dataclass(frozen=True)
 class SurrogateInputs:
     """What a policy-loss function sees for one micro-batch: (b, T) log-probs under the current policy and
-    at sampling time, (b, 1) advantages, the (b, T) completion mask and the clip ranges."""
+    the old ones the ratio is taken to (the learner's before the update, or the sampler's: see
+    :mod:`accord.policies`), (b, 1) advantages, the (b, T) completion mask and the clip ranges.
+    ``sampling_logp`` holds the sampler's stored log-probs for a loss registered with
+    ``sampling_logprobs=True`` (None otherwise)."""
 
     logp: torch.Tensor
     old_logp: torch.Tensor
@@ -135,44 +179,132 @@ class SurrogateInputs:
     mask: torch.Tensor
     epsilon: float
     epsilon_high: float
+    sampling_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """How a registered loss is aggregated and what it reads.
+
+    ``agg``: the aggregation the loss is defined with (``algorithm.loss_agg`` must then be unset or equal);
+    None: the loss takes ``algorithm.loss_agg`` (unset: ``token_mean``). ``sampling_logprobs``: the loss
+    reads the sampler's stored log-probs (a generation backend that stores none is refused)."""
+
+    agg: str | None = None
+    sampling_logprobs: bool = False
 
 
 LossFn = Callable[[SurrogateInputs], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 #: name -> policy loss: (b, T) per-token loss (to be minimised) and masked per-token statistic sums.
 POLICY_LOSSES: dict[str, LossFn] = {}
+#: name -> its aggregation and inputs (see :class:`LossSpec`).
+LOSS_SPECS: dict[str, LossSpec] = {}
+#: every aggregation ``algorithm.loss_agg`` names (see :func:`policy_loss`).
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
+DEFAULT_AGG = "token_mean"
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+def register_loss(name: str, *, agg: str | None = None, sampling_logprobs: bool = False
+                  ) -> Callable[[LossFn], LossFn]:
     """Decorator: register a policy loss under ``name`` (``algorithm.loss: name``). The function returns the
     per-token loss and a dict of statistics summed over the masked tokens (logged as ``loss/<policy>/<key>``,
-    averaged per token); aggregation (``algorithm.loss_agg``) and the KL term are applied by accord."""
+    averaged per token); aggregation and the KL term are applied by accord. ``agg`` fixes the aggregation
+    the loss is defined with (one of ``LOSS_AGGS``; None: ``algorithm.loss_agg``); ``sampling_logprobs``
+    says it reads ``SurrogateInputs.sampling_logp``."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"policy loss name {name!r} must be an identifier")
+    if agg is not None and agg not in LOSS_AGGS:
+        raise ValueError(f"policy loss {name!r}: agg={agg!r} is not one of {list(LOSS_AGGS)}")
 
     def deco(fn: LossFn) -> LossFn:
         if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
             raise ValueError(f"a policy loss named {name!r} is already registered; choose another name")
         POLICY_LOSSES[name] = fn
+        LOSS_SPECS[name] = LossSpec(agg, sampling_logprobs)
         return fn
 
     return deco
 
 
-@register_loss("clip")
-def clipped_surrogate(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO/GRPO's clipped-ratio surrogate ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)``."""
-    ratio = torch.exp(x.logp - x.old_logp)
-    unclipped = ratio * x.advantages
-    clipped = ratio.clamp(1.0 - x.epsilon, 1.0 + x.epsilon_high) * x.advantages
-    per_token = -torch.minimum(unclipped, clipped)
+def resolve_loss_agg(loss: str, agg: str | None) -> str:
+    """The aggregation a run of ``loss`` uses: the loss's own (``agg`` must then be None or equal), else
+    ``agg``, else ``token_mean``. A conflict is a ValueError naming both."""
+    spec = LOSS_SPECS.get(loss, LossSpec())
+    if spec.agg is not None:
+        if agg is not None and agg != spec.agg:
+            raise ValueError(f"algorithm.loss={loss} is defined with loss_agg={spec.agg}, but algorithm.loss_agg="
+                             f"{agg}; leave loss_agg unset (null) or set it to {spec.agg}")
+        return spec.agg
+    return agg or DEFAULT_AGG
+
+
+def _clip_stats(per_token: torch.Tensor, ratio: torch.Tensor, x: SurrogateInputs) -> dict[str, torch.Tensor]:
+    """Masked sums of the surrogate, the share of clipped tokens (their gradient is zero) and the ratio."""
     with torch.no_grad():
-        stats = {
-            "pg": (per_token * x.mask).sum(),
-            "clip_frac": (((ratio < 1.0 - x.epsilon) & (x.advantages < 0))
-                          | ((ratio > 1.0 + x.epsilon_high) & (x.advantages > 0))).to(x.mask.dtype).mul(x.mask).sum(),
-            "ratio": (ratio * x.mask).sum(),
-        }
+        clipped = ((ratio < 1.0 - x.epsilon) & (x.advantages < 0)) | ((ratio > 1.0 + x.epsilon_high) & (x.advantages > 0))
+        return {"pg": (per_token * x.mask).sum(), "clip_frac": clipped.to(x.mask.dtype).mul(x.mask).sum(),
+                "ratio": (ratio * x.mask).sum()}
+
+
+def clipped_surrogate(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO/GRPO's clipped-ratio surrogate ``-min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)`` per token,
+    ``r = pi / pi_old`` of the token (DeepSeekMath, arXiv 2402.03300)."""
+    ratio = torch.exp(x.logp - x.old_logp)
+    per_token = -torch.minimum(ratio * x.advantages, ratio.clamp(1.0 - x.epsilon, 1.0 + x.epsilon_high) * x.advantages)
+    return per_token, _clip_stats(per_token, ratio, x)
+
+
+# ``grpo`` takes algorithm.loss_agg (token_mean unless set); ``clip`` is its older name, kept for existing configs
+register_loss("grpo")(clipped_surrogate)
+register_loss("clip")(clipped_surrogate)
+# DAPO (arXiv 2503.14476): the same token surrogate, clip range (epsilon, epsilon_high) decoupled, every token of
+# the batch weighted alike (token-level aggregation); dynamic sampling and overlong shaping are separate keys
+register_loss("dapo", agg="token_mean")(clipped_surrogate)
+# Dr. GRPO (arXiv 2503.20783): no 1/|y| per sequence; each sequence's token sum divided by the length cap
+register_loss("dr_grpo", agg="seq_sum_norm")(clipped_surrogate)
+
+
+@register_loss("gspo", agg="seq_mean_token_mean")
+def sequence_surrogate(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO (arXiv 2507.18071): the sequence ratio ``s = exp(mean_t log(pi / pi_old))`` (geometric mean of the
+    token ratios) clipped per sequence, ``-min(s * A, clip(s, 1 - eps, 1 + eps_high) * A)``; the value is
+    repeated on every token of the sequence, so the sequence mean of token means is the paper's mean over
+    sequences."""
+    lengths = x.mask.sum(-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(((x.logp - x.old_logp) * x.mask).sum(-1, keepdim=True) / lengths)   # (b, 1)
+    per_seq = -torch.minimum(ratio * x.advantages, ratio.clamp(1.0 - x.epsilon, 1.0 + x.epsilon_high) * x.advantages)
+    per_token = per_seq.expand_as(x.logp)
+    return per_token, _clip_stats(per_token, ratio.expand_as(x.logp), x)
+
+
+@register_loss("cispo")
+def clipped_is_reinforce(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(min(r, 1 + eps_high)) * A * log pi`` per token: the importance
+    weight is clipped and carries no gradient, so every token keeps a REINFORCE gradient (none is dropped by
+    a clip), only its weight is bounded. No lower bound on the weight (the paper's choice)."""
+    ratio = torch.exp(x.logp - x.old_logp)
+    weight = ratio.detach().clamp(max=1.0 + x.epsilon_high)
+    per_token = -weight * x.advantages * x.logp
+    with torch.no_grad():
+        stats = {"pg": (per_token * x.mask).sum(),
+                 "clip_frac": (ratio > 1.0 + x.epsilon_high).to(x.mask.dtype).mul(x.mask).sum(),
+                 "ratio": (ratio * x.mask).sum()}
     return per_token, stats
+
+
+def tis_weights(learner_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float, mode: str
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token importance weights correcting for a sampler that is not the learner, and which tokens
+    exceed ``cap``: ``r = pi_learner / pi_sampler`` of the sampled token; ``truncate``: ``min(r, cap)``;
+    ``mask``: ``r`` where ``r <= cap``, else 0. No gradient (both log-probs are the old policy's)."""
+    with torch.no_grad():
+        ratio = torch.exp(learner_logp - sampler_logp)
+        over = ratio > cap
+        if mode == "truncate":
+            return ratio.clamp(max=cap), over
+        if mode == "mask":
+            return ratio.masked_fill(over, 0.0), over
+    raise ValueError(f"unknown importance-weight mode {mode!r}; choose truncate or mask")
 
 
 def policy_loss(
@@ -184,26 +316,34 @@ def policy_loss(
     *,
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
-    agg: str = "token_mean",
+    agg: str | None = None,
     kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
     kl_estimator: str = "k3",
     kl_logp: torch.Tensor | None = None,
-    loss: str = "clip",
+    loss: str = "grpo",
+    weights: torch.Tensor | None = None,
+    max_lens: torch.Tensor | None = None,
+    sampling_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The registered policy loss ``loss`` of one micro-batch (default: the clipped-ratio surrogate of
     PPO/GRPO) plus the KL term, aggregated and normalised by batch-wide totals.
 
     Args:
-        logp, old_logp, mask: (b, T) current and sampling log-probs and the completion mask.
+        logp, old_logp, mask: (b, T) current and old log-probs and the completion mask.
         advantages: (b,) one advantage per sequence.
         totals: token and sequence counts of the whole batch being accumulated.
         agg: ``token_mean`` (sum over all tokens / all tokens), ``seq_mean_token_mean`` (mean over
-            sequences of each sequence's token mean) or ``seq_sum`` (sum over a sequence's tokens,
-            mean over sequences).
+            sequences of each sequence's token mean), ``seq_sum`` (sum over a sequence's tokens, mean
+            over sequences) or ``seq_sum_norm`` (a sequence's token sum divided by its length cap
+            ``max_lens``, mean over sequences); None: the loss's own (see :func:`resolve_loss_agg`).
         ref_logp, kl_logp: the reference's and the policy's log-probs for the KL term, both of the
             untruncated distribution at the sampling temperature (``kl_logp`` None: ``logp``, right
             when sampling is not truncated by top-k / top-p).
+        weights: (b, T) per-token weights of the policy-gradient term (the sampler/learner correction of
+            :func:`tis_weights`); None: 1.
+        max_lens: (b,) each sequence's completion length cap (``seq_sum_norm``).
+        sampling_logp: (b, T) the sampler's stored log-probs, for losses that read them.
     Returns:
         The loss contribution of this micro-batch and unnormalised statistic sums (divide by
         ``totals.num_tokens`` to average).
@@ -211,13 +351,16 @@ def policy_loss(
     if loss not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {loss!r}; choose one of {sorted(POLICY_LOSSES)} or register one "
                          "with accord.algorithms.register_loss")
+    agg = resolve_loss_agg(loss, agg)
     mask = mask.to(logp.dtype)
     eps_high = epsilon if epsilon_high is None else epsilon_high
     per_token, stats = POLICY_LOSSES[loss](SurrogateInputs(logp, old_logp, advantages.unsqueeze(-1), mask,
-                                                           epsilon, eps_high))
+                                                           epsilon, eps_high, sampling_logp))
     if per_token.shape != logp.shape:
         raise ValueError(f"policy loss {loss!r} returned a loss of shape {tuple(per_token.shape)}; it must be "
                          f"per token, {tuple(logp.shape)}")
+    if weights is not None:
+        per_token = per_token * weights
     kl = None
     if kl_coef > 0:
         if ref_logp is None:
@@ -231,8 +374,12 @@ def policy_loss(
         total = ((per_token * mask).sum(-1) / lengths).sum() / totals.num_seqs
     elif agg == "seq_sum":
         total = (per_token * mask).sum() / totals.num_seqs
+    elif agg == "seq_sum_norm":
+        if max_lens is None:
+            raise ValueError("loss_agg=seq_sum_norm needs max_lens (each sequence's completion length cap)")
+        total = ((per_token * mask).sum(-1) / max_lens.to(per_token.dtype)).sum() / totals.num_seqs
     else:
-        raise ValueError(f"unknown loss aggregation {agg!r}")
+        raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {list(LOSS_AGGS)}")
     if kl is not None:
         with torch.no_grad():
             stats["kl"] = (kl * mask).sum()

@@ -213,8 +213,9 @@ class GroupHandle:
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._backend.call(self.name, method, *args, **kwargs)
 
-    def generate(self, prompts, *, greedy: bool, temperature: float, stream: str | None = None):
-        return self._call("generate", prompts, greedy=greedy, temperature=temperature, stream=stream)
+    def generate(self, prompts, *, greedy: bool, temperature: float, stream: str | None = None, sampling=None):
+        return self._call("generate", prompts, greedy=greedy, temperature=temperature, stream=stream,
+                          sampling=sampling)
 
     def kl_rewards(self, samples):
         return self._call("kl_rewards", samples)

@@ -157,9 +157,10 @@ class FsdpPolicy(DataParallelPolicy):
         return shard(ref, self._fsdp_mesh)
 
     # --- calls whose number of forwards depends on the rank's data -------------------------------
-    def generate(self, prompts, *, greedy: bool, temperature: float, stream: str | None = None):
+    def generate(self, prompts, *, greedy: bool, temperature: float, stream: str | None = None, sampling=None):
         with torch.no_grad(), gathered(self.model):
-            return super().generate(prompts, greedy=greedy, temperature=temperature, stream=stream)
+            return super().generate(prompts, greedy=greedy, temperature=temperature, stream=stream,
+                                    sampling=sampling)
 
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
         with gathered(self.model, self.ref_model):

@@ -60,7 +60,7 @@ class DataParallelPolicy(Policy):
 
     # --- generation ----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                 stream: str | None = None) -> list[Generation]:
+                 stream: str | None = None, sampling: list | None = None) -> list[Generation]:
         """This rank's share of the prompts, each sampled from its own stream; the whole list is returned."""
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
@@ -73,7 +73,7 @@ class DataParallelPolicy(Policy):
             rows = [make_generator(self.device, row_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
             out = self.backend.generate(self.model, self.tokenizer, prompts[mine], greedy=greedy,
                                         temperature=temperature, generator=None, name=self.name,
-                                        row_generators=rows)
+                                        row_generators=rows, sampling=None if sampling is None else sampling[mine])
         return self._gather(out)
 
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:

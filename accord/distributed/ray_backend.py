@@ -234,12 +234,14 @@ class RemotePolicy:
 
     # generation: sent at once, fetched on first use
     def generate_async(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                       stream: str | None = None) -> RayFuture:
-        return self._send("generate", prompts, greedy=greedy, temperature=temperature, stream=stream)
+                       stream: str | None = None, sampling: list | None = None) -> RayFuture:
+        return self._send("generate", prompts, greedy=greedy, temperature=temperature, stream=stream,
+                          sampling=sampling)
 
     def generate(self, prompts: list[list[int]], *, greedy: bool, temperature: float,
-                 stream: str | None = None) -> PendingList:
-        return PendingList(self.generate_async(prompts, greedy=greedy, temperature=temperature, stream=stream))
+                 stream: str | None = None, sampling: list | None = None) -> PendingList:
+        return PendingList(self.generate_async(prompts, greedy=greedy, temperature=temperature, stream=stream,
+                                               sampling=sampling))
 
     def update_async(self, samples: list, step: int) -> RayFuture:
         return self._send("update", samples, step)

@@ -22,8 +22,9 @@ two cells of a Sudoku row swapped; a comparison or arithmetic operator of the co
 assert with a changed expected value).
 
 Oracles read a puzzle environment's current state (``env._state``); they never step or change it.
-``oracle_for(task)`` returns None for a task without an oracle (writing, math, your own tasks, the
-centralized baseline): their demonstrations come from a JSONL file.
+The centralized baseline of a turn-based environment with an oracle gets every role's answer in one
+completion, as ``<role>`` sections (:func:`centralized_oracle`). ``oracle_for(task)`` returns None for a task
+without an oracle (writing, math, your own tasks): their demonstrations come from a JSONL file.
 """
 
 from __future__ import annotations
@@ -412,11 +413,32 @@ def humaneval_oracle(task, agent: str, row: dict, rng: random.Random, noisy: boo
     return helper_main_answer(agent, row, rng, noisy)
 
 
+def centralized_oracle(env: Any, agent: str, row: dict, rng: random.Random, noisy: bool) -> str | None:
+    """The centralized baseline's answer (:class:`~accord.envs.centralized.CentralizedEnv` over a multi-turn
+    environment): each role's oracle answer in a ``<role>`` section, in turn order, every later role answering
+    the state after the earlier roles' answers (played on a copy); ``noisy`` applies to every role."""
+    inner = env.inner
+    oracle = oracle_for(inner)
+    sim = inner.clone()
+    sections = []
+    for role in env.roles:
+        text = oracle(sim, role, row, rng, noisy)
+        if text is None:
+            return None
+        sections.append(f"<{role}>\n{text}\n</{role}>")
+        if not inner.simultaneous and sim.step({role: text}).done:
+            break
+    return "\n".join(sections)
+
+
 def oracle_for(task: Any) -> Oracle | None:
     """The oracle of a task or environment, or None when it has none (demonstrations then come from a file)."""
+    from accord.envs.centralized import CentralizedEnv
     from accord.envs.coding.atgrpo import CodeEnv
     from accord.envs.coding.magrpo import HelperMainEnv, HelperMainTask
 
+    if isinstance(task, CentralizedEnv) and not task.inner.simultaneous and oracle_for(task.inner) is not None:
+        return centralized_oracle
     if isinstance(task, PlanPathEnv):
         return planpath_oracle
     if isinstance(task, SudokuEnv):

@@ -113,6 +113,9 @@ def task_factory(name: str) -> tuple[Callable[..., Task], str]:
     """
     if name in TASKS:
         return TASKS[name]
+    scheme, _, env_id = name.partition(":")
+    if scheme in EXTERNAL and env_id:
+        return _external(scheme, env_id)
     if ":" in name:
         return _from_reference(name)
     if _load_entry_point(name):
@@ -121,6 +124,21 @@ def task_factory(name: str) -> tuple[Callable[..., Task], str]:
     hint = f" did you mean {close[0]!r}?" if close else ""
     raise TaskError(f"unknown task {name!r};{hint} available: {sorted(TASKS)} (see `accord envs`); for a task in your "
                     "own module use task.name=my_module:MyTask, or list the module under `imports:`")
+
+
+EXTERNAL = {  # task-name scheme -> the adapter module's factory maker (accord.envs.external)
+    "pettingzoo": ("accord.envs.external.pettingzoo", "make_pettingzoo"),
+    "textarena": ("accord.envs.external.textarena", "make_textarena"),
+    "gymnasium": ("accord.envs.external.gymnasium", "make_gymnasium"),
+}
+"""``pettingzoo:<env_id>``, ``textarena:<env_id>`` and ``gymnasium:<env_id>`` name other libraries' environments
+through accord's adapters (docs/pettingzoo.md); the library is imported only when such a task is built."""
+
+
+def _external(scheme: str, env_id: str) -> tuple[Callable[..., Task], str]:
+    module, attr = EXTERNAL[scheme]
+    factory = getattr(importlib.import_module(module), attr)(env_id)
+    return factory, f"{scheme} environment {env_id} (accord adapter, docs/pettingzoo.md)"
 
 
 def import_modules(modules: list[str] | tuple[str, ...], what: str = "imports") -> None:

@@ -68,11 +68,39 @@ def cached_runs() -> int:
         return len(_cache)
 
 
+_QUOTED_FILE = re.compile(r'File "([^"]*)"')  # each scan stops at the next quote: linear in the text
+_SPLIT_TOKENS = re.compile(r"""([\s"']+)""")
+_SANDBOX_DIR = "accord-sbx-"
+
+
+def _file_name(m: re.Match) -> str:
+    path = m.group(1)
+    name = path.rpartition("/")[2]
+    return f'File "{name}"' if "/" in path and name.endswith(".py") and len(name) > 3 else m.group(0)
+
+
+def _strip_sandbox_dir(token: str) -> str:
+    """``token`` (no whitespace or quotes) without a path through a sandbox working directory: from its
+    first ``/`` to the ``/`` after the last ``accord-sbx-<name>`` that has one; each step is one scan."""
+    last_slash = token.rfind("/")
+    k = token.rfind(_SANDBOX_DIR, 0, last_slash) if last_slash > 0 else -1
+    first_slash = token.find("/")
+    if k < 0 or first_slash >= k:
+        return token
+    return token[:first_slash] + token[token.find("/", k) + 1:]
+
+
 def clean_error(stderr: str, exception: str | None, limit: int = 400) -> str:
     """The last lines of a failed program's traceback (its innermost file line, code line and exception),
-    sandbox paths removed, at most ``limit`` characters; the exception's type when stderr is empty."""
-    text = re.sub(r'File "[^"]*/([^/"]+\.py)"', r'File "\1"', stderr)
-    text = re.sub(r"/[^\s\"']*accord-sbx-[^/\s\"']*/", "", text)
+    sandbox paths removed, at most ``limit`` characters; the exception's type when stderr is empty.
+
+    Linear in the length of ``stderr`` whatever it holds (a program chooses its stderr: a regular
+    expression that backtracked over a long run of ``/`` once cost the trainer 20-33 s per program)."""
+    text = _QUOTED_FILE.sub(_file_name, stderr)
+    if _SANDBOX_DIR in text:
+        parts = _SPLIT_TOKENS.split(text)
+        parts[::2] = [_strip_sandbox_dir(t) if _SANDBOX_DIR in t else t for t in parts[::2]]
+        text = "".join(parts)
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not re.fullmatch(r"\s*[~^]+\s*", ln)]
     tail = "\n".join(lines[-3:]) or (exception or "")
     return tail[-limit:]

@@ -3,36 +3,60 @@
 :class:`AgentGenerator` maps each (agent, chat) request to the policy acting for that agent and makes
 one generate call per policy for all of them (one call for all adapters of a LoRA base with
 ``lora.mixed_generation``); it counts the tokens it generated, for ``perf/gen_tokens``.
+
+Each agent samples with its own settings (``agents[].sampling`` over ``rollout``: temperature, top-k,
+top-p, length cap): agents that share a policy still share its one call, each row with its agent's
+settings, and every completion records them (``Completion.sampling``) for the learner.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from accord.policies_lora import generate_by_policy
-from accord.rollout.sample import Completion
+from accord.rollout.sample import Completion, Sampling
 
 
 class AgentGenerator:
-    """``generate(requests, n, greedy, temperature=..., stream=None)`` over a run's policies."""
+    """``generate(requests, n, greedy, temperature=None, stream=None)`` over a run's policies; ``sampling``:
+    each agent's settings (:func:`accord.rollout.sample.agent_sampling`; None: the rollout config's)."""
 
-    def __init__(self, policies: dict, agent_policy: dict[str, str]):
+    def __init__(self, policies: dict, agent_policy: dict[str, str], sampling: dict[str, Sampling] | None = None):
         self.policies, self.agent_policy = policies, agent_policy
+        self.sampling = sampling
         self.tokens = 0   # generated tokens since the last reset (the trainer resets it every step)
 
-    def __call__(self, requests: list[tuple[str, list[dict]]], n: int, greedy: bool, *, temperature: float,
-                 stream: str | None = None) -> list[list[Completion]]:
-        """``n`` completions of each (agent, chat) request."""
-        encoded = [self.policies[self.agent_policy[a]].encode_chat(msgs) for a, msgs in requests]
+    def __call__(self, requests: list[tuple[str, list[dict]]], n: int, greedy: bool, *,
+                 temperature: float | None = None, stream: str | None = None) -> list[list[Completion]]:
+        """``n`` completions of each (agent, chat) request, each agent sampling with its own settings;
+        ``temperature`` (evaluation) replaces every agent's temperature."""
+        rows = self._settings(requests, temperature)
+        encoded = [self.policies[self.agent_policy[a]].encode_chat(
+            msgs, **({} if row is None else {"max_new_tokens": row.max_new_tokens}))
+            for (a, msgs), row in zip(requests, rows)]
         out: list[list[Completion | None]] = [[None] * n for _ in requests]
         by_policy = {}
         for pname in self.policies:
             slots = [(r, s) for r, (a, _) in enumerate(requests) if self.agent_policy[a] == pname for s in range(n)]
             if slots:
                 by_policy[pname] = slots
+        sampling = None if self.sampling is None else {p: [rows[r] for r, _ in sl] for p, sl in by_policy.items()}
         all_gens = generate_by_policy(self.policies, {p: [encoded[r] for r, _ in sl] for p, sl in by_policy.items()},
-                                      greedy=greedy, temperature=temperature, stream=stream)
+                                      greedy=greedy, temperature=1.0 if temperature is None else temperature,
+                                      stream=stream, sampling=sampling)
         for pname, slots in by_policy.items():
             pol, gens = self.policies[pname], all_gens[pname]
             for (r, s), g in zip(slots, gens):
-                out[r][s] = Completion(encoded[r], g.ids, g.logprobs, g.finish_reason, pol.decode(g.ids))
+                out[r][s] = Completion(encoded[r], g.ids, g.logprobs, g.finish_reason, pol.decode(g.ids),
+                                       None if greedy else rows[r])
                 self.tokens += len(g.ids)
         return out
+
+    def _settings(self, requests, temperature: float | None) -> list[Sampling | None]:
+        """Each request's sampling settings (its agent's, at ``temperature`` where given)."""
+        if self.sampling is None:
+            if temperature is None:
+                raise ValueError("AgentGenerator without per-agent sampling needs a temperature")
+            return [None] * len(requests)
+        rows = [self.sampling[a] for a, _ in requests]
+        return rows if temperature is None else [replace(s, temperature=temperature) for s in rows]

@@ -12,7 +12,10 @@ config when a policy is built, and the policy calls it with its model, tokenizer
 A user adds a backend with :func:`register_backend` in a module listed under ``imports:``; the name is
 checked against this registry when a run is built. A backend returns one :class:`Generation` per prompt,
 in order, with the sampling log-probs of the distribution the learner recomputes (temperature, top-k, top-p
-of the rollout config), drawn from the ``generator`` it is given.
+of the rollout config, or of each prompt's ``sampling`` where the caller gives one per prompt: agents with
+their own settings), drawn from the ``generator`` it is given. A backend that cannot return sampling
+log-probs sets ``sampling_logprobs = False`` (its Generations carry empty lists); a run that needs them
+(``algorithm.tis``, a loss registered with ``sampling_logprobs=True``) is then refused when it is built.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from accord.config import ConfigError
+from accord.rollout.sample import Sampling
 
 if TYPE_CHECKING:
     import torch
@@ -34,25 +38,45 @@ class GenerationBackend:
 
     name = "base"
     mixed_generation = False  # lora.mixed_generation sends a LoRA group's prompts through generate_mixed
+    sampling_logprobs = True  # its Generations carry the sampling log-probs of their tokens
 
     def __init__(self, rollout: RolloutConfig):
         self.rollout = rollout
 
     def generate(self, model, tokenizer, prompts: list[list[int]], *, greedy: bool, temperature: float,
                  generator: torch.Generator | None, name: str, adapter: str | None = None,
-                 row_generators: list[torch.Generator] | None = None) -> list[Generation]:
+                 row_generators: list[torch.Generator] | None = None,
+                 sampling: list[Sampling] | None = None) -> list[Generation]:
         """Completions of ``prompts`` by ``model`` (with LoRA ``adapter`` active, where given), sampled from
         ``generator``, or prompt i from ``row_generators[i]`` (data-parallel ranks: a prompt's tokens do not
-        depend on which rank decodes it)."""
+        depend on which rank decodes it). ``sampling``: prompt i's settings (temperature, top-k, top-p,
+        length cap) in place of the rollout config's and ``temperature``."""
         raise NotImplementedError
 
     def generate_mixed(self, model, tokenizer, prompts: dict[str, list[list[int]]], *, greedy: bool,
-                       temperature: float, generator: torch.Generator | None) -> dict[str, list[Generation]]:
-        """Completions of every adapter's prompts (``{adapter: prompts}``) in calls that mix adapters."""
+                       temperature: float, generator: torch.Generator | None,
+                       sampling: dict[str, list[Sampling]] | None = None) -> dict[str, list[Generation]]:
+        """Completions of every adapter's prompts (``{adapter: prompts}``) in calls that mix adapters
+        (``sampling``: each adapter's prompts' settings, as :meth:`generate`'s)."""
         raise NotImplementedError(f"generation backend {self.name!r} cannot mix LoRA adapters in one call")
 
     def close(self) -> None:
         """Release what the backend holds (an engine, its files); the policy is not used afterwards."""
+
+
+def settings(rollout: RolloutConfig, temperature: float, sampling: list[Sampling] | None) -> dict:
+    """Keyword arguments of :func:`accord.generation.hf.generate` for a call: the rollout config's settings at
+    ``temperature``; with ``sampling`` (one per prompt), its settings as numbers when every prompt has the same,
+    else ``row_sampling`` (and the largest length cap as ``max_new_tokens``)."""
+    if sampling is None:
+        return dict(max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_k=rollout.top_k,
+                    top_p=rollout.top_p)
+    first = sampling[0] if sampling else None
+    if first is None or all(s == first for s in sampling):
+        first = first or Sampling(temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens)
+        return dict(max_new_tokens=first.max_new_tokens, temperature=first.temperature, top_k=first.top_k,
+                    top_p=first.top_p)
+    return dict(max_new_tokens=max(s.max_new_tokens for s in sampling), row_sampling=list(sampling))
 
 
 def _split(names: list[str], outs: list, prompts: dict[str, list]) -> dict[str, list]:
@@ -71,23 +95,24 @@ class HFBackend(GenerationBackend):
     mixed_generation = True
 
     def generate(self, model, tokenizer, prompts, *, greedy, temperature, generator, name, adapter=None,
-                 row_generators=None):
+                 row_generators=None, sampling=None):
         from accord.generation.hf import generate
 
         r = self.rollout
-        return generate(model, tokenizer, prompts, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                        top_k=r.top_k, top_p=r.top_p, greedy=greedy, batch_size=r.generation_batch_size,
-                        name=name, generator=generator, row_generators=row_generators)
+        return generate(model, tokenizer, prompts, greedy=greedy, batch_size=r.generation_batch_size,
+                        name=name, generator=generator, row_generators=row_generators,
+                        **settings(r, temperature, sampling))
 
-    def generate_mixed(self, model, tokenizer, prompts, *, greedy, temperature, generator):
+    def generate_mixed(self, model, tokenizer, prompts, *, greedy, temperature, generator, sampling=None):
         from accord.generation.hf import generate
 
         r = self.rollout
         names = [n for n, ps in prompts.items() for _ in ps]
         flat = [p for ps in prompts.values() for p in ps]
-        outs = generate(model, tokenizer, flat, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                        top_k=r.top_k, top_p=r.top_p, greedy=greedy, batch_size=r.generation_batch_size,
-                        name="+".join(sorted(prompts)), generator=generator, row_args={"adapter_names": names})
+        rows = None if sampling is None else [s for n in prompts for s in sampling[n]]
+        outs = generate(model, tokenizer, flat, greedy=greedy, batch_size=r.generation_batch_size,
+                        name="+".join(sorted(prompts)), generator=generator, row_args={"adapter_names": names},
+                        **settings(r, temperature, rows))
         return _split(names, outs, prompts)
 
 
@@ -116,25 +141,36 @@ class VLLMBackend(GenerationBackend):
         return self.engine
 
     def generate(self, model, tokenizer, prompts, *, greedy, temperature, generator, name, adapter=None,
-                 row_generators=None):
+                 row_generators=None, sampling=None):
         if row_generators is not None:
             raise NotImplementedError("the vllm generation backend samples from one stream per call, not per row")
-        r = self.rollout
         engine = self._engine(model, tokenizer, name)
-        return engine.generate(model, prompts, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                               top_k=r.top_k, top_p=r.top_p, greedy=greedy, name=name, generator=generator,
-                               adapters=adapter if engine.peft else None)
+        return self._by_settings(engine, model, prompts, [adapter if engine.peft else None] * len(prompts), greedy,
+                                 temperature, generator, name, sampling)
 
-    def generate_mixed(self, model, tokenizer, prompts, *, greedy, temperature, generator):
-        r = self.rollout
+    def generate_mixed(self, model, tokenizer, prompts, *, greedy, temperature, generator, sampling=None):
         label = "+".join(sorted(prompts))
         names = [n for n, ps in prompts.items() for _ in ps]
         flat = [p for ps in prompts.values() for p in ps]
+        rows = None if sampling is None else [s for n in prompts for s in sampling[n]]
         engine = self._engine(model, tokenizer, label)
-        outs = engine.generate(model, flat, max_new_tokens=r.max_new_tokens, temperature=temperature,
-                               top_k=r.top_k, top_p=r.top_p, greedy=greedy, name=label, generator=generator,
-                               adapters=names)
+        outs = self._by_settings(engine, model, flat, names, greedy, temperature, generator, label, rows)
         return _split(names, outs, prompts)
+
+    def _by_settings(self, engine, model, prompts, adapters, greedy, temperature, generator, name, sampling):
+        """One engine call per distinct sampling setting among the prompts (each call with its settings as
+        numbers), the results put back in prompt order."""
+        r = self.rollout
+        rows = sampling if sampling is not None else [None] * len(prompts)
+        out: list = [None] * len(prompts)
+        for setting in dict.fromkeys(rows):
+            idx = [i for i, s in enumerate(rows) if s == setting]
+            kw = settings(r, temperature, None if setting is None else [setting])
+            gens = engine.generate(model, [prompts[i] for i in idx], greedy=greedy, name=name, generator=generator,
+                                   adapters=[adapters[i] for i in idx] if engine.peft else None, **kw)
+            for i, g in zip(idx, gens):
+                out[i] = g
+        return out
 
     def close(self) -> None:
         if self.engine is not None:

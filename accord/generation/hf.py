@@ -33,7 +33,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList)
 
 try:  # per-layer caches (transformers >= 4.56)
     from transformers.cache_utils import DynamicLayer
@@ -70,15 +71,21 @@ class _Sampler(LogitsProcessor):
     row, while multinomial (and an exponential race) draw one per vocabulary entry.
     """
 
-    def __init__(self, temperature: float, top_k: int, top_p: float, greedy: bool, name: str,
-                 generator: torch.Generator | None = None, row_generators: list[torch.Generator] | None = None):
+    def __init__(self, temperature: float | torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor,
+                 greedy: bool, name: str, generator: torch.Generator | None = None,
+                 row_generators: list[torch.Generator] | None = None, caps: torch.Tensor | None = None):
+        # temperature / top_k / top_p: one number, or one value per row (rows of agents with their own settings)
         self.temperature, self.top_k, self.top_p, self.greedy, self.name = temperature, top_k, top_p, greedy, name
         self.generator = generator
         self.row_generators = row_generators
+        self.caps = caps   # (rows,) each row's length cap, or None: every row runs to max_new_tokens
         self.logprobs: list[torch.Tensor] = []
 
     def draw(self, scores: torch.Tensor) -> torch.Tensor:
         """The next token of each row of ``scores`` (rows, vocab), shape (rows, 1); records its log-prob."""
+        if isinstance(self.temperature, torch.Tensor) and self.temperature.device != scores.device:
+            self.temperature, self.top_k, self.top_p = (t.to(scores.device) for t in
+                                                        (self.temperature, self.top_k, self.top_p))
         processed = process_logits(scores, self.temperature, self.top_k, self.top_p)
         log_probs = torch.log_softmax(processed, dim=-1)
         if self.greedy:
@@ -173,6 +180,7 @@ def generate(
     generator: torch.Generator | None = None,
     row_args: dict[str, list] | None = None,
     row_generators: list[torch.Generator] | None = None,
+    row_sampling: list | None = None,
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
@@ -183,8 +191,13 @@ def generate(
     such as PEFT's ``adapter_names``; rows share a prefill only when their prompt and their
     ``row_args`` are equal. ``row_generators``: one random stream per prompt instead of ``generator``
     (a row then samples the same tokens whichever batch, or data-parallel rank, decodes it; see
-    :mod:`accord.distributed.data_parallel`).
+    :mod:`accord.distributed.data_parallel`). ``row_sampling``: one object per prompt with ``temperature``,
+    ``top_k``, ``top_p`` and ``max_new_tokens`` (:class:`accord.rollout.sample.Sampling`) that replace the
+    scalar settings row by row, so agents with different settings share one batch; a row draws and
+    records what the scalar settings would give it, and ends at its own cap (``finish_reason`` length).
     """
+    if row_sampling is not None and len(row_sampling) != len(prompts):
+        raise ValueError(f"row_sampling has {len(row_sampling)} entries for {len(prompts)} prompts; give one per prompt")
     if row_generators is not None and len(row_generators) != len(prompts):
         raise ValueError(f"row_generators has {len(row_generators)} entries for {len(prompts)} prompts; give one per prompt")
     row_args = dict(row_args or {})
@@ -201,15 +214,44 @@ def generate(
         for start in range(0, len(prompts), batch_size):
             chunk = prompts[start:start + batch_size]
             args = {k: v[start:start + batch_size] for k, v in row_args.items()}
-            sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
-                               greedy, name, generator,
-                               None if row_generators is None else row_generators[start:start + batch_size])
+            rows = None if row_generators is None else row_generators[start:start + batch_size]
+            steps = max_new_tokens
+            if row_sampling is None:
+                sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
+                                   greedy, name, generator, rows)
+            else:
+                sampler, steps = _row_sampler(row_sampling[start:start + batch_size], greedy, name, generator, rows)
             decode = _decode if own_loop else _hf_generate
-            completions = decode(model, chunk, args, eos, pad, max_new_tokens, sampler)
+            completions = decode(model, chunk, args, eos, pad, steps, sampler)
             out.extend(_finish(completions, sampler, eos, name))
     finally:
         model.train(was_training)
     return out
+
+
+def _row_sampler(settings: list, greedy: bool, name: str, generator, rows) -> tuple[_Sampler, int]:
+    """A sampler with each row's own settings, and the decoding steps (the largest cap); rows whose cap is
+    that largest one need no cap of their own (``caps`` None when every row has it)."""
+    caps = torch.tensor([s.max_new_tokens for s in settings])
+    steps = int(caps.max())
+    if greedy:
+        temperature, top_k, top_p = 1.0, 0, 1.0
+    else:
+        temperature = torch.tensor([float(s.temperature) for s in settings], dtype=torch.float32)
+        top_k = torch.tensor([int(s.top_k) for s in settings])
+        top_p = torch.tensor([float(s.top_p) for s in settings], dtype=torch.float32)
+    return _Sampler(temperature, top_k, top_p, greedy, name, generator, rows,
+                    None if bool((caps == steps).all()) else caps), steps
+
+
+class _RowCaps(StoppingCriteria):
+    """Hugging Face ``generate``'s per-row end at each row's own length cap."""
+
+    def __init__(self, caps: torch.Tensor, prompt_width: int):
+        self.caps, self.prompt_width = caps, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return (input_ids.size(1) - self.prompt_width) >= self.caps.to(input_ids.device)
 
 
 def supports_own_loop(model) -> bool:
@@ -275,6 +317,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     n = len(prompts)
     eos_ids = torch.tensor(eos, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
+    caps = None if sampler.caps is None else sampler.caps.to(device)
     tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     position = positions[:, -1:]
     # generated tokens (pads after EOS included) are attended, like in generate
@@ -286,6 +329,8 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
         token = sampler.draw(logits.float()).squeeze(1).masked_fill_(finished, pad)
         tokens[:, t] = token
         finished |= torch.isin(token, eos_ids)
+        if caps is not None:   # rows with their own length cap end there
+            finished |= caps <= t + 1
         if t + 1 == max_new_tokens or bool(finished.all()):
             return tokens[:, :t + 1]
         position = position + 1
@@ -324,10 +369,12 @@ def _hf_generate(model, prompts, row_args, eos, pad, max_new_tokens, sampler) ->
                               use_cache=True)
     saved = model.generation_config
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    stop = {} if sampler.caps is None else {"stopping_criteria": StoppingCriteriaList([_RowCaps(sampler.caps,
+                                                                                                 input_ids.size(1))])}
     try:
         seqs = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-            logits_processor=LogitsProcessorList([sampler]), **row_args,
+            logits_processor=LogitsProcessorList([sampler]), **stop, **row_args,
         )
     finally:
         model.generation_config = saved
@@ -356,12 +403,13 @@ def _finish(completions: torch.Tensor, sampler: _Sampler, eos: list[int], name: 
         is_eos |= completions == e
     results = []
     for i in range(n):
-        hits = is_eos[i].nonzero()
+        cap = completions.size(1) if sampler.caps is None else min(int(sampler.caps[i]), completions.size(1))
+        hits = is_eos[i, :cap].nonzero()   # after a row's own cap come pads, which may be the EOS id
         if hits.numel():
             length = int(hits[0]) + 1
             reason = "stop"
         else:
-            length = completions.size(1)
+            length = cap
             reason = "length"
         results.append(Generation(completions[i, :length].tolist(), logprobs[i, :length].tolist(), reason))
     return results

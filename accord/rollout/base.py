@@ -67,6 +67,8 @@ class Rollout:
 
     name = ""
     phases: tuple[str, ...] = ("rollout",)   # the ``time/<phase>`` metrics that collect() reports
+    # training.audit: collect() records what it scored here (accord.audit.AuditRecorder); None: nothing recorded
+    recorder = None
 
     def __init__(self, cfg: Config, env, make_env: Callable[[], Any], agents: tuple[str, ...],
                  agent_policy: dict[str, str]):

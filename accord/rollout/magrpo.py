@@ -13,6 +13,10 @@ named parts of that reward (the writing task's levels, the code reward's stages)
 every joint action. When it exists it is called *instead of* ``reward`` (one call, so an expensive
 reward, e.g. a sandbox run, is not paid twice); the trainer logs each part's mean as
 ``reward/<name>``. Tasks that define only ``reward`` (plain floats) are unchanged.
+
+With ``algorithm.credit: counterfactual`` a ``credit`` phase follows: every agent's sample is re-credited with
+its Shapley credit (:mod:`accord.algorithms.credit`), the swapped joint actions of the whole step scored in
+one more reward call. With ``training.audit`` on, the reward call is recorded (:mod:`accord.audit`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 import torch
 
 from accord.algorithms.advantages import cross_marginals
+from accord.algorithms.credit import counterfactual_credit, credit_rng
+from accord.audit import AuditRecorder
 from accord.config import ConfigError
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.envs.single_turn import RewardError, SingleTurnEnv, call_reward, call_reward_components  # noqa: F401
@@ -56,9 +62,12 @@ def joint_actions(k: int, n_agents: int, mode: str) -> list[tuple[int, ...]]:
 
 
 def score_joint_actions(env, agents: tuple[str, ...], rows: list[dict[str, Any]], texts: dict[str, list[list[str]]],
-                        prompts: dict[str, list[str]], k: int, mode: str) -> JointBatch:
+                        prompts: dict[str, list[str]], k: int, mode: str, recorder: AuditRecorder | None = None
+                        ) -> JointBatch:
     """Build every joint action of the step and score them with one reward call (``env``: a
-    :class:`~accord.envs.single_turn.SingleTurnEnv`, or a single-turn task, which is wrapped)."""
+    :class:`~accord.envs.single_turn.SingleTurnEnv`, or a single-turn task, which is wrapped). ``recorder``
+    (``training.audit``): each joint action is recorded under the key ``j<index>`` with the texts and
+    instance ids exactly as the reward received them."""
     if not isinstance(env, SingleTurnEnv):
         env = SingleTurnEnv(env)
     combos = joint_actions(k, len(agents), mode)
@@ -71,6 +80,9 @@ def score_joint_actions(env, agents: tuple[str, ...], rows: list[dict[str, Any]]
     prompt_cols = {a: [prompts[a][b] for b in inst] for a in agents}
     row_ids = [str(rows[b].get("id", b)) for b in inst]
     rewards, parts = env.score([rows[b] for b in inst], prompt_cols, completions, row_ids, agents=agents)
+    if recorder is not None:
+        for idx, (rid, r) in enumerate(zip(row_ids, rewards)):
+            recorder.score(f"j{idx}", {a: completions[a][idx] for a in agents}, {a: rid for a in agents}, r)
     return JointBatch(inst, choice, rewards, parts)
 
 
@@ -107,6 +119,7 @@ def build_samples(agents: tuple[str, ...], agent_policy: dict[str, str], prompt_
                     finish_reason=g.finish_reason, prompt_text=prompt_texts[a][b], completion_text=texts[a][b][s],
                     reward=ret, ret=ret,
                     extra={"sample": s, "joint": b * len(gens[a][b]) + s if aligned else None},
+                    sampling=getattr(g, "sampling", None),
                 ))
                 if components and aligned:
                     out[-1].extra["components"] = components[b * len(gens[a][b]) + s]
@@ -133,6 +146,9 @@ class JointRollout(Rollout):
         for a in self.agents:
             per_policy[self.agent_policy[a]] = per_policy.get(self.agent_policy[a], 0) + 1
         cfg.validate_sizes(per_policy)
+        if algo.credit == "counterfactual" and len(self.agents) < 2:
+            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; task "
+                              f"{cfg.task.name!r} has one agent ({self.agents[0]!r}): set algorithm.credit=team")
         if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
             raise ConfigError(
                 f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, "
@@ -162,11 +178,21 @@ class JointRollout(Rollout):
         with phase("gen"):
             prompt_ids, prompt_texts, gens, texts = self.sample(rows, generate, k, greedy=False)
         with phase("reward"):
-            joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode)
+            joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode,
+                                        recorder=self.recorder)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
-            samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
-                                    aligned=algo.joint_mode == "aligned", components=joint.components)
         metrics: dict[str, list[float]] = {"team/reward": list(joint.rewards)}
+        if algo.credit == "counterfactual":
+            with phase("credit"):
+                returns, credit_metrics = self.counterfactual(rows, texts, prompt_texts, joint, k, step)
+            metrics.update(credit_metrics)
+        samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
+                                aligned=algo.joint_mode == "aligned", components=joint.components)
+        if algo.credit == "counterfactual":
+            for s in samples:   # the joint action's team reward, beside the credit the sample's return carries
+                s.extra["team_reward"] = joint.rewards[s.extra["joint"]]
+        if self.recorder is not None:
+            self.mark_for_audit(samples, rows, joint)
         for key, value in joint.component_means().items():
             metrics[f"reward/{key}"] = [value]
         by_inst: dict[int, list[float]] = {}
@@ -174,6 +200,40 @@ class JointRollout(Rollout):
             by_inst.setdefault(b, []).append(r)
         metrics["team/reward_best"] = [max(rs) for rs in by_inst.values()]
         return RolloutResult(samples, metrics)
+
+    def mark_for_audit(self, samples: list[Sample], rows: list[dict], joint: JointBatch) -> None:
+        """Audit fields of the step's samples: the joint actions (keys ``j<index>``) that contain each one, and
+        the instance its prompt was rendered from; a single-turn group always comes from one prompt."""
+        containing: dict[tuple[int, int, int], list[str]] = {}
+        for idx, (b, c) in enumerate(zip(joint.instance, joint.choice)):
+            for i in range(len(self.agents)):
+                containing.setdefault((b, i, c[i]), []).append(f"j{idx}")
+        for s in samples:
+            i = self.agents.index(s.agent)
+            s.extra.update(audit_keys=containing[(s.instance, i, s.extra["sample"])], prompt_shared=True,
+                           prompt_state=str(rows[s.instance].get("id", s.instance)))
+
+    def counterfactual(self, rows: list[dict], texts: dict, prompts: dict, joint: JointBatch, k: int,
+                       step: int) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        """(B, N, K) counterfactual credits of the step's aligned joint actions (see
+        :mod:`accord.algorithms.credit`): every swapped joint action of every instance scored in one reward
+        call, and the credit diagnostics."""
+        agents = self.agents
+
+        def evaluate(requests: list[tuple[int, tuple[int, ...]]]) -> list[float]:
+            completions = {a: [texts[a][b][c[i]] for b, c in requests] for i, a in enumerate(agents)}
+            prompt_cols = {a: [prompts[a][b] for b, _ in requests] for a in agents}
+            rewards, _ = self.env.score([rows[b] for b, _ in requests], prompt_cols, completions,
+                                        [str(rows[b].get("id", b)) for b, _ in requests], agents=agents)
+            return rewards
+
+        recorded = [joint.rewards[b * k:(b + 1) * k] for b in range(len(rows))]
+        labels = [f"instance {rows[b].get('id', b)!r}" for b in range(len(rows))]
+        result = counterfactual_credit(agents, k, recorded, labels, evaluate,
+                                       orderings=self.cfg.algorithm.credit_orderings,
+                                       rng=credit_rng(self.cfg.run.seed, step))
+        returns = torch.tensor(result.credits, dtype=torch.float64).permute(0, 2, 1).contiguous()
+        return returns, result.metrics
 
     def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
              success: bool = True) -> Played:

@@ -29,6 +29,10 @@ becomes the real state, so the next agent of the same turn and every later turn 
 candidate is a sample for its agent's policy. No returns across turns: the reward of the candidate's
 step is its training signal, as in the paper.
 
+Counterfactual credit (``algorithm.credit: counterfactual``, MAGRPO trees): each node's swapped joint actions
+are replayed on clones of the node's environment (:func:`_tree_credit`). With ``training.audit`` on, every
+step of a clone is recorded with the fingerprint of the state stepped (:mod:`accord.audit`).
+
 Prompts: an agent's chat is its ``instructions`` as the system message, then its earlier
 (observation, action) exchanges as user/assistant turns (the last ``history_turns`` of them; None keeps
 all), then its current observation.
@@ -38,9 +42,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
+from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
@@ -106,7 +113,7 @@ def _sample(agent: str, policy: str, turn: int, group: int, instance: int, msgs:
     return Sample(agent=agent, policy=policy, turn=turn, group=group, instance=instance,
                   prompt_ids=comp.prompt_ids, completion_ids=comp.ids, logprobs=comp.logprobs,
                   finish_reason=comp.finish_reason, prompt_text=msgs[-1]["content"], completion_text=comp.text,
-                  reward=reward, ret=reward)
+                  reward=reward, ret=reward, sampling=getattr(comp, "sampling", None))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,6 +156,7 @@ def check_tree_size(batch: int, n_agents: int, k: int, turns: int, mode: str, ca
 class _Node:
     ep: Episode
     instance: int
+    path: str = ""                                                   # instance, then the joint indices from the root
     samples: dict[str, list[Sample]] = field(default_factory=dict)   # agent -> K samples drawn here
     joint: list[tuple[int, ...]] = field(default_factory=list)       # sample index per agent, per joint action
     rewards: list[dict[str, float]] = field(default_factory=list)    # per joint action: agent -> reward
@@ -159,9 +167,14 @@ class _Node:
 def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *, agent_policy: dict[str, str],
                 k: int, turns: int, mode: str = "aligned", gamma: float = 1.0, reward_mode: str = "team",
                 early_stop_reward: float | None = None, history_turns: int | None = None, seed: int = 0,
-                group_offset: int = 0) -> tuple[list[Sample], dict[str, list[float]]]:
-    """Roll out one MAGRPO tree per row; return its samples (returns credited) and raw metrics."""
-    roots = [_Node(ep, b) for b, ep in enumerate(start_episodes(make_env, rows, seed))]
+                group_offset: int = 0, credit_orderings: int | None = None,
+                credit_rng: random.Random | None = None,
+                recorder: AuditRecorder | None = None) -> tuple[list[Sample], dict[str, list[float]]]:
+    """Roll out one MAGRPO tree per row; return its samples (returns credited) and raw metrics.
+
+    ``credit_orderings`` (``algorithm.credit: counterfactual``): each node's team increments are replaced,
+    per agent, by the agent's counterfactual credit (:func:`_tree_credit`) before the returns are summed."""
+    roots = [_Node(ep, b, str(b)) for b, ep in enumerate(start_episodes(make_env, rows, seed))]
     agents = roots[0].ep.env.agents
     simultaneous = roots[0].ep.env.simultaneous
     if mode == "cross" and not simultaneous:
@@ -174,9 +187,10 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
         if not frontier:
             break
         if simultaneous:
-            _expand_simultaneous(frontier, agents, complete, agent_policy, k, mode, reward_mode, history_turns)
+            _expand_simultaneous(frontier, agents, complete, agent_policy, k, mode, reward_mode, history_turns,
+                                 recorder)
         else:
-            _expand_turn_based(frontier, agents, complete, agent_policy, k, reward_mode, history_turns)
+            _expand_turn_based(frontier, agents, complete, agent_policy, k, reward_mode, history_turns, recorder)
         nxt = []
         for node in frontier:
             all_nodes.append(node)
@@ -192,6 +206,10 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
                 else:
                     nxt.append(child)
         frontier = nxt
+    if credit_orderings is not None:
+        for key, values in _tree_credit(all_nodes, agents, k, simultaneous, rows, credit_orderings,
+                                        credit_rng or random.Random(seed)).items():
+            metrics.setdefault(key, []).extend(values)
     # returns, leaves first
     returns: dict[int, list[dict[str, float]]] = {}
     for node in reversed(all_nodes):
@@ -211,15 +229,20 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
         for i, a in enumerate(agents):
             credit: dict[int, list[float]] = {}
             immediate: dict[int, list[float]] = {}
+            team: dict[int, list[float]] = {}
             for j, choice in enumerate(node.joint):
                 credit.setdefault(choice[i], []).append(per_joint[j][a])
                 immediate.setdefault(choice[i], []).append(node.rewards[j][a])
+                team.setdefault(choice[i], []).append(node.team[j])
             for s_idx, s in enumerate(node.samples[a]):
                 if s is None:
                     continue   # the chain ended before this agent's turn: nothing was sampled
                 s.group = gid
                 s.ret = sum(credit[s_idx]) / len(credit[s_idx])
                 s.reward = sum(immediate[s_idx]) / len(immediate[s_idx])
+                s.extra["team_reward"] = sum(team[s_idx]) / len(team[s_idx])
+                if recorder is not None:
+                    s.extra["audit_keys"] = [f"t{node.path}/{j}" for j, c in enumerate(node.joint) if c[i] == s_idx]
                 # aligned: the j-th samples of the node's agents form joint action node * K + j of the step
                 s.extra.update(sample=s_idx, joint=n_idx * len(node.samples[a]) + s_idx if mode == "aligned" else None)
                 samples.append(s)
@@ -228,43 +251,94 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
     return samples, metrics
 
 
-def _step_clone(ep: Episode, actions: dict[str, str]) -> tuple[Episode, StepResult]:
+def _tree_credit(nodes: list[_Node], agents: Sequence[str], k: int, simultaneous: bool, rows: Sequence[dict],
+                 orderings: int, rng: random.Random) -> dict[str, list[float]]:
+    """Counterfactual credit of every node's aligned joint actions (:mod:`accord.algorithms.credit`): a
+    swapped joint action is replayed on a clone of the node's environment (simultaneous: one step with the
+    mixed actions; turn-based: the agents' turns in order, each with its chosen sample's text, until the
+    episode ends). ``node.rewards[j][a]`` becomes agent a's credit for joint action j. A node where a chain
+    ended before a later agent's turn (that agent has no sample there) has no complete joint actions to
+    swap: it keeps the team reward and is counted in ``credit/skipped_groups``."""
+    full = [n for n in nodes if all(s is not None for a in agents for s in n.samples[a])]
+
+    def replay(node: _Node, c: tuple[int, ...]) -> float:
+        env = node.ep.env.clone()
+        texts = {a: node.samples[a][c[i]].completion_text for i, a in enumerate(agents)}
+        if simultaneous:
+            return float(env.step(texts).team_reward)
+        total = 0.0
+        for a in agents:
+            res = env.step({a: texts[a]})
+            total += float(res.team_reward)
+            if res.done:
+                break
+        return total
+
+    labels = [f"instance {rows[n.instance].get('id', n.instance)!r}, turn {n.ep.turn}" for n in full]
+    result = counterfactual_credit(agents, k, [n.team for n in full], labels,
+                                   lambda reqs: [replay(full[g], c) for g, c in reqs], orderings=orderings, rng=rng)
+    for node, credits in zip(full, result.credits):
+        node.rewards = [{a: credits[j][i] for i, a in enumerate(agents)} for j in range(len(node.joint))]
+    result.metrics["credit/skipped_groups"] = [float(len(nodes) - len(full))]
+    return result.metrics
+
+
+def _step_clone(ep: Episode, actions: dict[str, str], audit: bool = False) -> tuple[Episode, StepResult, str | None]:
+    """Step a clone of ``ep``'s environment; with ``audit``, also the fingerprint of the clone just before its
+    step (the state the actions were scored on)."""
     env = ep.env.clone()
+    stepped = state_fingerprint(env) if audit else None
     res = env.step(actions)
     child = ep.copy_with(env)
     child.apply(actions, res)
     child.turn = ep.turn + 1 if (ep.env.simultaneous or _ends_turn(ep.env, actions)) else ep.turn
-    return child, res
+    return child, res, stepped
+
+
+def _mark(sample: Sample, recorder: AuditRecorder | None, state: str | None, shared: bool) -> Sample:
+    """Audit fields of a sample: the fingerprint of the state its prompt was rendered from, and whether its
+    group comes from one prompt."""
+    if recorder is not None:
+        sample.extra.update(prompt_state=state, prompt_shared=shared)
+    return sample
 
 
 def _ends_turn(env: Env, actions: dict[str, str]) -> bool:
     return tuple(actions) == (env.agents[-1],)
 
 
-def _expand_simultaneous(frontier: list[_Node], agents, complete, agent_policy, k, mode, reward_mode, history_turns):
+def _expand_simultaneous(frontier: list[_Node], agents, complete, agent_policy, k, mode, reward_mode, history_turns,
+                         recorder: AuditRecorder | None = None):
     requests = [(a, node.ep.messages(a, history_turns)) for node in frontier for a in agents]
     outs = complete(requests, k, False)
     it = iter(zip(requests, outs))
+    audit = recorder is not None
     for node in frontier:
+        state = state_fingerprint(node.ep.env) if audit else None
         for a in agents:
             (_, msgs), comps = next(it)
-            node.samples[a] = [_sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, c, 0.0)
-                               for c in comps]
+            node.samples[a] = [_mark(_sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, c, 0.0),
+                                     recorder, state, True) for c in comps]
         node.joint = [(j,) * len(agents) for j in range(k)] if mode == "aligned" else \
             list(itertools.product(range(k), repeat=len(agents)))
-        for choice in node.joint:
+        for j, choice in enumerate(node.joint):
             actions = {a: node.samples[a][choice[i]].completion_text for i, a in enumerate(agents)}
-            child, res = _step_clone(node.ep, actions)
+            child, res, stepped = _step_clone(node.ep, actions, audit)
+            if audit:
+                recorder.score(f"t{node.path}/{j}", actions, {a: stepped for a in agents}, float(res.team_reward))
             node.team.append(float(res.team_reward))
             node.rewards.append(_credit(res, agents, reward_mode))
-            node.children.append(_Node(child, node.instance))
+            node.children.append(_Node(child, node.instance, f"{node.path}.{j}"))
 
 
-def _expand_turn_based(frontier: list[_Node], agents, complete, agent_policy, k, reward_mode, history_turns):
+def _expand_turn_based(frontier: list[_Node], agents, complete, agent_policy, k, reward_mode, history_turns,
+                       recorder: AuditRecorder | None = None):
     # chains[n][j]: node n's episode after the j-th samples of the agents that acted so far in this turn
     chains = [[node.ep] * k for node in frontier]
     team = [[0.0] * k for _ in frontier]
     per_agent = [[{a: 0.0 for a in agents} for _ in range(k)] for _ in frontier]
+    audit = recorder is not None
+    scored = [[({}, {}) for _ in range(k)] for _ in frontier]   # audit: per chain, texts and stepped states
     for i, a in enumerate(agents):
         if i == 0:
             # one state per node: K samples from it in one request
@@ -283,8 +357,11 @@ def _expand_turn_based(frontier: list[_Node], agents, complete, agent_policy, k,
                 if (n, j) not in drawn:
                     continue
                 msgs, comp = drawn[(n, j)]
-                node.samples[a][j] = _sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, comp, 0.0)
-                child, res = _step_clone(chains[n][j], {a: comp.text})
+                state = state_fingerprint(chains[n][j].env) if audit else None
+                node.samples[a][j] = _mark(_sample(a, agent_policy[a], node.ep.turn, -1, node.instance, msgs, comp,
+                                                   0.0), recorder, state, i == 0)
+                child, res, stepped = _step_clone(chains[n][j], {a: comp.text}, audit)
+                scored[n][j][0][a], scored[n][j][1][a] = comp.text, stepped
                 chains[n][j] = child
                 team[n][j] += float(res.team_reward)
                 for b, v in _credit(res, agents, reward_mode).items():
@@ -294,9 +371,11 @@ def _expand_turn_based(frontier: list[_Node], agents, complete, agent_policy, k,
         for j in range(k):
             node.team.append(team[n][j])
             node.rewards.append(per_agent[n][j])
+            if audit:
+                recorder.score(f"t{node.path}/{j}", scored[n][j][0], scored[n][j][1], team[n][j])
             child = chains[n][j]
             child.turn = node.ep.turn + 1
-            node.children.append(_Node(child, node.instance))
+            node.children.append(_Node(child, node.instance, f"{node.path}.{j}"))
 
 
 def _credit(res: StepResult, agents: Sequence[str], reward_mode: str) -> dict[str, float]:
@@ -313,7 +392,8 @@ def _credit(res: StepResult, agents: Sequence[str], reward_mode: str) -> dict[st
 
 def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: CompleteFn, *,
                    agent_policy: dict[str, str], k: int, turns: int, alpha: float, history_turns: int | None = None,
-                   seed: int = 0, group_offset: int = 0) -> tuple[list[Sample], dict[str, list[float]], list[Episode]]:
+                   seed: int = 0, group_offset: int = 0,
+                   recorder: AuditRecorder | None = None) -> tuple[list[Sample], dict[str, list[float]], list[Episode]]:
     """AT-GRPO: per turn and agent, K candidates from one state, scored on clones; the best advances.
 
     Returns the samples (reward = ``alpha * team + local`` of the candidate's own step, group =
@@ -338,10 +418,14 @@ def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: 
             for b, (_, msgs), comps in zip(live, requests, outs):
                 ep = episodes[b]
                 best_r, best_child = -math.inf, None
-                for comp in comps:
-                    child, res = _step_clone(ep, {a: comp.text})
+                state = state_fingerprint(ep.env) if recorder is not None else None
+                for c, comp in enumerate(comps):
+                    child, res, stepped = _step_clone(ep, {a: comp.text}, recorder is not None)
                     r = alpha * float(res.team_reward) + float(res.local_rewards[a])
-                    samples.append(_sample(a, agent_policy[a], t, gid, b, msgs, comp, r))
+                    samples.append(_mark(_sample(a, agent_policy[a], t, gid, b, msgs, comp, r), recorder, state, True))
+                    if recorder is not None:
+                        recorder.score(f"a{gid}/{c}", {a: comp.text}, {a: stepped}, r)
+                        samples[-1].extra["audit_keys"] = [f"a{gid}/{c}"]
                     metrics.setdefault(f"turn/{t}/reward", []).append(r)
                     metrics.setdefault("team/reward", []).append(float(res.team_reward))
                     metrics.setdefault(f"agent/{a}/team_reward", []).append(float(res.team_reward))
@@ -425,6 +509,9 @@ class TreeRollout(_EpisodeRollout):
         if algo.joint_mode == "cross" and not self.env.simultaneous:
             raise ConfigError("algorithm.joint_mode=cross needs a simultaneous environment (in a turn-based "
                               "one later agents see earlier actions); use joint_mode=aligned")
+        if algo.credit == "counterfactual" and len(self.agents) < 2:
+            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; "
+                              f"{self.env.name!r} has one agent: set algorithm.credit=team")
         check_tree_size(self.cfg.rollout.batch_size, len(self.agents), algo.num_generations, self.turns,
                         algo.joint_mode, self.cfg.rollout.max_tree_generations)
 
@@ -436,7 +523,9 @@ class TreeRollout(_EpisodeRollout):
                 turns=self.turns, mode=algo.joint_mode, gamma=algo.gamma,
                 reward_mode="local" if algo.baseline == "independent" else "team",
                 early_stop_reward=algo.early_stop_reward, history_turns=r.history_turns,
-                seed=self.seed(step, len(rows)))
+                seed=self.seed(step, len(rows)),
+                credit_orderings=algo.credit_orderings if algo.credit == "counterfactual" else None,
+                credit_rng=step_credit_rng(self.cfg.run.seed, step), recorder=self.recorder)
         return RolloutResult(samples, raw)
 
 
@@ -462,5 +551,5 @@ class ATGRPORollout(_EpisodeRollout):
             samples, raw, _ = atgrpo_rollout(self.make_env, rows, generate, agent_policy=self.agent_policy,
                                              k=algo.num_generations, turns=self.turns, alpha=alpha,
                                              history_turns=self.cfg.rollout.history_turns,
-                                             seed=self.seed(step, len(rows)))
+                                             seed=self.seed(step, len(rows)), recorder=self.recorder)
         return RolloutResult(samples, raw)

@@ -1,8 +1,38 @@
-"""The one record type of training data."""
+"""The one record type of training data, and the sampling settings it was drawn with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one completion is sampled: temperature, top-k (0: off), top-p (1: off) and its length cap. The
+    learner recomputes a sample's log-probs with the same temperature and truncation."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    max_new_tokens: int
+
+
+def agent_sampling(cfg) -> dict[str, Sampling]:
+    """Each agent's sampling: ``rollout``'s settings with the agent's ``sampling`` overrides (a
+    :class:`~accord.config.Config` whose ``agents`` are resolved)."""
+    r = cfg.rollout
+    out = {}
+    for a in cfg.agents:
+        s = a.sampling
+        out[a.name] = Sampling(r.temperature if s.temperature is None else s.temperature,
+                               r.top_k if s.top_k is None else s.top_k,
+                               r.top_p if s.top_p is None else s.top_p,
+                               r.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens)
+    return out
+
+
+def rollout_sampling(rollout) -> Sampling:
+    """The rollout config's own sampling (a sample that records none was drawn with it)."""
+    return Sampling(rollout.temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens)
 
 
 @dataclass
@@ -12,6 +42,7 @@ class Sample:
     ``group`` is the integer id of the advantage group (the rollout decides what a group is);
     ``reward`` is the immediate reward credited to this sample, ``ret`` its return (equal to the
     reward in single-turn rollouts; in cross mode the marginal mean over joint actions).
+    ``sampling`` is how it was drawn (its agent's settings; None: the rollout config's).
     """
 
     agent: str
@@ -29,6 +60,7 @@ class Sample:
     ret: float = 0.0
     advantage: float = 0.0
     extra: dict = field(default_factory=dict)
+    sampling: Sampling | None = None
 
 
 @dataclass
@@ -40,6 +72,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: str
     text: str
+    sampling: Sampling | None = None
 
 
 def prompt_group_ids(samples: list[Sample]) -> list[int]:

@@ -32,6 +32,7 @@ from accord.sandbox.api import (
     SandboxConfigError,
     SandboxError,
     TestCaseResult,
+    TestPlanError,
     TestRun,
 )
 from accord.sandbox.harness import Statement, TestPlan
@@ -56,6 +57,7 @@ __all__ = [
     "Statement",
     "TestCaseResult",
     "TestPlan",
+    "TestPlanError",
     "TestRun",
     "probe_isolation",
 ]

@@ -51,6 +51,13 @@ class SandboxError(RuntimeError):
     """The sandbox could not run trusted code (a plan or a judge): a failure of the machine, not of a candidate."""
 
 
+class TestPlanError(ValueError):
+    """Tests that cannot be judged outside the candidate's process as given: a test whose calls of the
+    function depend on loops, conditions or earlier results, with no reference program to plan it."""
+
+    __test__ = False  # not a pytest test class
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """Limits of one sandboxed run. Every field is validated on construction."""
@@ -284,8 +291,9 @@ class Sandbox:
     def plan_tests(self, tests: str | Sequence[str], function: str, *, reference: str | None = None,
                    setup: str | None = None) -> TestPlan:
         """The :class:`~accord.sandbox.harness.TestPlan` of trusted ``tests`` of ``function`` (see
-        :mod:`accord.sandbox.harness`); ``reference`` is a correct program, needed for tests that are not
-        simple asserts, and ``setup`` trusted code the tests need (a problem's imports and helpers)."""
+        :mod:`accord.sandbox.harness`); ``reference`` is a correct program, needed for tests whose calls
+        are not independent (loops, conditions, calls on results; without it they raise
+        :class:`TestPlanError`), and ``setup`` trusted code the tests need (a problem's imports and helpers)."""
         return self.plan_tests_many([(tests, function, reference, setup)])[0]
 
     def plan_tests_many(self, suites: Sequence[tuple]) -> list[TestPlan]:
@@ -315,10 +323,18 @@ class Sandbox:
         if static is not None:
             return static
         binding, parsed = harness.parse_tests(tests, function)
+        if reference is None:
+            unplanned = harness.needs_reference(tests, function)
+            if unplanned:
+                raise TestPlanError(
+                    f"test {' '.join(unplanned[0].split())[:160]!r} of {function!r} cannot be judged without a "
+                    f"reference solution ({len(unplanned)} such test(s)): its calls of {function} sit in a loop, "
+                    f"a condition or another call; pass reference=<a correct program>, or write it as "
+                    f"independent calls such as `assert abs({function}(ARGS) - EXPECTED) < EPS`")
         context = tuple(c for c in (setup, reference) if c)
         extra = {"context": list(context), "function": function, "binding": binding,
                  "has_reference": reference is not None,
-                 "statements": harness.plan_job_statements(binding, parsed)}
+                 "statements": harness.plan_job_statements(binding, parsed, reference is not None)}
         result, evs = self._run("plan", "", extra=extra)
         failure = next((e.get("error") for e in evs if e.get("e") == "trusted_error"), None)
         by_index = {e["i"]: e for e in evs if e.get("e") == "stmt" and type(e.get("i")) is int}

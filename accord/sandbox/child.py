@@ -18,7 +18,8 @@ A run has two processes in the sandbox's pid namespace:
   ``calls``  run the program, then call its function on each input (plain data) and report each return
              value as plain data, or the exception it raised -- the only thing a candidate hands back;
   ``plan``   (trusted code only) run reference tests against the reference program and record the inputs
-             of every call of the function under test, and the expected values of simple asserts;
+             of every call of the function under test, and the expected values of simple asserts
+             (without a reference: evaluate the arguments of the calls, see ``harness.static_calls``);
   ``judge``  (trusted code only) replay reference tests against one candidate's recorded return values.
 
 File system: a fresh tmpfs becomes the root (``pivot_root``; the host's tree is detached, not just
@@ -26,7 +27,8 @@ hidden). Into it are bound, read-only, only the directories the interpreter need
 the interpreter binary, ``/usr`` for shared libraries), with every ``site-packages``/``dist-packages``
 under them covered by an empty read-only tmpfs; ``/dev`` holds only ``null``, ``zero``, ``full``,
 ``random`` and ``urandom``; ``/proc`` is the pid namespace's own; ``/tmp`` and ``/dev/shm`` are small
-private tmpfs; the working directory ``/sandbox`` is a size-capped tmpfs holding the program and the
+private tmpfs (an interpreter path under them, e.g. a venv in ``/tmp``, is bound on top, read-only);
+the working directory ``/sandbox`` is a size-capped tmpfs holding the program and the
 caller's files.
 
 Reports go to two inherited pipes, one line per event, tagged with a per-run nonce (see :func:`main`):
@@ -292,21 +294,28 @@ def build_root(job):
     m = _Mounter()
     new = spec["dir"]
     m.tmpfs(new, "mode=755,size=1m")
-    for path, is_dir in spec["binds"]:
-        target = new + path
-        _make_target(target, is_dir)
-        m.bind_ro(path, target)
-    for path in spec["covers"]:  # site-packages and the like under the bound trees: empty and read-only
-        m.tmpfs(new + path, "mode=755,size=4k", readonly=True)
+    # The interpreter's own paths may lie under /tmp or /dev/shm (a checkout or venv in /tmp): those are
+    # bound (and covered) after the private tmpfs mounts, on top of them, or the tmpfs would hide them.
+    private = ("/tmp/", "/dev/shm/")
+    for late in (False, True):
+        if late:
+            for path in ("/tmp", "/dev/shm"):
+                os.makedirs(new + path, 0o755, exist_ok=True)
+                m.tmpfs(new + path, "mode=1777,size=%dm,nr_inodes=4096" % job["tmpfs_mb"])
+        for path, is_dir in spec["binds"]:
+            if path.startswith(private) == late:
+                target = new + path
+                _make_target(target, is_dir)
+                m.bind_ro(path, target)
+        for path in spec["covers"]:  # site-packages and the like under the bound trees: empty and read-only
+            if path.startswith(private) == late:
+                m.tmpfs(new + path, "mode=755,size=4k", readonly=True)
     for link, dest in spec["links"]:
         os.symlink(dest, new + link)
     for name in DEVICES:
         _make_target(new + "/dev/" + name, False)
         m.mount("/dev/" + name, new + "/dev/" + name, None, MS_BIND)
     os.symlink("/proc/self/fd", new + "/dev/fd")
-    for path in ("/tmp", "/dev/shm"):
-        os.makedirs(new + path, 0o755, exist_ok=True)
-        m.tmpfs(new + path, "mode=1777,size=%dm,nr_inodes=4096" % job["tmpfs_mb"])
     os.makedirs(new + "/proc", 0o755, exist_ok=True)
     m.mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # runner hidden
     work = new + WORKDIR
@@ -574,7 +583,10 @@ def _plan(job, report):
         namespace[binding] = recorder
         event = {"e": "stmt", "i": index}
         try:
-            if kind == "simple":
+            if kind == "static":  # no reference: the calls' arguments, in call order (harness.static_calls)
+                for args, kwargs in eval(compile(args_src, "<args %d>" % index, "eval", dont_inherit=True), namespace):
+                    recorded.append(encode((list(args), kwargs)))
+            elif kind == "simple":
                 args, kwargs = eval(compile(args_src, "<args %d>" % index, "eval", dont_inherit=True), namespace)
                 recorded.append(encode((list(args), kwargs)))
                 event["expected"] = encode(eval(compile(expected_src, "<expected %d>" % index, "eval",

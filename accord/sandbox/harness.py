@@ -9,7 +9,15 @@ A candidate's process never decides whether a test passed. Instead:
    calls ``f`` -- the value of EXPECTED too. When every test is simple and its arguments and expected
    value are literals, the plan is read from the source with :func:`ast.literal_eval` and nothing runs.
    Otherwise the tests run once in a sandbox against the reference program (``reference=``), with the
-   function under test wrapped by a recorder; that process runs trusted code only.
+   function under test wrapped by a recorder; that process runs trusted code only. Without a
+   reference, a test that is not simple is planned when its calls are *independent*
+   (:func:`static_calls`): an ``assert`` whose every use of the function is a call, made exactly once
+   whatever the values (no loop, comprehension, ``and``/``or``, ``x if c else y`` or chained comparison
+   around it), with arguments that do not call the function -- ``assert abs(f(x) - y) < eps``,
+   ``assert math.isclose(f(x), y)``, ``assert sorted(f(x)) == [...]``, ``assert f(1) + f(2) == 5``. Its
+   inputs are the arguments, evaluated by trusted code in the order Python would call them. Any other
+   test without a reference is refused when it is planned (:class:`~accord.sandbox.api.TestPlanError`,
+   naming the test), not failed at scoring.
 2. **Calls** (the candidate's process): the program runs, then its function is called on each recorded
    input, and each return value comes back as plain data (:mod:`accord.sandbox.plain`) -- or the
    exception raised. Nothing else comes back; anything that is not plain data fails that call.
@@ -44,8 +52,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", "parse_tests", "simple_parts",
-           "simple_verdict"]
+__all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", "needs_reference", "parse_tests",
+           "simple_parts", "simple_verdict", "static_calls"]
 
 _OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
 PACK = "__accord_pack__"
@@ -129,6 +137,46 @@ def _is_test(stmt: ast.stmt) -> bool:
         isinstance(n, ast.Assert) for n in ast.walk(stmt))
 
 
+# Expressions whose parts Python evaluates each exactly once, in the order of their fields (a dict's keys
+# and values interleave; a call evaluates its function, positional arguments, then keywords).
+_ONCE_IN_ORDER = (ast.Call, ast.keyword, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Attribute, ast.Slice,
+                  ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Starred, ast.JoinedStr, ast.FormattedValue, ast.Name,
+                  ast.Constant, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop)
+
+
+def static_calls(stmt: ast.stmt | None, binding: str) -> list[ast.Call] | None:
+    """The calls of the function under test in a test statement, in the order Python makes them, when the
+    statement can be planned without a reference (see the module docstring), else None."""
+    if not isinstance(stmt, ast.Assert) or (stmt.msg is not None and _mentions(stmt.msg, binding)):
+        return None
+    calls: list[ast.Call] = []
+
+    def visit(node: ast.AST) -> bool:
+        if not _mentions(node, binding):
+            return True  # evaluated or not, it makes no call of the function
+        if not isinstance(node, _ONCE_IN_ORDER) or isinstance(node, ast.Name):
+            return False  # a call inside a loop, a condition or a lambda; or the function used as a value
+        if isinstance(node, ast.Compare) and len(node.ops) > 1:
+            return False  # a chained comparison stops early
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == binding:
+            if not _is_call(node, binding):
+                return False  # its arguments depend on another call's result
+            calls.append(node)
+            return True
+        if isinstance(node, ast.Dict):
+            return all((k is None or visit(k)) and visit(v) for k, v in zip(node.keys, node.values))
+        return all(visit(child) for child in ast.iter_child_nodes(node))
+
+    return calls if visit(stmt.test) else None
+
+
+def needs_reference(tests: str | Sequence[str], function: str) -> list[str]:
+    """Sources of the tests that can only be planned against a reference program (neither simple nor
+    with independent calls, see :func:`static_calls`); ``[]`` when a plan needs no reference."""
+    binding, parsed = parse_tests(tests, function)
+    return [source for source, kind, node in parsed if kind == "test" and static_calls(node, binding) is None]
+
+
 def _calls_check(stmt: ast.stmt) -> bool:
     return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
             and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "check")
@@ -174,12 +222,23 @@ def parse_tests(tests: str | Sequence[str], function: str) -> tuple[str, list[tu
     return binding, out
 
 
-def plan_job_statements(binding: str, parsed: list[tuple[str, str, ast.stmt | None]]) -> list[tuple]:
-    """What the planning child needs per statement: ``(source, kind, args source, expected source)``."""
+def plan_job_statements(binding: str, parsed: list[tuple[str, str, ast.stmt | None]],
+                        has_reference: bool = True) -> list[tuple]:
+    """What the planning child needs per statement: ``(source, kind, args source, expected source)``.
+    Without a reference a non-simple test goes as kind ``static``: its args source is a tuple of the
+    packed arguments of its calls (:func:`static_calls`), evaluated in order to record the inputs."""
     items = []
     for source, kind, node in parsed:
         args_src = expected_src = ""
-        if kind == "simple":
+        if kind == "test" and not has_reference:
+            calls = static_calls(node, binding)
+            if calls is None:
+                raise ValueError(f"test {source!r} needs a reference to be planned")
+            packs = [ast.Call(func=ast.Name(id=PACK, ctx=ast.Load()), args=c.args, keywords=c.keywords)
+                     for c in calls]
+            args_src = ast.unparse(ast.Tuple(elts=packs, ctx=ast.Load())) if packs else "()"
+            kind = "static"
+        elif kind == "simple":
             _, call, expected = simple_parts(node, binding)
             packed = ast.Call(func=ast.Name(id=PACK, ctx=ast.Load()), args=call.args, keywords=call.keywords)
             args_src = ast.unparse(packed)

@@ -44,6 +44,7 @@ __all__ = [
     "binds_name",
     "calls_to",
     "case_sources",
+    "docstring_examples",
     "extract_code",
     "function_defs",
     "ignored_calls",
@@ -286,6 +287,93 @@ def case_sources(tests: str, entry_point: str | None = None) -> list[str]:
     return [src for src, is_test in split_tests(tests, entry_point) if is_test]
 
 
+_EXAMPLE_ARROW = re.compile(r"^\s*(?:==>|=>|==|\u279e|->|\u2192|#\s*returns?|returns?|should\s+return|"
+                            r"should\s+be|the\s+output\s+should\s+be)\s*:?\s*(.+?)\s*$", re.IGNORECASE)
+_EXAMPLE_WORDS = {"true": True, "false": False}
+MAX_EXAMPLES = 10
+
+
+def _example_call(text: str, entry_point: str) -> str | None:
+    """``text`` if it is exactly a call of ``entry_point`` with literal arguments (normalised), else None."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry_point):
+        return None
+    try:
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            ast.literal_eval(arg)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        return None
+    return ast.unparse(node)
+
+
+def _example_value(text: str) -> str | None:
+    """The source of the literal ``text`` denotes (a trailing full stop dropped; ``true``/``false`` read as
+    booleans), or None."""
+    for candidate in (text.strip().rstrip(".").rstrip(), text.strip()):
+        if candidate.lower() in _EXAMPLE_WORDS:
+            return repr(_EXAMPLE_WORDS[candidate.lower()])
+        try:
+            return repr(ast.literal_eval(candidate)) if candidate else None
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return None
+
+
+def _inline_example(line: str, entry_point: str) -> str | None:
+    """``assert CALL == VALUE`` from a docstring line such as ``f(3) ==> 4``, ``f(3) returns 4`` or
+    ``Example: assert f(3) == 4``; None when the line holds no such example."""
+    start = line.find(entry_point + "(")
+    if start < 0 or (start > 0 and (line[start - 1].isalnum() or line[start - 1] in "_.")):
+        return None
+    for end in (i for i, c in enumerate(line) if c == ")" and i > start):
+        call = _example_call(line[start:end + 1], entry_point)
+        if call is None:
+            continue
+        arrow = _EXAMPLE_ARROW.match(line[end + 1:])
+        value = _example_value(arrow.group(1)) if arrow else None
+        return f"assert {call} == {value}" if value is not None else None
+    return None
+
+
+def docstring_examples(prompt: str, entry_point: str) -> list[str]:
+    """The examples of a problem's own docstring as tests, ``assert ENTRY(ARGS) == VALUE`` with literal
+    arguments and value (at most :data:`MAX_EXAMPLES`, in order, duplicates dropped). Read statically:
+    doctests (``>>> ENTRY(ARGS)`` and the lines after it up to a blank line) and one-line forms such as
+    ``ENTRY(ARGS) ==> VALUE`` / ``=>`` / ``==`` / ``->`` / ``returns`` / ``should return``; anything else (prose,
+    ``print(...)``, computed values, calls spread over lines) is skipped. These are what the model already
+    sees in the prompt, so running them reveals nothing hidden."""
+    tree = safe_parse(prompt)
+    entry = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and s.name == entry_point), None) if tree is not None else None
+    doc = ast.get_docstring(entry) if entry is not None else None
+    if not doc:
+        return []
+    lines = doc.splitlines()
+    found: list[str] = []
+    i = 0
+    while i < len(lines) and len(found) < MAX_EXAMPLES:
+        line = lines[i].strip()
+        i += 1
+        if line.startswith(">>>"):
+            expected = []
+            while i < len(lines) and lines[i].strip() and not lines[i].strip().startswith(">>>"):
+                expected.append(lines[i].strip())
+                i += 1
+            code = line[3:].split("  #")[0]
+            call, value = _example_call(code, entry_point), _example_value(" ".join(expected))
+            test = f"assert {call} == {value}" if call is not None and value is not None else None
+        else:
+            test = _inline_example(line, entry_point)
+        if test is not None and test not in found:
+            found.append(test)
+    return found
+
+
 def shorten(text: str, limit: int = 200) -> str:
     """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
     one = " ".join(str(text).split())
@@ -354,6 +442,12 @@ class TestCache:
     calls: int = 0  #: run_tests_many calls made
     jobs_run: int = 0  #: jobs sent to the sandbox (cache misses)
     _box: Sandbox | None = field(default=None, repr=False)
+
+    def fingerprint(self) -> str:
+        """The rollout audit's view of this cache (:func:`accord.audit.state_fingerprint`): pure results that
+        clones share are not episode state, so a sibling candidate that fills the cache does not make two
+        equal states look different."""
+        return "TestCache"
 
     @property
     def sandbox(self) -> Sandbox:

@@ -12,7 +12,11 @@ Every loader returns *problems*: plain dicts with string values, one per problem
     preamble          ``prompt`` minus the entry point's definition: imports and given helper functions,
                       put in front of every candidate program (HumanEval/10's ``is_palindrome``, /32's ``poly``)
     test              hidden reference tests (trusted code); HumanEval-style ``assert True, "..."`` lines,
-                      which test nothing, are removed (see ``_drop_constant_asserts``)
+                      which test nothing, are removed (see ``_drop_constant_asserts``). A record without a
+                      canonical solution is skipped, with a warning, when one of its tests can only be
+                      planned against one (:func:`accord.sandbox.harness.needs_reference`: calls of the
+                      function in a loop, a condition or on its own results); tolerance checks such as
+                      ``assert abs(candidate(x) - y) < 1e-6`` need none
     test_entry_point  the entry point when ``test`` is HumanEval-style ``def check(candidate)``, else ""
                       (MBPP: top-level asserts that call the function by name)
     canonical         a complete correct program (prompt + canonical solution), or "" when the data has none
@@ -66,6 +70,7 @@ from typing import Any
 from accord.envs.registry import TaskError
 from accord.envs.coding.common import safe_parse, split_tests
 from accord.data import digest, load_hub_dataset, read_records
+from accord.sandbox.harness import needs_reference
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +207,12 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
                    "canonical": prompt + solution if solution.strip() else ""}
     if safe_parse(problem["test"]) is None:
         logger.warning("code data: skipping record %r: its test code does not parse", rid)
+        return None
+    unplanned = [] if problem["canonical"] else needs_reference(problem["test"], problem["entry_point"])
+    if unplanned:  # refused here, when the data is read, rather than failed for every program at scoring
+        logger.warning("code data: skipping record %r: it has no canonical solution, and %d of its tests (e.g. %r) "
+                       "can only be judged against one (calls in a loop, a condition or on other results)",
+                       rid, len(unplanned), " ".join(unplanned[0].split())[:120])
         return None
     problem.update(dataset=dataset, source=source)
     return problem

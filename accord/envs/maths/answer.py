@@ -42,10 +42,13 @@ Equivalence (:func:`answers_equal`)
 -----------------------------------
 - **numbers**: integers, decimals, scientific notation, ``a/b``, ``\frac{a}{b}``, ``\frac34``, mixed
   numbers (``2\frac{1}{2}`` = 5/2 when that is the whole answer), signs. Exact rationals are compared
-  exactly (``0.75 == 3/4``); two integers must be equal exactly (1000001 != 1000000); otherwise values
-  are compared with ``rel_tol`` (default 1e-8) and ``abs_tol`` (1e-12), so a printed float
-  (``0.30000000000000004``, ``1.4142135623730951``) matches ``3/10`` or ``\sqrt{2}``, but a rounded
-  decimal (``0.333``, ``3.1416``) does not match ``1/3`` or ``\pi``.
+  exactly (``0.75 == 3/4``). **An integer matches only an integer**: when either side is an exact
+  integer, the other must be that integer exactly -- or a double's rounding noise of it, within 4 ulps
+  (``3.0000000000000004`` and ``\sin(\pi)`` pass for 3 and 0) -- so ``1000001 != 1000000``,
+  ``123456789.5 != 123456790``, ``1.9999999999 != 2``, ``10000000000\cdot\pi/\pi != 10000000099`` and
+  ``1e-13 != 0``. Otherwise values are compared with ``rel_tol`` (default 1e-8) and ``abs_tol``
+  (1e-12), so a printed float (``0.30000000000000004``, ``1.4142135623730951``) matches ``3/10`` or
+  ``\sqrt{2}``, but a rounded decimal (``0.333``, ``3.1416``) does not match ``1/3`` or ``\pi``.
 - **expressions**: ``+ - * / ^ **``, braces and parentheses, implicit multiplication (``2\sqrt3``,
   ``3x``, ``2\pi``, ``(x+1)(x-1)``), ``\sqrt{}``, ``\sqrt[n]{}``, ``\pi``, ``\infty``, ``\cdot``,
   ``\times``, ``\div``, ``\sin \cos \tan \ln \log \exp`` applied to a parenthesised or braced argument
@@ -64,10 +67,15 @@ Equivalence (:func:`answers_equal`)
 - **anything else** (words, multiple-choice letters): whitespace-free, case-insensitive string
   equality after normalisation; ``(C)``, ``\text{(C)}`` and ``C`` are the same letter.
 
-Safety limits: answers longer than 400 characters are compared as strings; numbers longer than 200
-characters are not parsed; at most 6 powers per expression; integer powers are exact only while the
-result stays under about 200,000 bits, else they are computed in floating point (overflow -> the
-expression is not a value and is compared as a string), so ``9^{9^{9^9}}`` returns at once.
+Safety limits (every check of model text is bounded here; :mod:`.timebox` adds a hard deadline on top):
+answers longer than 400 characters are compared as strings; numbers longer than 200 characters or with
+a decimal exponent beyond +-1000 (``1e-999999999``) are not parsed as numbers (compared as strings);
+at most 6 powers per expression; every exact value, intermediate results included, stays under
+20,000 bits (numerator plus denominator), larger ones continue in floating point (overflow -> the
+expression is not a value and is compared as a string), so ``9^{9^{9^9}}`` returns at once; at most
+32 boxes and 32 answer markers are tried, reading 1,600 characters after a marker; the regular
+expressions cannot backtrack exponentially. Any string is handled without an exception (a trailing
+backslash, ``5\`` or ``\boxed{5\ }``, is dropped).
 
 Not handled: numbers in words ("forty-two"), ``\pm``, inequalities and relations (``x < 3``,
 ``x \in [1, 2]``), absolute values ``|x|``, factorials, ``\binom``, matrices, subscripted variables,
@@ -101,8 +109,10 @@ __all__ = [
 MAX_ANSWER_CHARS = 400      # longer answers are compared as strings only
 _MAX_NUMBER_CHARS = 200     # longer digit strings are not parsed as numbers
 _MAX_POWERS = 6             # more ** in one expression: not evaluated
-_MAX_BOXES = 32             # boxes tried, from the last one back (bounds the work on hostile text)
-_MAX_EXACT_BITS = 200_000   # exact Fraction powers beyond this size fall back to floats
+_MAX_EXPONENT = 1000        # |decimal exponent| of a number literal (1e-999999999 would build 10**999999999)
+_MAX_BOXES = 32             # boxes and answer markers tried, from the last one back (bounds the work on hostile text)
+_MAX_MARKER_CHARS = 4 * MAX_ANSWER_CHARS  # text read after an answer marker
+_MAX_EXACT_BITS = 20_000    # exact values beyond this size (numerator + denominator bits) fall back to floats
 REL_TOL, ABS_TOL = 1e-8, 1e-12
 CHECK_MODES = ("math", "reduced_fraction")
 
@@ -183,11 +193,11 @@ def extract_answer(text: str) -> str | None:
         return boxed[:MAX_ANSWER_CHARS]
     hits = _GSM.findall(text)
     if hits:
-        found = _clean_marker(hits[-1])
+        found = _clean_marker(hits[-1][:_MAX_MARKER_CHARS])
         if found:
             return found[:MAX_ANSWER_CHARS]
-    for m in reversed(list(_MARKER.finditer(text))):
-        found = _clean_marker(m.group(1))
+    for m in list(_MARKER.finditer(text))[::-1][:_MAX_BOXES]:
+        found = _clean_marker(m.group(1)[:_MAX_MARKER_CHARS])
         if found:
             return found[:MAX_ANSWER_CHARS]
     return None
@@ -220,8 +230,11 @@ _SPACING = re.compile(r"\\(?:quad|qquad|displaystyle|textstyle|scriptstyle|maths
                       r"|\\[;: ]")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])")
 _LHS = re.compile(r"^\s*(?:[A-Za-z]|[A-Za-z]\s*\(\s*[A-Za-z]\s*\)|\\[A-Za-z]+)\s*=\s*(?!=)(.+)$", re.S)
-_UNIT_WORDS = re.compile(r"^(.*?[0-9)\]}%])((?:\s+(?:[A-Za-z]{2,}\.?|\^\s*\{?\s*\d+\s*\}?|/))+)\s*$", re.S)
+# Every alternative after \s+ starts with a non-space, and a closing brace is taken only when present, so
+# the spaces between two unit words can be split only one way (no exponential backtracking).
+_UNIT_WORDS = re.compile(r"^(.*?[0-9)\]}%])((?:\s+(?:[A-Za-z]{2,}\.?|\^\s*\{?\s*\d+(?:\s*\})?|/))+)\s*$", re.S)
 _MATH_WORDS = {"sqrt", "pi", "infty", "sin", "cos", "tan", "ln", "log", "exp", "cup", "cap", "frac", "oo"}
+_TRAILING_BACKSLASHES = re.compile(r"(?:\\\s*)+$")
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?")
 
 
@@ -294,6 +307,7 @@ def normalize_answer(s: str) -> str:
     s = s.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}")
     s = _DEGREES.sub("", s)
     s = s.replace("\\%", "%")
+    s = _TRAILING_BACKSLASHES.sub("", s)     # what is left of a spacing command cut by a strip: 5\ -> 5\
     s = re.sub(r"\s+", " ", s).strip().rstrip(".,;:!?").strip()
     s = _strip_lhs(s)
     s = _strip_units(s)
@@ -389,13 +403,18 @@ def _latex_arg(s: str, i: int) -> tuple[str, int]:
     raise _NotMath(f"bad argument {s[i]!r}")
 
 
+_COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.S)
+
+
 def _latex_to_py(s: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(s):
         c = s[i]
         if c == "\\":
-            m = re.match(r"\\([A-Za-z]+|.)", s[i:])
+            m = _COMMAND.match(s, i)
+            if m is None:  # a backslash at the very end: ``5\``
+                raise _NotMath("a lone backslash")
             name = m.group(1)
             i += len(m.group(0))
             if name == "frac":
@@ -474,7 +493,7 @@ def _tokens_to_python(expr: str) -> tuple[str, tuple[Fraction, ...]]:
             if prev == "func":
                 raise _NotMath("function without brackets")
             out.append(f"_n{len(nums)}")
-            nums.append(Fraction(text))
+            nums.append(_fraction(text))
             prev = "num"
         elif m.group("name") is not None:
             name = m.group("name")
@@ -555,6 +574,15 @@ def _int_root(v: int, n: int) -> int | None:
         if cand >= 0 and cand ** n == v:
             return cand
     return None
+
+
+def _bounded(x: Number) -> Number:
+    """``x``, or its float when it is an exact value of more than ``_MAX_EXACT_BITS`` bits: every operand
+    of exact arithmetic stays small, so no operation on exact values can take long (a float that
+    overflows raises ``OverflowError``: the expression is then not a value)."""
+    if isinstance(x, Fraction) and x.numerator.bit_length() + x.denominator.bit_length() > _MAX_EXACT_BITS:
+        return float(x)
+    return x
 
 
 def _real_or_complex(x: Number) -> Number:
@@ -639,16 +667,16 @@ def _evaluate(node: ast.AST, nums: tuple[Fraction, ...], env: dict[str, float]) 
         a = _evaluate(node.left, nums, env)
         b = _evaluate(node.right, nums, env)
         if isinstance(node.op, ast.Add):
-            return a + b
+            return _bounded(a + b)
         if isinstance(node.op, ast.Sub):
-            return a - b
+            return _bounded(a - b)
         if isinstance(node.op, ast.Mult):
-            return a * b
+            return _bounded(a * b)
         if isinstance(node.op, ast.Div):
-            return a / b
-        return _pow(a, b)
+            return _bounded(a / b)
+        return _bounded(_pow(a, b))
     if isinstance(node, ast.Call):
-        return _call(node.func.id, [_evaluate(arg, nums, env) for arg in node.args])
+        return _bounded(_call(node.func.id, [_evaluate(arg, nums, env) for arg in node.args]))
     raise _NotMath(f"unexpected node {type(node).__name__}")
 
 
@@ -712,6 +740,16 @@ def _string_key(s: str) -> str:
     return m.group(1) if m else key
 
 
+def _fraction(text: str) -> Fraction:
+    """The exact value of a number literal, refusing exponents whose exact value would be huge to build."""
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent and abs(int(exponent)) > _MAX_EXPONENT:
+        raise _NotMath(f"exponent {exponent} out of range")
+    if len(mantissa) > _MAX_NUMBER_CHARS:
+        raise _NotMath("number too long")
+    return Fraction(text)
+
+
 _MIXED = re.compile(r"([-+]?)(\d+)\s*\\frac\s*(?:\{\s*(\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -725,8 +763,8 @@ def _scalar(s: str) -> _Scalar:
     if len(compact) <= _MAX_NUMBER_CHARS and _NUMBER.fullmatch(compact):
         tree = ast.Expression(body=ast.Name(id="_n0", ctx=ast.Load()))
         try:
-            return _Scalar(text, tree, (Fraction(compact),), frozenset(), percent)
-        except (ValueError, ZeroDivisionError):
+            return _Scalar(text, tree, (_fraction(compact),), frozenset(), percent)
+        except (ValueError, ZeroDivisionError):  # _NotMath included
             return _Scalar(text, None, percent=percent)
     m = _MIXED.fullmatch(compact)
     if m:
@@ -769,12 +807,34 @@ def _parse(s: str, depth: int = 0) -> _Scalar | _Seq | _Bag | None:
     return _scalar(s)
 
 
-def _close(a: Number, b: Number, rel_tol: float, abs_tol: float) -> bool:
-    if isinstance(a, Fraction) and isinstance(b, Fraction):
-        if a == b:
-            return True
-        if a.denominator == 1 and b.denominator == 1:
+_FLOAT_NOISE_ULPS = 4
+
+
+def _matches_integer(n: Fraction, v: Number) -> bool:
+    """Whether ``v`` denotes the integer ``n``: exactly, or as a double's rounding noise of it
+    (``3.0000000000000004``: within a few ulps of ``n`` and nearer to ``n`` than to any other integer).
+    Tolerances meant for irrational values never apply: ``123456789.5`` is not 123456790, nor is a
+    float expression whose value lands 99 away from 10000000099."""
+    if isinstance(v, complex):
+        return False  # a complex with a negligible imaginary part was made real by _Scalar.values
+    if isinstance(v, float):
+        if not math.isfinite(v):
             return False
+        v = Fraction(v)
+    if v == n:
+        return True
+    gap = abs(v - n)
+    noise = Fraction(math.ulp(max(abs(float(n)), 1.0))) * _FLOAT_NOISE_ULPS if abs(n) < 2 ** 1000 else Fraction(0)
+    return gap < Fraction(1, 2) and gap <= noise
+
+
+def _close(a: Number, b: Number, rel_tol: float, abs_tol: float) -> bool:
+    if isinstance(a, Fraction) and a.denominator == 1:
+        return _matches_integer(a, b)
+    if isinstance(b, Fraction) and b.denominator == 1:
+        return _matches_integer(b, a)
+    if isinstance(a, Fraction) and isinstance(b, Fraction) and a == b:
+        return True
     try:
         ca, cb = complex(a), complex(b)
     except OverflowError:

@@ -13,6 +13,10 @@ Roles, in turn order (``agents = ("tool", "reasoner")``):
   and the last lines of the traceback, truncated) and answer, and gives a final answer in
   ``\boxed{}`` (:func:`accord.envs.maths.answer.extract_answer`).
 
+Every reading and comparison of an answer runs through :mod:`accord.envs.maths.timebox`: in a helper
+process, within 2 s per check (past that the check counts as failed: no answer, not correct), so no
+model text can raise out of :meth:`MathEnv.step` or stall it.
+
 An episode ends as soon as both agents' latest answers exist and agree
 (:func:`accord.envs.maths.answer.answers_equal`), checked after every step, or after ``max_turns``
 turns (default 4), as in the paper. ``single_agent=True``: one ``reasoner`` alone (no tool, no
@@ -64,7 +68,8 @@ from typing import Any, Sequence
 
 from accord.envs import tool_programs
 from accord.envs.registry import TaskError, register_task
-from accord.envs.maths.answer import CHECK_MODES, answers_equal, check_answer, extract_answer, tool_answer
+from accord.envs.maths.answer import CHECK_MODES
+from accord.envs.maths.timebox import answers_equal, check_answer, extract_answer, tool_answer
 from accord.envs.maths.data import DEFAULT_RG_DATASETS, SOURCES, load_math_rows
 from accord.envs.protocol import StepResult, check_step_actions
 

@@ -1,0 +1,196 @@
+"""PettingZoo, TextArena and Gymnasium environments as accord tasks (``pettingzoo:<id>``, ``textarena:<id>``,
+``gymnasium:<id>``): conformance, rewards, clones by seed + replay, the one-line errors, and training runs of
+a tiny model on a classic PettingZoo game and a TextArena game."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+pytest.importorskip("textarena")
+pytest.importorskip("gymnasium")
+
+from gymnasium import spaces  # noqa: E402
+from pettingzoo import AECEnv  # noqa: E402
+
+from accord.config import config_from_dict  # noqa: E402
+from accord.envs import make_env  # noqa: E402
+from accord.envs.check import check_env  # noqa: E402
+from accord.envs.external.base import ReplayError, TextObservationError  # noqa: E402
+from accord.envs.registry import TaskError  # noqa: E402
+from accord.trainer import Trainer  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+class ArrayGame(AECEnv):
+    """A two-player AEC game with array observations and random transitions (seeded by reset, or not)."""
+
+    metadata = {"name": "array_game_v0", "is_parallelizable": False}
+
+    def __init__(self, seeded: bool = True, takes_seed: bool = True):
+        self.possible_agents = ["a", "b"]
+        self.seeded = seeded
+        if not takes_seed:
+            self.reset = self._reset_without_seed
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 1, (2,))
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.rng = np.random.default_rng(seed if self.seeded else None)
+        self.value = self.rng.random(2)
+        self.rewards = {a: 0.0 for a in self.agents}
+        self._cumulative_rewards = dict(self.rewards)
+        self.terminations = {a: False for a in self.agents}
+        self.truncations = {a: False for a in self.agents}
+        self.infos = {a: {} for a in self.agents}
+        self.agent_selection, self.t = "a", 0
+
+    def _reset_without_seed(self, options=None):
+        ArrayGame.reset(self, seed=0)
+
+    def observe(self, agent):
+        return self.value.copy()
+
+    def step(self, action):
+        self.value = self.rng.random(2)
+        self.rewards = {a: float(action == 1) if a == self.agent_selection else 0.0 for a in self.agents}
+        self.t += 1
+        self.agent_selection = "b" if self.agent_selection == "a" else "a"
+        if self.t >= 6:
+            self.terminations = {a: True for a in self.agents}
+
+
+def make_array_env(seeded: bool = True, takes_seed: bool = True):
+    return ArrayGame(seeded, takes_seed)
+
+
+def render_array(obs, agent):
+    return f"values: {obs[0]:.3f} {obs[1]:.3f}"
+
+
+@pytest.mark.parametrize("name,options,actions", [
+    ("pettingzoo:tictactoe_v3", {}, [str(i) for i in range(9)]),
+    ("pettingzoo:classic.connect_four_v3", {}, [str(i) for i in range(7)]),
+    ("pettingzoo:rps_v2", {"parallel": True}, ["rock", "paper", "scissors"]),
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array"}, ["0", "1"]),
+    ("textarena:TicTacToe-v0", {}, [f"[{i}]" for i in range(9)]),
+    ("gymnasium:FrozenLake-v1", {}, ["0", "1", "2", "3"]),
+])
+def test_adapters_conform(name, options, actions):
+    check_env(lambda: make_env(name, options), actions=actions)
+
+
+def test_tictactoe_game_rewards_and_illegal_moves():
+    env = make_env("pettingzoo:tictactoe_v3")
+    assert env.agents == ("player_1", "player_2") and not env.simultaneous
+    env.reset(env.tasks("train", limit=1)[0])
+    for move in ["move 0", "3", "1", "4"]:
+        res = env.step({env.acting()[0]: move})
+        assert not res.done and res.team_reward == 0.0
+    twin = env.clone()
+    win = env.step({"player_1": "I take 2"})
+    assert win.done and win.local_rewards == {"player_1": 1.0, "player_2": -1.0} and win.team_reward == 0.0
+    # the clone is still before the winning move: an occupied cell is an illegal move there
+    bad = twin.step({"player_1": "4"})
+    assert bad.done and bad.info["illegal"] == "player_1"
+    assert bad.local_rewards == {"player_1": -1.0, "player_2": 0.0} and bad.team_reward == -1.0
+    chosen = make_env("pettingzoo:tictactoe_v3", {"team_reward": "player_2"})
+    chosen.reset(chosen.tasks("eval", limit=1)[0])
+    assert chosen.step({"player_1": "no move"}).team_reward == 0.0      # player_2's reward: 0
+    with pytest.raises(TaskError, match="team_reward='nobody' is neither 'sum' nor one of the agents"):
+        make_env("pettingzoo:tictactoe_v3", {"team_reward": "nobody"})
+
+
+def test_textarena_invalid_move_ends_the_episode():
+    env = make_env("textarena:TicTacToe-v0")
+    env.reset(env.tasks("train", limit=1)[0])
+    ok = env.step({"player_0": "[4]"})
+    assert not ok.done and "placed their symbol" in ok.observations["player_1"]
+    bad = env.step({"player_1": "[4]"})          # occupied: TextArena would ask player 1 to retry
+    assert bad.done and bad.info["illegal"] == "player_1" and bad.local_rewards["player_1"] == -1.0
+
+
+@pytest.mark.parametrize("name,options,problem", [
+    ("pettingzoo:test_external_envs:make_array_env", {}, TextObservationError),
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array",
+                                                      "env_kwargs": {"seeded": False}}, ReplayError),
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array",
+                                                      "env_kwargs": {"takes_seed": False}}, TaskError),
+])
+def test_bad_environments_are_one_line(name, options, problem):
+    with pytest.raises(problem) as info:
+        env = make_env(name, options)
+        env.reset(env.tasks("train", limit=1)[0])
+        env.step({"a": "1"})
+        env.clone()
+    text = str(info.value)
+    assert "\n" not in text
+    assert {"TextObservationError": "not text; give task.options.render=my_module:render",
+            "ReplayError": "cannot be cloned by seed + action replay",
+            "TaskError": "its reset() takes no seed"}[problem.__name__] in text
+
+
+def test_unknown_names_get_the_closest():
+    with pytest.raises(TaskError, match="did you mean 'tictactoe_v3'"):
+        make_env("pettingzoo:tictactoe_v2")
+    with pytest.raises(TaskError, match="did you mean 'TicTacToe-v0'"):
+        make_env("textarena:TicTacToe-v9")
+
+
+@pytest.mark.slow
+def test_envs_check_cli_one_line_errors():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "accord.cli", "envs", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=300, cwd=HERE)
+    ok = run("--check", "pettingzoo:tictactoe_v3")
+    assert ok.returncode == 0 and "conforms to the environment protocol" in ok.stdout
+    bad = run("--check", "pettingzoo:test_external_envs:make_array_env")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not text" in bad.stderr
+
+
+def _tiny(tmp_path, task, algorithm, **extra):
+    return config_from_dict({
+        "run": {"name": "t", "run_dir": str(tmp_path / "run"), "steps": 2, "threads": 2, "eval_before": False,
+                "eval_after": False},
+        "policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
+        "task": {"name": task, "eval_size": 0, **extra},
+        "algorithm": {"num_generations": 2, **algorithm},
+        "rollout": {"batch_size": 2, "max_new_tokens": 6, "temperature": 1.0, "max_turns": 2},
+        "training": {"lr": 1e-3, "micro_batch_size": 8, "audit": "strict"},
+        "logging": {"console": False, "report_to": [], "completions_every": 1},
+    })
+
+
+@pytest.mark.slow
+def test_train_tictactoe_cli_two_steps(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "task.name=pettingzoo:tictactoe_v3",
+                          "policies.main.model=tiny-qwen2",
+                          "policies.main.model_kwargs={hidden_size: 64, num_layers: 2}",
+                          "algorithm.name=atgrpo", "algorithm.num_generations=2", "rollout.batch_size=2",
+                          "rollout.max_new_tokens=6", "rollout.max_turns=2", "run.steps=2", "run.threads=2",
+                          "run.eval_before=false", "run.eval_after=false", "task.eval_size=0",
+                          f"run.run_dir={tmp_path / 'ttt'}", "logging.console=false", "logging.report_to=[]",
+                          "training.audit=strict"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = (tmp_path / "ttt" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,algorithm", [("textarena:TicTacToe-v0", {"name": "magrpo"}),
+                                            ("gymnasium:FrozenLake-v1", {"name": "atgrpo"})])
+def test_train_two_steps(tmp_path, task, algorithm):
+    trainer = Trainer(_tiny(tmp_path, task, algorithm))
+    try:
+        last = trainer.train()
+    finally:
+        trainer.close()
+    assert last["audit/violations"] == 0 and "team/reward" in last
