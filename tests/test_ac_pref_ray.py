@@ -14,6 +14,16 @@ from accord.trainer import Trainer  # noqa: E402
 pytestmark = pytest.mark.usefixtures("restore_threads")
 
 
+def _by_value():
+    """Pickle this module's functions by value: ``_heads`` runs in a policy's Ray actor, which cannot import a
+    test module."""
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 def _heads(policy) -> dict:
     return {k: v.detach().clone() for k, v in policy.value_heads.state_dict().items()}
 
@@ -33,6 +43,7 @@ def _state(trainer) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [{"name": "iac", "num_generations": 1}, {"name": "madpo", "num_generations": 3}])
 def test_same_metrics_and_weights_as_local(ray_session, tiny_cfg, tmp_path, algorithm):
+    _by_value()
     results = {}
     for backend in ("local", "ray"):
         trainer = Trainer(config_from_dict(tiny_cfg(
