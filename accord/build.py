@@ -17,7 +17,7 @@ import difflib
 import functools
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,6 +41,7 @@ from accord.policies import build_policy, seed_everything
 from accord.policies_lora import build_lora_policies
 from accord.rollout.base import Rollout, make_rollout, rollout_name
 from accord.rollout.sample import agent_sampling
+from accord.trainer_steps import build_parts, check_run as check_steps
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Run:
     backend: Any = None                   # Ray actors or data-parallel ranks (None: policies in this process)
     releases: list = dataclasses.field(default_factory=list)   # of the run directory's lock (hold_run_dir)
     resume_state: dict | None = None      # the trainer state of the checkpoint resumed from (None: a new run)
+    parts: dict = field(default_factory=dict)   # critics, pair buffer, reward model (accord.trainer_steps)
 
     def close(self) -> None:
         """Release the backend (Ray actors and a local Ray cluster the run started, or data-parallel ranks; a
@@ -182,6 +184,7 @@ def check_run(cfg: Config, env) -> dict[str, int]:
     for name in {cfg.algorithm.advantage, *(a.advantage for a in cfg.agents if a.advantage)}:
         check_advantage_config(name, cfg.algorithm.normalize_std)
     note_dapo_recipe(cfg)
+    check_steps(cfg, env)   # iac, maac, madpo, marlhf
     per_policy: dict[str, int] = defaultdict(int)
     for a in cfg.agents:
         per_policy[a.policy] += 1
@@ -246,11 +249,12 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
     return ckpt
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], allow_unverified: bool = False,
-               verified: Path | None = None) -> dict | None:
-    """Load the latest checkpoint into ``policies``; its trainer state (``step``: the step to continue from), or
-    None without one. ``verified``: a checkpoint :func:`resume_point` verified already (not hashed again)."""
-    state = resume_checkpoint(run_dir, policies, allow_unverified, verified=verified)
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], parts: dict[str, Any] | None = None,
+               allow_unverified: bool = False, verified: Path | None = None) -> dict | None:
+    """Load the latest checkpoint into ``policies`` (and the run's ``parts``: critics, pair buffer, reward
+    model); its trainer state (``step``: the step to continue from), or None without one. ``verified``: a
+    checkpoint :func:`resume_point` verified already (not hashed again)."""
+    state = resume_checkpoint(run_dir, policies, parts, allow_unverified, verified=verified)
     if state is None:  # killed before its first checkpoint: the same seed replays it exactly
         logger.warning("%s has no checkpoint yet: starting the run over from step 0", run_dir)
         discard_uncheckpointed(run_dir)
@@ -283,8 +287,9 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
         agents = tuple(a.name for a in cfg.agents)
         agent_policy = {a.name: a.policy for a in cfg.agents}
         make_env_fn = functools.partial(build_env, cfg)
-        rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env_fn, agents, agent_policy)
-        if cfg.training.audit != "off":
+        name = rollout_name(cfg, env)
+        rollout = make_rollout(name, cfg, env, make_env_fn, agents, agent_policy)
+        if cfg.training.audit != "off" and name != "episodes":   # the episodes rollout records nothing (trainer_steps)
             rollout.recorder = AuditRecorder()
         train_rows, eval_rows = split_data(cfg, env)
         policies, backend = build_policies(cfg, per_policy)
@@ -292,8 +297,9 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
                   AgentGenerator(policies, agent_policy, agent_sampling(cfg)), train_rows, eval_rows, cfg.run_dir,
                   backend=backend, releases=releases)
         check_context(cfg, policies)
+        run.parts = build_parts(cfg, run)   # critics, pair buffer, reward model: before a resume loads them
         if resume:
-            run.resume_state = resume_run(cfg, run.run_dir, policies, allow_unverified, verified=verified)
+            run.resume_state = resume_run(cfg, run.run_dir, policies, run.parts, allow_unverified, verified=verified)
             run.start_step = run.resume_state["step"] if run.resume_state else 0
         run.run_dir.mkdir(parents=True, exist_ok=True)
         releases.append(hold_run_dir(run.run_dir))   # held from here on, also where the directory is new

@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 ``RUN_DIR/checkpoints/step_000010/`` holds, per policy, ``model.safetensors`` and ``optimizer.pt``
-(optimizer and LR-scheduler state), plus ``state.pt`` (step, data position and the Python, NumPy and
+(optimizer and LR-scheduler state), the run's further parts under ``extras/`` (critics, madpo's pair buffer,
+marlhf's reward model: :mod:`accord.trainer_steps`), plus ``state.pt`` (step, data position and the Python, NumPy and
 torch RNG states). Under ``specialization: lora`` a policy's directory holds its adapter's tensors
 (``adapter.safetensors``), ``optimizer.pt`` and ``base.json`` (the base model's spec and the LoRA
 shape, checked on load) instead of the full model: the frozen base is rebuilt from the config.
@@ -121,8 +122,10 @@ def disk_full_error(run_dir: Path, doing: str, err: BaseException) -> DiskFullEr
                          f"of {run_dir}{left} and continue with `accord train --resume {run_dir}`")
 
 
-def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> Path:
+def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, parts: dict | None = None) -> Path:
     """Write the checkpoint of ``step`` into a temporary directory (fsynced, manifest last); return it.
+    ``parts``: further state of the run (critics, pair buffer, reward model: objects with ``save(directory)``
+    and ``load(directory)``), each under ``extras/<name>``.
 
     Nothing under ``step_*`` changes until :func:`commit_checkpoint` renames it into place; the trainer
     logs the step's metrics in between, so a checkpoint never exists without its step's metrics. A write that
@@ -132,7 +135,7 @@ def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> P
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     try:
-        return _write_into(tmp, step, policies, state)
+        return _write_into(tmp, step, policies, state, parts)
     except (OSError, RuntimeError, SafetensorError) as err:
         full = is_disk_full(err, root)  # before the partial files are removed and free their space
         shutil.rmtree(tmp, ignore_errors=True)
@@ -144,12 +147,14 @@ def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict) -> P
         raise
 
 
-def _write_into(tmp: Path, step: int, policies: dict, state: dict) -> Path:
+def _write_into(tmp: Path, step: int, policies: dict, state: dict, parts: dict | None) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name)
+    for name, part in (parts or {}).items():
+        part.save(tmp / "extras" / name)
     torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -317,7 +322,7 @@ def verified_checkpoint(run_dir: Path, allow_unverified: bool = False) -> Path |
     return None
 
 
-def resume_checkpoint(run_dir: Path, policies: dict, allow_unverified: bool = False,
+def resume_checkpoint(run_dir: Path, policies: dict, parts: dict | None = None, allow_unverified: bool = False,
                       verified: Path | None = None) -> dict | None:
     """Load the newest checkpoint that verifies and loads; return its trainer state (None: the run has none).
 
@@ -333,7 +338,7 @@ def resume_checkpoint(run_dir: Path, policies: dict, allow_unverified: bool = Fa
         problem = None if verified is not None and ckpt == verified else checkpoint_problem(ckpt, allow_unverified)
         if problem is None:
             try:
-                state = load_checkpoint(ckpt, policies)
+                state = load_checkpoint(ckpt, policies, parts)
             except CheckpointError as err:
                 problem = str(err)
             else:
@@ -378,8 +383,9 @@ def load_state(path: Path) -> dict:
             return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def load_checkpoint(path: Path, policies: dict) -> dict:
-    """Restore policies and RNG states; return the saved trainer state (step, data position, ...)."""
+def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> dict:
+    """Restore policies, the run's ``parts`` (see :func:`write_checkpoint`) and RNG states; return the saved
+    trainer state (step, data position, ...)."""
     for name, policy in policies.items():
         src = path / "policies" / name
         if not src.is_dir():
@@ -392,6 +398,19 @@ def load_checkpoint(path: Path, policies: dict) -> dict:
             raise CheckpointError(f"checkpoint {path}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
                                   "corrupted: resume from an older checkpoint or start over") from err
+    for name, part in (parts or {}).items():
+        src = path / "extras" / name
+        if not src.is_dir():
+            raise ConfigError(f"checkpoint {path} has no {name!r} (critics, pair buffer or reward model of this "
+                              "algorithm); resume with the config the checkpoint was trained with")
+        try:
+            part.load(src)
+        except ConfigError:
+            raise
+        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:
+            raise CheckpointError(f"checkpoint {path}: {name!r} cannot be loaded ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''}); resume from an older checkpoint "
+                                  "or start over") from err
     try:
         state = load_state(path / "state.pt")
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:

@@ -170,12 +170,14 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _log_held_out(run_dir: Path, temperature: float) -> None:
-    """End the console with what the run learned: held-out results before -> after."""
+    """End the console with what the run learned: held-out results before -> after, then the training
+    reward of the first third of the steps -> the last third."""
     from accord.tracking import read_metrics
-    from accord.tracking.console import held_out_summary
+    from accord.tracking.console import held_out_summary, training_summary
 
     if (run_dir / "metrics.jsonl").is_file():
-        for line in held_out_summary(read_metrics(run_dir), temperature=temperature):
+        rows = read_metrics(run_dir)
+        for line in held_out_summary(rows, temperature=temperature) + training_summary(rows):
             logger.info("%s", line)
 
 

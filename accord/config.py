@@ -204,6 +204,11 @@ class TaskConfig:
 
 
 ADVANTAGES = ("mean", "rloo", "max", "raw")
+ALGORITHMS = ("magrpo", "atgrpo", "iac", "maac", "madpo", "marlhf")
+ACTOR_CRITIC = ("iac", "maac")                     # docs/algorithms-actor-critic.md
+PREFERENCE = ("madpo", "marlhf")                   # docs/algorithms-preference.md
+PAIR_SELECTIONS = ("reward_gap", "random", "all")   # accord.algorithms.preference.select_pairs
+SINGLE_SAMPLE_ALGORITHMS = ("iac", "maac", "marlhf")  # K = 1 allowed (marlhf: with an actor-critic stage)
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
 LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")   # built in (accord.algorithms.losses); ``clip`` = grpo
 TIS_MODES = ("auto", "off", "truncate", "mask")
@@ -226,13 +231,18 @@ class OverlongConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = _f("magrpo", "Algorithm: 'magrpo' (team reward, joint-action trees) or 'atgrpo' (agent- and "
-                   "turn-wise groups; turn-based environments).")
+    name: str = _f("magrpo", "Algorithm: 'magrpo' (team reward, joint-action trees), 'atgrpo' (agent- and "
+                   "turn-wise groups; turn-based environments), 'iac' (independent actor-critic: one critic per "
+                   "agent; see `critic`), 'maac' (one centralised critic over the joint history), 'madpo' (joint "
+                   "DPO on preference pairs from the team reward; see `preference`) or 'marlhf' (a joint reward "
+                   "model, then RL against it; see `reward_model`). docs/algorithms-actor-critic.md, "
+                   "docs/algorithms-preference.md.")
     baseline: str = _f("none", "Baseline variant: 'none', 'single_agent' (the task's one-agent variant; on "
                        "writing and humaneval one model writes both parts in one completion), "
                        "'centralized' (one model writes all roles in one completion) or 'independent' (each "
                        "agent trained on its local reward only).")
-    num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2).")
+    num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2; iac, maac and marlhf "
+                              "with an actor-critic stage: >= 1; madpo: the candidates per prompt).")
     joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
                         "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
@@ -292,7 +302,7 @@ class AlgorithmConfig:
                                "value (all N! orderings, i.e. the exact value, when N! is at most this).")
 
     def __post_init__(self) -> None:
-        _choice("algorithm", "name", self.name, ("magrpo", "atgrpo"))
+        _choice("algorithm", "name", self.name, ALGORITHMS)
         _choice("algorithm", "baseline", self.baseline, ("none", "single_agent", "centralized", "independent"))
         _choice("algorithm", "norm_scope", self.norm_scope, ("group", "agent", "prompt"))
         _choice("algorithm", "credit", self.credit, ("team", "counterfactual"))
@@ -320,7 +330,12 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.alpha={self.alpha} must be >= 0 (0: local rewards only)")
         if self.parse_penalty < 0:
             raise ConfigError(f"algorithm.parse_penalty={self.parse_penalty} is subtracted; give a value >= 0")
-        if self.num_generations < 2:
+        if self.name in SINGLE_SAMPLE_ALGORITHMS:   # no group: a critic is the baseline (marlhf: see Config)
+            _positive("algorithm", "num_generations", self.num_generations)
+        elif self.name == "madpo" and self.num_generations < 2:
+            raise ConfigError(f"algorithm.num_generations={self.num_generations}: madpo pairs candidates of one prompt, "
+                              "so it needs K >= 2 of them; set algorithm.num_generations=8 (or more: more pairs)")
+        elif self.num_generations < 2:
             raise ConfigError(
                 f"algorithm.num_generations={self.num_generations}: group-relative advantages need K >= 2 "
                 "samples per group; set algorithm.num_generations=4 (the papers' default)"
@@ -623,6 +638,106 @@ class SftConfig:
                               "used as written: set sft.noise=0 or drop sft.data")
 
 
+# --- actor-critic and preference learning (docs/algorithms-actor-critic.md, docs/algorithms-preference.md) ---
+
+
+@dataclass
+class CriticConfig:
+    mode: str | None = _f(None, "algorithm.name=iac: 'head' (a value head on each agent's own policy model: shared "
+                          "trunk, one summed loss) or 'separate' (a critic model per agent with its own optimizer); "
+                          "null: head. maac trains one separate centralised critic (null or 'separate').")
+    model: str | None = _f(None, "critic.mode=separate and maac: the critic's causal LM (any model accord loads, as "
+                           "policies.<name>.model), with a scalar head; null: the model of the (first) policy.")
+    model_kwargs: dict = _f(help="Options of a tiny critic model (as policies.<name>.model_kwargs).", factory=dict)
+    lr: float | None = _f(None, "Learning rate of separate critics and of value heads; null: training.lr.")
+    value_at: str = _f("prompt", "'prompt': V(h), the value at the last prompt (history) token; 'completion': "
+                       "Q(h, a), at the last completion token, and the actor's advantage is Q minus the mean Q of "
+                       "the K samples of one prompt (needs K >= 2).")
+    value_coef: float = _f(0.5, "Weight of the value loss: in the summed loss of critic.mode=head, and on separate "
+                           "critics' loss (0.5 * squared error).")
+    value_clip: float | None = _f(0.2, "Clip the new value to within this distance of the value the advantages were "
+                                  "computed with (PPO's clipped value loss; null: plain squared error).")
+    gae_lambda: float = _f(0.95, "GAE lambda over each agent's own turns (1: Monte-Carlo returns, 0: TD(0) "
+                           "targets); the discount is algorithm.gamma.")
+    normalize_advantage: bool = _f(True, "Z-score the advantages of each agent over the step's samples.")
+    max_tokens: int | None = _f(None, "Longest critic input in tokens; a longer one keeps its last max_tokens tokens "
+                                "(the most recent history and the value query; counted in critic/<name>/"
+                                "truncated_frac). null: the critic model's context length.")
+
+    def __post_init__(self) -> None:
+        _choice("critic", "mode", self.mode, (None, "head", "separate"))
+        _choice("critic", "value_at", self.value_at, ("prompt", "completion"))
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"critic.lr={self.lr} must be > 0 (or null to use training.lr)")
+        if self.value_coef <= 0:
+            raise ConfigError(f"critic.value_coef={self.value_coef} must be > 0 (0.5 is the usual value)")
+        if self.value_clip is not None and self.value_clip <= 0:
+            raise ConfigError(f"critic.value_clip={self.value_clip} must be > 0 (or null: no value clipping)")
+        if not 0 <= self.gae_lambda <= 1:
+            raise ConfigError(f"critic.gae_lambda={self.gae_lambda} must be in [0, 1] (0.95 is the usual value)")
+        if self.max_tokens is not None:
+            _positive("critic", "max_tokens", self.max_tokens, 8)
+
+
+@dataclass
+class PreferenceConfig:
+    beta: float = _f(0.1, "DPO temperature beta of the joint loss -log sigmoid(beta * sum_i margin_i).")
+    reference_free: bool = _f(False, "true: margins of the policies' log-probs alone (CoMLRL's only form); false: "
+                              "minus those of the frozen initial policy (with LoRA: the base with adapters off).")
+    pair_selection: str = _f("reward_gap", "Which pairs of a prompt's candidates: 'reward_gap' (largest team-reward "
+                             "gap first), 'random' (seeded) or 'all'. Candidates with equal reward are never paired.")
+    max_pairs_per_prompt: int | None = _f(16, "Cap on pairs per prompt (null: no cap; pair_selection=all needs null).")
+    min_gap: float = _f(0.0, "A pair needs a team-reward gap above this (0: any strictly better candidate).")
+    rounds_every: int = _f(1, "madpo: regenerate the pairs from the current policy every N steps (1: fresh pairs "
+                           "every step, online DPO); in between, each step is one more pass over the round's pairs.")
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ConfigError(f"preference.beta={self.beta} must be > 0 (0.1 is the usual value)")
+        _choice("preference", "pair_selection", self.pair_selection, PAIR_SELECTIONS)
+        if self.max_pairs_per_prompt is not None:
+            _positive("preference", "max_pairs_per_prompt", self.max_pairs_per_prompt)
+        if self.pair_selection == "all" and self.max_pairs_per_prompt is not None:
+            raise ConfigError(f"preference.pair_selection=all takes every pair, but preference.max_pairs_per_prompt="
+                              f"{self.max_pairs_per_prompt} caps them; set max_pairs_per_prompt=null or pair_selection="
+                              "reward_gap")
+        if self.min_gap < 0:
+            raise ConfigError(f"preference.min_gap={self.min_gap} must be >= 0")
+        _positive("preference", "rounds_every", self.rounds_every)
+
+
+@dataclass
+class RewardModelConfig:
+    path: str | None = _f(None, "algorithm.name=marlhf: a reward model trained earlier (a run's RUN_DIR/reward_model "
+                          "directory): used as is, no stage 1. null: train one at the start of the run.")
+    model: str | None = _f(None, "Backbone of the reward model (a causal LM accord loads, with a scalar head on the last "
+                           "token); null: the model of the (first) policy.")
+    model_kwargs: dict = _f(help="Options of a tiny reward-model backbone.", factory=dict)
+    preferences: str | None = _f(None, "JSONL file of preferences a person wrote, one {prompts, chosen, rejected} "
+                                 "object per line, each a mapping agent -> text (docs/algorithms-preference.md); null: "
+                                 "pairs from the team reward on rollouts of the initial policies.")
+    prompts: int = _f(64, "Preferences from the team reward: training instances whose K candidates are scored and "
+                      "paired (preference.* selects the pairs).")
+    eval_frac: float = _f(0.1, "Share of the pairs held out to measure rm/accuracy (0: the training pairs).")
+    epochs: int = _f(2, "Passes of Bradley-Terry training over the pairs.")
+    batch_size: int = _f(16, "Pairs per reward-model optimizer step.")
+    lr: float = _f(1e-4, "AdamW learning rate of the reward model (betas, weight decay and clipping from training).")
+    max_tokens: int | None = _f(None, "Longest joint text in tokens; a longer one keeps its last max_tokens tokens "
+                                "(counted in rm/truncated_frac). null: the backbone's context length.")
+    rl: str = _f("magrpo", "The online RL of stage 2 against the frozen reward model: 'magrpo', 'iac' or 'maac' "
+                 "(configured by `algorithm` and `critic` as on their own).")
+
+    def __post_init__(self) -> None:
+        _positive("reward_model", "prompts", self.prompts)
+        _positive("reward_model", "epochs", self.epochs)
+        _positive("reward_model", "batch_size", self.batch_size)
+        if not 0 <= self.eval_frac < 1:
+            raise ConfigError(f"reward_model.eval_frac={self.eval_frac} must be in [0, 1)")
+        if self.lr <= 0:
+            raise ConfigError(f"reward_model.lr={self.lr} must be > 0")
+        _choice("reward_model", "rl", self.rl, ("magrpo", "iac", "maac"))
+        if self.max_tokens is not None:
+            _positive("reward_model", "max_tokens", self.max_tokens, 8)
 def _default_seeds() -> list:
     return [0]
 
@@ -725,6 +840,12 @@ class Config:
                         factory=RayConfig)
     sft: SftConfig = _f(help="`accord sft`: the warm start's demonstrations and fine-tuning (`accord train` does not "
                         "read it).", factory=SftConfig)
+    critic: CriticConfig = _f(help="algorithm.name=iac|maac: the critics (value heads or models).",
+                              factory=CriticConfig)
+    preference: PreferenceConfig = _f(help="algorithm.name=madpo|marlhf: preference pairs and the joint DPO loss.",
+                                      factory=PreferenceConfig)
+    reward_model: RewardModelConfig = _f(help="algorithm.name=marlhf: the joint reward model and the RL against it.",
+                                         factory=RewardModelConfig)
     compare: CompareConfig = _f(help="`accord compare`: methods, seeds, token budget and evaluation of a comparison "
                                 "(`accord train` does not read it).", factory=CompareConfig)
 
@@ -765,10 +886,93 @@ class Config:
             raise ConfigError("rollout.drop_flat_groups=true drops advantage groups with equal returns, but "
                               "algorithm.norm_scope=agent pools all of an agent's samples of a step into one group; "
                               "use norm_scope=group or prompt, or drop_flat_groups=false")
+        self._check_actor_critic_and_preference()
+
+    def _check_actor_critic_and_preference(self) -> None:
+        """Combinations of iac, maac, madpo and marlhf with the other sections that do not apply."""
+        algo = self.algorithm
+        if algo.name not in ACTOR_CRITIC + PREFERENCE:
+            return
+        stage = self.reward_model.rl if algo.name == "marlhf" else algo.name
+        if algo.name == "marlhf" and stage == "magrpo" and algo.num_generations < 2:
+            raise ConfigError(f"algorithm.num_generations={algo.num_generations}: marlhf with reward_model.rl=magrpo "
+                              "needs K >= 2 samples per group; set algorithm.num_generations=4, or reward_model.rl=iac")
+        if algo.joint_mode == "cross":
+            raise ConfigError(f"algorithm.joint_mode=cross does not apply to algorithm.name={algo.name} (its critics, "
+                              "candidates and reward model see aligned joint actions, the j-th samples of all agents); "
+                              "set algorithm.joint_mode=aligned")
+        if stage == "maac" and self.critic.mode == "head":
+            raise ConfigError("critic.mode=head does not apply to maac: its critic is one centralised model over the "
+                              "joint history of all agents, not a head on one agent's policy; leave critic.mode null "
+                              "(or 'separate'), or use algorithm.name=iac for value heads")
+        if stage == "iac" and self.critic.mode in (None, "head") and self.critic.model is not None:
+            models = sorted({p.model for p in self.policies.values()})
+            if models != [self.critic.model] or self.critic.model_kwargs:
+                raise ConfigError(f"critic.mode=head (iac's default) puts each agent's value head on its own policy model {models} (its "
+                                  f"tokenizer), but critic.model={self.critic.model!r} names another; set "
+                                  "critic.mode=separate to train that model as the critic, or drop critic.model")
+        if stage in ACTOR_CRITIC and self.critic.value_at == "completion" and algo.num_generations < 2:
+            raise ConfigError(f"critic.value_at=completion makes the advantage Q minus the mean Q of a prompt's K "
+                              f"samples, but algorithm.num_generations={algo.num_generations}; set num_generations "
+                              ">= 2 or critic.value_at=prompt")
+        if algo.name == "madpo" and algo.kl_coef > 0:
+            raise ConfigError(f"algorithm.kl_coef={algo.kl_coef} does not apply to madpo (DPO's margins already hold "
+                              "the policy to its reference: preference.reference_free=false); set kl_coef=0")
+        replicated = sorted(n for n, p in self.policies.items() if p.replicas is not None)
+        if replicated or self.training.fsdp:
+            raise ConfigError(f"algorithm.name={algo.name} does not support data-parallel policies (policies "
+                              f"{replicated} set replicas{', training.fsdp=true' if self.training.fsdp else ''}): its "
+                              "critics and pair buffers live in one process; drop policies.<name>.replicas and "
+                              "training.fsdp, or use magrpo/atgrpo")
+        if self.rollout.generation_backend == "vllm":
+            raise ConfigError(f"algorithm.name={algo.name} is not supported with rollout.generation_backend=vllm yet "
+                              "(its reference and value forwards run on the learner); use generation_backend=hf")
+        # main's group-relative controls: each needs a step these algorithms do not run
+        if algo.credit != "team":
+            raise ConfigError(f"algorithm.credit={algo.credit} splits MAGRPO's team return among agents; it does not "
+                              f"apply to algorithm.name={algo.name} (critics, pairs or a reward model assign credit "
+                              "there); set algorithm.credit=team")
+        if self.rollout.drop_flat_groups:
+            raise ConfigError(f"rollout.drop_flat_groups drops advantage groups of equal returns (magrpo, atgrpo); "
+                              f"algorithm.name={algo.name} has no such groups (madpo already skips tied candidates); "
+                              "set rollout.drop_flat_groups=false")
+        if algo.name != "marlhf" or stage != "magrpo":   # marlhf's magrpo stage runs MAGRPO's own phases
+            if algo.overlong.window or algo.overlong.mask_truncated:
+                raise ConfigError(f"algorithm.overlong (DAPO's length shaping) is applied by MAGRPO's and AT-GRPO's "
+                                  f"step, not by algorithm.name={algo.name}; set algorithm.overlong.window=0 and "
+                                  "mask_truncated=false")
+        if algo.name == "madpo":
+            if algo.loss not in ("grpo", "clip"):
+                raise ConfigError(f"algorithm.loss={algo.loss} is a policy-gradient loss; madpo trains on the joint DPO "
+                                  "loss (preference.*): leave algorithm.loss at grpo")
+            if algo.tis not in ("auto", "off"):
+                raise ConfigError(f"algorithm.tis={algo.tis} corrects policy-gradient ratios; madpo's DPO margins use "
+                                  "the learner's own log-probs: set algorithm.tis=auto")
+
+    def _check_actor_critic_and_preference_agents(self) -> None:
+        """Per-agent settings iac, maac, madpo and marlhf's actor-critic stage do not apply (again once the task
+        has filled ``agents``)."""
+        algo = self.algorithm
+        if algo.name not in ACTOR_CRITIC + PREFERENCE:
+            return
+        own = [a.name for a in self.agents if a.advantage]
+        if own:
+            raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo); "
+                              f"algorithm.name={algo.name} takes its advantages from critics or preference pairs: "
+                              "drop agents[].advantage")
+        if algo.name == "marlhf" and self.reward_model.rl == "magrpo":
+            return   # MAGRPO's update: frozen and alternating agents apply
+        frozen = [a.name for a in self.agents if not a.trainable]
+        if frozen or algo.alternate_every:
+            what = f"agents {frozen} set trainable=false" if frozen else f"algorithm.alternate_every={algo.alternate_every}"
+            raise ConfigError(f"{what}, but algorithm.name={algo.name} updates every agent each step (its value heads "
+                              "and DPO update run per policy); train all agents, or use magrpo, atgrpo or marlhf with "
+                              "reward_model.rl=magrpo")
 
     def _check_agents(self) -> None:
         """Frozen agents, the alternation schedule and per-agent length caps (again once the task has filled
         ``agents``: see :meth:`resolve_agents`)."""
+        self._check_actor_critic_and_preference_agents()
         window = self.algorithm.overlong.window
         for a in self.agents:
             cap = a.sampling.max_new_tokens or self.rollout.max_new_tokens

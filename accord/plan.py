@@ -229,7 +229,7 @@ def _step_shape(cfg: Config, agents_of: dict[str, list[str]], multi_turn: bool, 
         total = b * k * n_agents
         for p, ags in agents_of.items():
             samples[p] = rows[p] = b * k * len(ags)
-    elif algo.name == "atgrpo":
+    elif algo.name in ("atgrpo", "iac", "maac", "madpo"):   # AT-GRPO's candidates; K sampled episodes
         total = b * k * n_agents * turns
         for p, ags in agents_of.items():
             samples[p] = b * k * len(ags) * turns
@@ -257,7 +257,8 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     k = cfg.algorithm.num_generations
     bf16 = _bf16_guess(tr.bf16, plan.device)
     plan.weights = 0.0 if plan.shared_base else 4.0 * plan.params
-    plan.reference = 4.0 * plan.params if cfg.algorithm.kl_coef > 0 and not lora else 0.0
+    dpo_reference = cfg.algorithm.name == "madpo" and not cfg.preference.reference_free
+    plan.reference = 4.0 * plan.params if (cfg.algorithm.kl_coef > 0 or dpo_reference) and not lora else 0.0
     plan.grads = 4.0 * plan.trainable
     plan.optimizer = 8.0 * plan.trainable
     b = tr.micro_batch_size if tr.micro_batch_tokens is None else max(1, tr.micro_batch_tokens // (prompt + c))
@@ -274,6 +275,9 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
         per_width = (5.0 if cfg.lora.dropout > 0 else 0.0) + (2.0 if bf16 else 0.0)
         acts += tokens * lora_width * per_width / (layers if tr.gradient_checkpointing else 1)
     acts += 3 * b * c * vocab * 4.0
+    if _head_critic(cfg):  # value heads: the trunk once more over the distinct prompts (V) or whole sequences (Q)
+        q = cfg.critic.value_at == "completion"
+        acts += (b * (prompt + c) if q else math.ceil(b / k) * prompt) * layers * per_token_layer * layer_bytes
     if bf16:
         acts += 2.0 * plan.params  # autocast's bf16 copies of the weights
     plan.activations = acts
@@ -281,6 +285,56 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     plan.generation = rows * (prompt + c) * layers * 2 * kv * 4.0 + 4.0 * rows * vocab * 4.0
     if plan.device == "cpu" and not lora:  # DecodeStep's prepacked copy (accord.generation.fast_decode)
         plan.generation += 4.0 * plan.params
+
+
+def _head_critic(cfg: Config) -> bool:
+    """Whether the run puts value heads on the policies (iac, or marlhf's iac stage, with critic.mode head)."""
+    from accord.trainer_steps import stage_of
+
+    return stage_of(cfg) == "iac" and cfg.critic.mode in (None, "head")
+
+
+def extra_plans(cfg: Config, prompt: int, turns: int) -> list[PolicyPlan]:
+    """The trainer's own models, as plans on the trainer's device: separate critics (iac: one per agent), the
+    centralised critic (maac) and marlhf's reward model (its Bradley-Terry stage: weights, gradients, AdamW and
+    one micro-batch of winner and loser texts; frozen afterwards)."""
+    from accord.trainer_steps import stage_of
+
+    c, n, b = cfg.rollout.max_new_tokens, len(cfg.agents), cfg.training.micro_batch_size
+    device = _planned_device(cfg.run.device, "local", 0.0)
+    first = cfg.policies[cfg.agents[0].policy]
+    out: list[tuple[str, str, dict, int, int]] = []   # name, model, kwargs, sequences per micro-batch, tokens each
+    stage = stage_of(cfg)
+    q = cfg.critic.value_at == "completion"
+    if stage == "iac" and cfg.critic.mode == "separate":
+        for a in cfg.agents:
+            pcfg = cfg.policies[a.policy]
+            out.append((f"critic {a.name}", cfg.critic.model or pcfg.model,
+                        cfg.critic.model_kwargs if cfg.critic.model else pcfg.model_kwargs, b, prompt + (c if q else 0)))
+    elif stage == "maac":
+        out.append(("critic joint", cfg.critic.model or first.model,
+                    cfg.critic.model_kwargs if cfg.critic.model else first.model_kwargs, b, n * turns * (prompt + c)))
+    if cfg.algorithm.name == "marlhf":
+        rm = cfg.reward_model
+        out.append(("reward model", rm.path or rm.model or first.model,
+                    {} if rm.path else (rm.model_kwargs if rm.model else first.model_kwargs), b, n * (prompt + c)))
+    plans = []
+    for name, spec, kwargs, rows, length in out:
+        config = model_config(spec, kwargs)
+        params = sum(t.numel() for t in _meta_model(config).parameters())
+        plan = PolicyPlan(name, spec, type(_meta_model(config)).__name__, params, params, device, 0, 0)
+        limit = getattr(config, "max_position_embeddings", None)
+        length = min(length, limit) if limit else length
+        h, layers = config.hidden_size, config.num_hidden_layers
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or h // heads
+        per_token_layer = 4 * h + 4 * heads * head_dim + 2 * getattr(config, "num_key_value_heads", heads) * head_dim \
+            + 4 * getattr(config, "intermediate_size", 4 * h)
+        plan.weights, plan.grads, plan.optimizer = 4.0 * params, 4.0 * params, 8.0 * params
+        plan.activations = rows * length * layers * per_token_layer * (2.0 if _bf16_guess(cfg.training.bf16, device)
+                                                                       else 4.0)
+        plans.append(plan)
+    return plans
 
 
 def _bf16_guess(setting, device: str) -> bool:
@@ -359,7 +413,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
             _shard_memory(plan)
         plans.append(plan)
     return {"plans": plans, "generations": total, "turns": turns, "multi_turn": multi, "prompt": prompt,
-            "resources": resources}
+            "resources": resources, "extras": extra_plans(cfg, prompt, turns)}
 
 
 def _shard_memory(plan: PolicyPlan) -> None:
@@ -433,9 +487,11 @@ def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1,
 
 
 def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resources: dict,
-        details: dict[str, GpuNeed] | None = None) -> list[tuple[str, float, float | None]]:
+        details: dict[str, GpuNeed] | None = None,
+        extras: list[PolicyPlan] = ()) -> list[tuple[str, float, float | None]]:
     """(device, bytes needed, bytes present or None) per device the run uses; ``details`` (if given) receives
-    each GPU's :class:`GpuNeed`."""
+    each GPU's :class:`GpuNeed`; ``extras``: the trainer's own critics and reward model (see
+    :func:`extra_plans`)."""
     need: dict[str, list[PolicyPlan]] = {}
     if cfg.run.backend == "ray":  # one actor per policy; a GPU actor gets a GPU of its own (or a share)
         gpu = 0
@@ -453,6 +509,8 @@ def fit(cfg: Config, plans: list[PolicyPlan], devices: dict[str, float], resourc
                     need.setdefault(f"cuda:{r}", []).append(pl)
             else:
                 need.setdefault(pl.device, []).extend([pl] * pl.replicas)  # CPU ranks: one process each
+    for pl in extras:   # separate critics and the reward model live in the trainer's process
+        need.setdefault(pl.device, []).append(pl)
     out = []
     vllm = getattr(cfg, "plan_vllm", cfg.rollout.generation_backend == "vllm")
     for dev, pls in need.items():
@@ -512,14 +570,20 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
                         f"{'FSDP: 1/' + str(p.replicas) + ' of the state each' if cfg.training.fsdp else 'each a full copy'})"
                         if p.replicas > 1 else ""))
         base = f" (shared with {p.shared_base})" if p.shared_base else ""
-        for label, v in (("weights fp32" + base, p.weights), ("KL reference", p.reference), ("gradients", p.grads),
+        for label, v in (("weights fp32" + base, p.weights), ("reference (KL, DPO)", p.reference), ("gradients", p.grads),
                          ("AdamW state", p.optimizer), ("update activations", p.activations),
                          ("generation (KV cache)", p.generation), ("peak", p.peak)):
             lines.append(f"  {label:34s}{gib(v)}")
-    lines.append("devices:")
     fits = True
+    for p in plan.get("extras", []):
+        lines.append(f"{p.name}: {p.model} ({p.arch}), {p.params / 1e9:.3f} B parameters; device {p.device} (the "
+                     "trainer's process)")
+        for label, v in (("weights fp32", p.weights), ("gradients", p.grads), ("AdamW state", p.optimizer),
+                         ("update activations", p.activations), ("peak", p.peak)):
+            lines.append(f"  {label:34s}{gib(v)}")
+    lines.append("devices:")
     gpus: dict[str, GpuNeed] = {}
-    for dev, total, have in fit(cfg, plan["plans"], devices, plan["resources"], gpus):
+    for dev, total, have in fit(cfg, plan["plans"], devices, plan["resources"], gpus, plan.get("extras", [])):
         if have is None:
             fits = False
             lines.append(f"  {dev}: needs {total / GIB:.2f} GiB; not present here (pass --gpu-memory-gb to plan for "

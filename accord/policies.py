@@ -576,6 +576,11 @@ class Policy:
             metrics[f"mem/{self.name}/cuda_reserved_peak_mb"] = torch.cuda.max_memory_reserved(self.device) / 2**20
         return metrics
 
+    def run(self, fn, *args, **kwargs):
+        """``fn(self, *args, **kwargs)`` where this policy lives (in its Ray actor on that backend): how the
+        value heads and preference updates of :mod:`accord.critics` reach the model without a method here."""
+        return fn(self, *args, **kwargs)
+
     # placement hooks (FSDP shards here: accord.distributed.fsdp)
     def _place_model(self, model):
         """The freshly loaded (CPU) model on this policy's device."""

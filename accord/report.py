@@ -41,7 +41,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from accord.tracking.console import held_out_summary
+from accord.tracking.console import held_out_summary, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
@@ -61,11 +61,13 @@ _EVAL_AGENT_LEN_RE = re.compile(r"^eval/agent/([^/]+)/completion_len$")
 _COMPONENT_RE = re.compile(r"^(eval/)?reward/(.+)$")
 _LOSS_RE = re.compile(r"^loss/(.+)/(pg|kl|entropy|grad_norm)$")
 _TIME_RE = re.compile(r"^time/(.+)$")
+_LEARNED_RE = re.compile(r"^(critic|pref|rm)/")
 _LOSS_TITLES = {"pg": "policy-gradient loss (loss/<policy>/pg)", "kl": "KL to the reference (loss/<policy>/kl)",
                 "entropy": "sampling entropy per token (loss/<policy>/entropy)",
                 "grad_norm": "gradient norm before clipping (loss/<policy>/grad_norm)"}
 # "Best": the maximum of these (the last path segment) ...
-_HIGHER_IS_BETTER = {"reward", "reward_best", "return", "success", "team_reward", "local_reward"}
+_HIGHER_IS_BETTER = {"reward", "reward_best", "return", "success", "team_reward", "local_reward", "accuracy",
+                     "explained_variance"}
 # ... the minimum of these; every other metric (lengths, times, ...) has no "best".
 _LOWER_IS_BETTER = {"pg", "kl", "loss", "nll"}
 _MEAN_OF_LAST = 5
@@ -590,12 +592,7 @@ def _render_markdown(
     temperature = _nested(config, "rollout", "eval_temperature")
     temperature = float(temperature) if isinstance(temperature, (int, float)) else 0.0
     lines += ["## What the run learned", ""]
-    lines += [f"- {line.strip()}" for line in held_out_summary(rows, temperature=temperature)]
-    if "team/reward" in series and series["team/reward"].finite.size >= 2:
-        team = series["team/reward"]
-        n = min(_MEAN_OF_LAST, team.finite.size // 2)
-        lines.append(f"- training team reward (sampled), mean of the first {n} -> last {n} steps: "
-                     f"{_fmt(float(team.finite[:n].mean()))} -> {_fmt(float(team.finite[-n:].mean()))}")
+    lines += [f"- {line.strip()}" for line in held_out_summary(rows, temperature=temperature) + training_summary(rows)]
     lines.append("")
 
     lines += ["## Configuration", ""]
@@ -616,7 +613,7 @@ def _render_markdown(
         lines.append("- **Throughput:** n/a (no `perf/gen_tokens_per_s`)")
     lines.append("")
 
-    main = (["team/reward"] + sorted(k for k in series if _AGENT_REWARD_RE.match(k)) + ["team/success",
+    main = (["team/reward", "rm/reward"] + sorted(k for k in series if _AGENT_REWARD_RE.match(k)) + ["team/success",
             "eval/team/reward", "eval/success"] + sorted(k for k in series if _EVAL_AGENT_RETURN_RE.match(k))
             + sorted(k for k in series if k.startswith("eval/") and _best_direction(k) == "max"
                      and not _COMPONENT_RE.match(k) and k not in ("eval/team/reward", "eval/success")
@@ -640,6 +637,15 @@ def _render_markdown(
         lines += _table(components, series, groups=False)
         lines += ["", "_The task's reward in parts (`reward/<part>`: training, mean per joint action; "
                   "`eval/reward/<part>`: held-out)._", ""]
+
+    learned = [k for k in sorted(series) if _LEARNED_RE.match(k)]
+    if learned:
+        lines += ["## Critics, preferences and the reward model", ""]
+        lines += _table(learned, series, groups=False)
+        lines += ["", "_`critic/<name>/...`: the critics of iac and maac (docs/algorithms-actor-critic.md); `pref/...`: madpo's "
+                  "pairs and joint DPO loss; `rm/...`: marlhf's reward model (stage 1 at step 1; `rm/reward`, the "
+                  "score the policies are trained on, beside the task's own `team/reward`: a gap that grows is "
+                  "reward-model over-optimisation; docs/algorithms-preference.md)._", ""]
 
     health = [k for k in sorted(series) if _LOSS_RE.match(k) or _AGENT_LEN_RE.match(k) or _AGENT_STOP_RE.match(k)
               or _EVAL_AGENT_LEN_RE.match(k) or k == "adv/zero_std_frac"]

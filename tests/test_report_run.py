@@ -65,6 +65,10 @@ def test_report_headline_totals_and_tables(writing_run):
     first, last = rows[0]["eval/team/reward"], rows[-1]["eval/team/reward"]
     headline = md.split("## What the run learned", 1)[1].split("##", 1)[0]
     assert f"step 0 -> step 5: {first:.4f} -> {last:.4f}" in headline
+    # and the training reward's first third -> last third (one step each of five)
+    team = [r["team/reward"] for r in rows if "team/reward" in r]
+    assert (f"training team reward (sampled), mean of the first third (step 1) -> the last third (step 5): "
+            f"{team[0]:.4f} -> {team[-1]:.4f}") in headline
     # identical curves once: the agents' rewards are the team reward
     cells = _row(md, "`team/reward` = `agent/concise/reward` = `agent/detailed/reward`")
     team = [r["team/reward"] for r in rows if "team/reward" in r]

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from accord.config import ConfigError, config_from_dict, load_config
 from accord.tracking import ConsoleSink
-from accord.tracking.console import held_out_summary
+from accord.tracking.console import held_out_summary, training_summary, training_thirds
 from accord.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,8 @@ def test_piped_run_shows_progress_and_ends_with_before_after(tmp_path):
     assert any("step 1/2  team/reward=" in line for line in lines)  # a plain progress line per step
     at = next(i for i, line in enumerate(lines) if "run directory:" in line)
     assert "held-out team reward (sampled at temperature 1), step 0 -> step 2: " in lines[at + 1]
-    assert lines[at + 2:] and all("  agent " in line and " -> " in line for line in lines[at + 2:])
+    assert "training team reward (sampled), mean of the first third (step 1) -> the last third (step 2): " in lines[-1]
+    assert lines[at + 2:-1] and all("  agent " in line and " -> " in line for line in lines[at + 2:-1])
     assert "\x1b[" not in out.stderr  # no terminal control codes in a pipe
 
 
@@ -121,6 +122,22 @@ def test_held_out_summary_lines():
     assert "temperature 0.7" in held_out_summary(rows, temperature=0.7)[0]
     assert "one evaluation" in held_out_summary(rows[2:])[0]
     assert "no held-out evaluation" in held_out_summary(rows[1:2])[0]
+
+
+def test_training_summary_compares_the_first_and_last_third_of_the_steps():
+    """The quickstart's second criterion: the training reward's mean over the last third of the steps against
+    the first third's; evaluation-only rows, non-finite values and a resumed step's older record do not count."""
+    rewards = [1.0, 1.2, 0.8, 1.5, 1.1, 1.4, 2.0, 2.2, 2.4, 2.6]   # steps 1..10: thirds of 3 steps
+    rows = [{"step": 0, "eval/team/reward": 1.0}]
+    rows += [{"step": i + 1, "team/reward": r} for i, r in enumerate(rewards)]
+    rows.insert(5, {"step": 9, "team/reward": -50.0})  # superseded by the later record of step 9
+    rows.append({"step": 11, "team/reward": float("nan")})
+    first, before, last, after = training_thirds(rows)
+    assert (first, last) == ([1, 2, 3], [8, 9, 10])
+    assert before == pytest.approx(1.0) and after == pytest.approx(2.4)
+    assert training_summary(rows) == ["training team reward (sampled), mean of the first third (steps 1-3) -> "
+                                      "the last third (steps 8-10): 1.0000 -> 2.4000 (+1.4000)"]
+    assert training_thirds(rows[:2]) is None and training_summary(rows[:2]) == []
 
 
 def test_envs_lists_kind_and_roles(tmp_path):

@@ -257,6 +257,13 @@ class RemotePolicy:
     def kl_rewards(self, samples: list) -> list[tuple[float, int]]:
         return self.kl_rewards_async(samples).result()
 
+    def run_async(self, fn, *args: Any, **kwargs: Any) -> RayFuture:
+        return self._send("run", fn, *args, **kwargs)
+
+    def run(self, fn, *args: Any, **kwargs: Any) -> Any:
+        """``fn(policy, *args, **kwargs)`` in the actor (see :meth:`accord.policies.Policy.run`)."""
+        return self.run_async(fn, *args, **kwargs).result()
+
     def seed_stream(self, stream: str, seed: int) -> None:
         self._send("seed_stream", stream, seed).result()
 

@@ -6,7 +6,7 @@ step's :class:`~accord.rollout.sample.Sample` records (rewards and returns credi
 assigned) and raw metric values; :meth:`Rollout.play` plays held-out instances without branching, for
 evaluation. Rollouts know neither torch models nor the trainer: text comes from ``generate``.
 
-Three implementations are registered (:func:`register_rollout`), and :func:`rollout_name` picks one from
+Four implementations are registered (:func:`register_rollout`), and :func:`rollout_name` picks one from
 the algorithm and the environment:
 
 ========================  ==============================================  ==============================
@@ -17,6 +17,8 @@ name                      what it samples                                 module
 ``magrpo_tree``           multi-turn MAGRPO: a tree of joint actions      :mod:`accord.rollout.multiturn`
 ``atgrpo``                AT-GRPO: per turn and agent K candidates on     :mod:`accord.rollout.multiturn`
                           clones, the best advances
+``episodes``              iac, maac, madpo on multi-turn environments:    :mod:`accord.rollout.episodes`
+                          K independent sampled episodes per instance
 ========================  ==============================================  ==============================
 
 Each implementation checks the config against the environment in :meth:`Rollout.check` (called when it
@@ -107,8 +109,12 @@ def rollout_name(cfg: Config, env) -> str:
     single-turn task) or tree (a multi-turn environment)."""
     from accord.envs.single_turn import SingleTurnEnv
 
+    from accord.rollout.episodes import uses_episodes
+
     if cfg.algorithm.name == "atgrpo":
         return "atgrpo"
+    if uses_episodes(cfg.algorithm.name, env):   # actor-critic and preference learning: whole trajectories
+        return "episodes"
     return "magrpo_joint" if isinstance(env, SingleTurnEnv) else "magrpo_tree"
 
 

@@ -9,6 +9,8 @@ stderr.
 :func:`held_out_summary` turns a run's ``metrics.jsonl`` rows into the lines ``accord train`` ends
 with: the held-out team reward before -> after, the success rate where the task has one, and each
 agent's own return where it differs from the team's (multi-turn environments) and completion length.
+:func:`training_summary` adds the sampled training reward of the first third of the steps against the
+last third: a second, noisier view of learning that needs no held-out set (the quickstart's criterion).
 """
 
 from __future__ import annotations
@@ -82,3 +84,32 @@ def held_out_summary(rows: list[dict], *, temperature: float = 0.0) -> list[str]
     for agent, parts in per_agent.items():
         lines.append(f"  agent {agent}: " + ", ".join(parts))
     return lines
+
+
+def training_thirds(rows: list[dict]) -> tuple[list[int], float, list[int], float] | None:
+    """(steps, mean) of the training team reward over the first and the last third of a run's steps,
+    or None with fewer than two steps. A third holds ``max(1, n // 3)`` steps, so the two never overlap;
+    a step logged twice (a resume) counts once, with its last value."""
+    by_step = {r["step"]: r["team/reward"] for r in rows
+               if isinstance(r.get("team/reward"), (int, float)) and math.isfinite(r["team/reward"])}
+    steps = sorted(by_step)
+    if len(steps) < 2:
+        return None
+    k = max(1, len(steps) // 3)
+    first, last = steps[:k], steps[-k:]
+    return (first, sum(by_step[s] for s in first) / k, last, sum(by_step[s] for s in last) / k)
+
+
+def _span(steps: list[int]) -> str:
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def training_summary(rows: list[dict]) -> list[str]:
+    """The closing line on the sampled training team reward: the mean of the first third of the steps ->
+    the mean of the last third (no line with fewer than two steps)."""
+    thirds = training_thirds(rows)
+    if thirds is None:
+        return []
+    first, before, last, after = thirds
+    return [f"training team reward (sampled), mean of the first third ({_span(first)}) -> the last third "
+            f"({_span(last)}): {_change(before, after)}"]

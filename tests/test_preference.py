@@ -1,0 +1,192 @@
+"""madpo and marlhf end to end on tiny real models: learning, rounds and exact resume with the pair buffer, the
+reward model (from the team reward, from a person's file, from an earlier run), and bad input."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from accord.config import ConfigError, config_from_dict
+from accord.envs.registry import register_task
+from accord.envs.synthetic.letters import LettersTask
+from accord.tracking import read_metrics
+from accord.trainer import Trainer
+
+
+def weights(trainer):
+    return {f"{p}/{k}": v.detach().clone() for p, pol in trainer.policies.items()
+            for k, v in pol.model.named_parameters()}
+
+
+def learn(tiny_cfg, **sections):
+    base = dict(run={"steps": 20, "eval_before": True, "eval_after": True, "eval_every": 0},
+                task={"name": "letters", "eval_size": 16},
+                rollout={"batch_size": 8, "max_new_tokens": 12, "temperature": 1.0, "eval_temperature": 1.0},
+                training={"lr": 2e-2, "micro_batch_size": 64})
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    trainer = Trainer(config_from_dict(tiny_cfg(**base)))
+    trainer.train()
+    recs = read_metrics(trainer.run_dir)
+    return [r["eval/team/reward"] for r in recs if "eval/team/reward" in r], recs
+
+
+# The learning tests: held-out reward of the tiny random model before training 0.44. With the preference's sign
+# flipped (winner and loser swapped in accord.trainer_steps.build_pairs, a throwaway patch) madpo ends at 0.14
+# and the test fails (2026-11-24, one torch thread).
+@pytest.mark.slow
+def test_madpo_learns_letters(tiny_cfg):
+    evals, recs = learn(tiny_cfg, algorithm={"name": "madpo", "num_generations": 4},
+                        preference={"max_pairs_per_prompt": 4, "beta": 0.5})
+    assert evals[-1] > 0.75 and evals[-1] > evals[0] + 0.2, f"held-out reward did not rise past 0.75: {evals}"
+    # (pref/accuracy is not asserted: with rounds_every=1 it ranks fresh pairs the policy has not trained on)
+    assert recs[-1]["pref/pairs"] > 0 and "pref/accuracy" in recs[-1]
+
+
+# marlhf: stage 2 climbs the reward model's score, and stage 1's reward model ranks its held-out pairs above
+# chance. What this does NOT show is that the task gets better: on this tiny setup (one torch thread, 2026-11-24)
+# the held-out task reward went 0.44 -> 0.57 at lr 1e-2 and 0.44 -> 0.18 at lr 2e-2 while rm/reward kept rising,
+# and the reward model ordered only 102 of 191 fresh pairs of held-out instances as the task's reward does (94 of
+# 189 with the preferences flipped): its 72 % held-out accuracy is over pairs of the training prompts. With the
+# preferences flipped this test failed once (rm/reward rose by 0.08 < 0.5), which is no proof that it guards the
+# sign.
+@pytest.mark.slow
+def test_marlhf_climbs_its_reward_model(tiny_cfg):
+    evals, recs = learn(tiny_cfg, algorithm={"name": "marlhf", "num_generations": 4, "normalize_std": True},
+                        reward_model={"prompts": 32, "epochs": 3, "lr": 1e-3}, training={"lr": 1e-2})
+    stage1 = next(r for r in recs if r["step"] == 1)
+    assert stage1["rm/accuracy"] > 0.6, f"the reward model ranks held-out pairs at chance: {stage1['rm/accuracy']}"
+    rm = [r["rm/reward"] for r in recs if "rm/reward" in r]
+    assert sum(rm[-5:]) / 5 > sum(rm[:5]) / 5 + 0.5, f"the policies did not climb the reward model: {rm}"
+    assert all("team/reward" in r for r in recs if "rm/reward" in r) and len(evals) == 2   # both rewards logged
+
+
+def test_madpo_rounds_resume_exactly_mid_round(tiny_cfg, tmp_path):
+    """rounds_every=2 with a checkpoint after step 1: the resumed run trains step 2 on the saved round's pairs."""
+    common = dict(algorithm={"name": "madpo", "num_generations": 3},
+                  preference={"rounds_every": 2, "pair_selection": "random", "max_pairs_per_prompt": 2},
+                  training={"lr": 1e-3, "micro_batch_size": 5, "num_mini_batches": 2})
+    full = Trainer(config_from_dict(tiny_cfg(run={"steps": 3, "run_dir": str(tmp_path / "a")}, **common)))
+    full.train()
+    cfg_b = tiny_cfg(run={"steps": 3, "run_dir": str(tmp_path / "b"), "checkpoint_every": 1}, **common)
+    Trainer(config_from_dict(cfg_b)).train(stop_after=1)
+    resumed = Trainer(config_from_dict(cfg_b), resume=True)
+    assert resumed.start_step == 1 and resumed.run.parts["pairs"].round_step == 0 and resumed.run.parts["pairs"].pairs
+    resumed.train()
+    a, b = weights(full), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["pref/round_step"] for r in ra] == [0, 0, 2]
+    for key in ("pref/loss", "pref/accuracy", "pref/margin"):
+        assert [r[key] for r in ra] == [r[key] for r in rb], key
+
+
+def test_madpo_with_lora_uses_the_base_as_reference(tiny_cfg):
+    trainer = Trainer(config_from_dict(tiny_cfg(
+        run={"steps": 1}, specialization="lora", algorithm={"name": "madpo", "num_generations": 3},
+        policies={"pe": {"model": "tiny-qwen2"}, "po": {"model": "tiny-qwen2"}},
+        agents=[{"name": "e", "policy": "pe"}, {"name": "o", "policy": "po"}], training={"lr": 1e-2})))
+    assert all(p.ref_model is None for p in trainer.policies.values())   # no second model: adapters off
+    buf = trainer.run.parts["pairs"]
+    trainer.train()
+    assert buf.pairs and any(v != 0.0 for v in buf.ref)
+    rec = read_metrics(trainer.run_dir)[-1]
+    assert rec["pref/skipped"] == 0 and rec["loss/pe/grad_norm"] > 0 and rec["loss/po/grad_norm"] > 0
+
+
+class _Flat(LettersTask):
+    def reward(self, *, completions, **kwargs):
+        return [0.5] * len(completions["e"])
+
+
+@register_task("flat-letters-test", "test only: every joint action scores 0.5")
+def _make_flat():
+    return _Flat()
+
+
+def test_a_batch_with_no_usable_pair_is_logged_and_skipped(tiny_cfg, caplog):
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, task={"name": "flat-letters-test", "eval_size": 0},
+                                                algorithm={"name": "madpo", "num_generations": 3})))
+    before = weights(trainer)
+    with caplog.at_level(logging.WARNING, logger="accord.trainer_steps"):
+        trainer.train()
+    assert "no preference pair" in caplog.text
+    rec = read_metrics(trainer.run_dir)[-1]
+    assert rec["pref/skipped"] == 1 and rec["pref/pairs"] == 0
+    assert all(torch.isfinite(torch.tensor(float(v))) for v in rec.values())
+    after = weights(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(json.dumps(x) if not isinstance(x, str) else x for x in lines) + "\n")
+    return str(path)
+
+
+GOOD = {"prompts": {"e": "Task 1: write words with the letter e.", "o": "Task 1: write words with the letter o."},
+        "chosen": {"e": "eel tree see", "o": "good moon solo"}, "rejected": {"e": "a b", "o": "x y"}}
+
+
+def test_marlhf_from_a_persons_file_then_reuse_of_its_reward_model(tiny_cfg, tmp_path):
+    prefs = _write(tmp_path / "prefs.jsonl", [GOOD] * 6 + [""])
+    first = Trainer(config_from_dict(tiny_cfg(run={"steps": 1, "run_dir": str(tmp_path / "one")},
+                                              algorithm={"name": "marlhf"},
+                                              reward_model={"preferences": prefs, "epochs": 2, "eval_frac": 0.0})))
+    first.train()
+    rec = read_metrics(first.run_dir)[0]
+    assert rec["rm/pairs"] == 6 and 0 <= rec["rm/accuracy"] <= 1 and "rm/reward" in rec
+    exported = tmp_path / "one" / "reward_model"
+    assert (exported / "head.safetensors").is_file()
+    again = Trainer(config_from_dict(tiny_cfg(run={"steps": 1, "run_dir": str(tmp_path / "two")},
+                                              algorithm={"name": "marlhf"}, reward_model={"path": str(exported)})))
+    assert again.run.parts["reward_model"].ready   # no stage 1
+    again.train()
+    assert "rm/pairs" not in read_metrics(again.run_dir)[0]
+    # the same reward model scores the same joint text the same way in both runs
+    rm_a, rm_b = first.run.parts["reward_model"].model, again.run.parts["reward_model"].model
+    ids = rm_a.encode("Agents: e, o.\nJoint score:")[0]
+    assert rm_a.scores([ids]) == rm_b.scores([ids])
+
+
+@pytest.mark.parametrize("line,match", [
+    ({**GOOD, "chosen": {"e": "x", "o": "y", "u": "z"}}, r"line 2: unknown agent\(s\) \['u'\] in 'chosen'"),
+    ({**GOOD, "rejected": {"e": "  ", "o": "y"}}, r"line 2: empty completion of agent 'e' in 'rejected'"),
+    ({**GOOD, "chosen": {"e": "x"}}, r"line 2: 'chosen' lacks agent\(s\) \['o'\]"),
+    ({"prompts": GOOD["prompts"], "chosen": GOOD["chosen"]}, "line 2: needs exactly the keys"),
+    ({**GOOD, "rejected": GOOD["chosen"]}, "line 2: 'chosen' and 'rejected' are identical"),
+    ("{not json", "line 2: not valid JSON"),
+])
+def test_bad_preference_files_are_one_line_errors_naming_the_line(tiny_cfg, tmp_path, line, match):
+    prefs = _write(tmp_path / "prefs.jsonl", [GOOD, line])
+    with pytest.raises(ConfigError, match=match) as err:
+        Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, reward_model={"preferences": prefs})))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_reward_model_path_that_does_not_load_is_one_line(tiny_cfg, tmp_path):
+    (tmp_path / "notamodel").mkdir()
+    with pytest.raises(ConfigError, match="reward_model.path=.* does not load") as err:
+        Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"},
+                                          reward_model={"path": str(tmp_path / "notamodel")})))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"algorithm": {"name": "madpo", "num_generations": 1}}, "madpo pairs candidates"),
+    ({"algorithm": {"name": "madpo", "kl_coef": 0.1}}, "does not apply to madpo"),
+    ({"algorithm": {"name": "madpo"}, "preference": {"pair_selection": "all"}}, "max_pairs_per_prompt=null"),
+    ({"algorithm": {"name": "marlhf", "num_generations": 1}}, "reward_model.rl=magrpo needs K >= 2"),
+    ({"algorithm": {"name": "marlhf", "joint_mode": "cross"}}, "joint_mode=cross does not apply"),
+    ({"preference": {"beta": 0}}, "preference.beta=0"),
+])
+def test_config_errors(tiny_cfg, overrides, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        config_from_dict(tiny_cfg(**overrides))
+    assert "\n" not in str(err.value)
+
+
+def test_marlhf_on_a_multi_turn_environment_names_what_works(tiny_cfg):
+    with pytest.raises(ConfigError, match="marlhf needs a single-turn task.*use madpo, iac or maac"):
+        Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, task={"name": "relay", "eval_size": 0})))
