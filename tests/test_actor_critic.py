@@ -61,8 +61,10 @@ def test_iac_learns_relay_multi_turn_with_separate_critics(tiny_cfg):
 
 @pytest.mark.slow
 def test_maac_learns_letters_with_a_centralised_critic(tiny_cfg):
+    # after 20 steps, seeds 0-3: 0.69, 0.77, 0.91, 0.69 from 0.44-0.49 (2026-11-24, after the direct decoding
+    # loop changed the tiny model's sampled tokens); with the advantage's sign flipped 0.04
     evals, recs = learn(tiny_cfg, algorithm={"name": "maac", "num_generations": 1}, critic={"lr": 5e-3})
-    assert evals[-1] > 0.75 and evals[-1] > evals[0] + 0.2, f"held-out reward did not rise past 0.75: {evals}"
+    assert evals[-1] > 0.65 and evals[-1] > evals[0] + 0.2, f"held-out reward did not rise past 0.65: {evals}"
     assert "critic/joint/value_loss" in recs[-1]
 
 
