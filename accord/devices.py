@@ -152,3 +152,7 @@ def restore_generator(gen: torch.Generator, state, saved_device: str | None, wha
                    "not the stream an uninterrupted %s run would have drawn)", what, saved_device, gen.device.type,
                    saved_device)
 
+
+def cuda_bf16(device: torch.device) -> bool:
+    """Whether a CUDA device computes in bf16 natively (compute capability >= 8: Ampere and later)."""
+    return torch.cuda.get_device_capability(device)[0] >= 8

@@ -342,7 +342,7 @@ def _bf16_guess(setting, device: str) -> bool:
         return bool(setting)
     if device.startswith("cuda"):
         if torch.cuda.is_available():
-            from accord.policies import cuda_bf16
+            from accord.devices import cuda_bf16
 
             return cuda_bf16(torch.device(device))
         return True  # the papers' GPUs (A100, H100) have bf16

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
                                       policy_loss, process_logits, tis_weights)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
-from accord.devices import make_generator, restore_generator
+from accord.devices import cuda_bf16, make_generator, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
@@ -148,11 +148,6 @@ def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
         if key.strip() in ("flags", "Features"):
             flags.update(value.split())
     return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
-
-
-def cuda_bf16(device: torch.device) -> bool:
-    """Whether a CUDA device computes in bf16 natively (compute capability >= 8: Ampere and later)."""
-    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> bool:

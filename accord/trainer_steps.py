@@ -48,7 +48,7 @@ from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_ref
                             weighted_logprob_update)
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
-from accord.rollout.episodes import uses_episodes
+from accord.rollout.base import uses_episodes
 from accord.rollout.sample import Sample, Sampling
 from accord.tracking import MetricAccumulator
 

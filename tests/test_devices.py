@@ -204,7 +204,7 @@ def test_gpu_placement_update_and_checkpoint_round_trip_to_cpu(tiny_cfg, tmp_pat
 
 @pytest.mark.gpu
 def test_gpu_bf16_auto_and_autocast_follow_the_device(tiny_cfg):
-    from accord.policies import cuda_bf16
+    from accord.devices import cuda_bf16
 
     cfg = config_from_dict(tiny_cfg(run={"device": "cuda"}, training={"bf16": "auto"}))
     pol = Trainer(cfg).policies["main"]

@@ -295,7 +295,7 @@ class VLLMGenerator:
         _save_hf_dir(model, tokenizer, self._base_dir)
         bf16 = False
         if self.device.type == "cuda":
-            from accord.policies import cuda_bf16
+            from accord.devices import cuda_bf16
 
             bf16 = cuda_bf16(self.device)
         kwargs = engine_kwargs(self._base_dir, seed=seed, dtype=engine_dtype(param.dtype, self.device, bf16),

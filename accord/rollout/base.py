@@ -104,12 +104,18 @@ def register_rollout(name: str):
     return wrap
 
 
+def uses_episodes(algorithm: str, env) -> bool:
+    """Whether ``algorithm`` samples independent episodes on ``env`` (a multi-turn environment): the actor-critic
+    and preference trainers' rollout (:mod:`accord.rollout.episodes`)."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    return algorithm in ("iac", "maac", "madpo") and not isinstance(env, SingleTurnEnv)
+
+
 def rollout_name(cfg: Config, env) -> str:
     """The rollout of an algorithm on an environment: AT-GRPO's, or MAGRPO's joint actions (a one-turn
     single-turn task) or tree (a multi-turn environment)."""
     from accord.envs.single_turn import SingleTurnEnv
-
-    from accord.rollout.episodes import uses_episodes
 
     if cfg.algorithm.name == "atgrpo":
         return "atgrpo"

@@ -22,7 +22,7 @@ Every action is a :class:`~accord.rollout.sample.Sample` with:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from accord.config import ConfigError
 from accord.envs.protocol import Env, is_env
@@ -109,8 +109,3 @@ class EpisodesRollout(_EpisodeRollout):
         return RolloutResult(samples, raw)
 
 
-def uses_episodes(algorithm: str, env: Any) -> bool:
-    """Whether ``algorithm`` samples independent episodes on ``env`` (a multi-turn environment)."""
-    from accord.envs.single_turn import SingleTurnEnv
-
-    return algorithm in ("iac", "maac", "madpo") and not isinstance(env, SingleTurnEnv)
