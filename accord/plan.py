@@ -37,7 +37,7 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   GPU session replaces them.
 
 Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
-``--prompt-tokens`` gives the typical length. ``README.md`` (*Measured numbers*) compares the estimate
+``--prompt-tokens`` gives the typical length. ``docs/performance.md`` (*Measured numbers*) compares the estimate
 with a measured peak.
 """
 

@@ -70,7 +70,7 @@ def lr_lambda(warmup: int, total: int, schedule: str):
 
 def make_adamw(params: list[torch.nn.Parameter], lr: float, training: TrainingConfig) -> torch.optim.AdamW:
     """AdamW over the fp32 master weights: torch's fused kernel where it covers the parameters' device
-    (CPU from torch 2.4), else the foreach one (slower; README, *Measured numbers*)."""
+    (CPU from torch 2.4), else the foreach one (slower; docs/performance.md, *Measured numbers*)."""
     kwargs = dict(lr=lr, betas=training.betas, weight_decay=training.weight_decay, eps=training.eps)
     try:
         return torch.optim.AdamW(params, fused=True, **kwargs)

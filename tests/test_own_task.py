@@ -221,7 +221,7 @@ def test_entry_point_of_an_installed_package(project, tmp_path):
     ("nomod:Task", ["module 'nomod' does not import", "ModuleNotFoundError", "PYTHONPATH"]),
     ("mypkg.tasks:Greet", ["module 'mypkg.tasks' has no attribute 'Greet'", "did you mean 'GreetTask'"]),
     ("mypkg.tasks:NOT_A_TASK", ["is of type int, not a task class or factory"]),
-    ("mypkg.tasks:Half", ["built a Half, which is not a task", "'rows'", "README"]),
+    ("mypkg.tasks:Half", ["built a Half, which is not a task", "'rows'", "docs/own-task.md"]),
     ("mypkg.broken:Task", ["module 'mypkg.broken' does not import", "'numpyy'", "install 'numpyy'"]),
 ])
 @pytest.mark.slow

@@ -108,7 +108,7 @@ def logprobs_and_entropy(processed_logits: torch.Tensor, targets: torch.Tensor, 
     The entropy has no gradient. ``truncated`` says whether top-k/top-p may have set logits to -inf
     (those tokens are skipped: their 0 * -inf would be NaN); without truncation that masking pass is
     not paid. One log-softmax serves both, and its backward is lighter than that of logsumexp + gather
-    + a separate entropy pass (README, *Measured numbers*).
+    + a separate entropy pass (docs/performance.md, *Measured numbers*).
     """
     log_probs = torch.log_softmax(processed_logits, dim=-1)
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

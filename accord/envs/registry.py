@@ -257,4 +257,4 @@ def _check_task(name: str, task: Any) -> None:
     if lacks:
         raise TaskError(f"task {name!r} built a {type(task).__name__}, which is not a task: it lacks {lacks}; a "
                         "single-turn task needs agents, rows(), prompt() and reward(), a multi-turn environment "
-                        "the protocol of accord/envs/protocol.py (see README, 'Your own task')")
+                        "the protocol of accord/envs/protocol.py (see docs/own-task.md)")
