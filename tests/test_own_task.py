@@ -153,7 +153,8 @@ def test_own_task_through_every_command(project):
     saved = (run_dir / "config.yaml").read_text()
     assert "mypkg.tasks:GreetTask" in saved
     lines = [line for line in train.stderr.splitlines() if line.strip()]
-    assert "held-out team reward (greedy), step 0 -> step 2:" in "\n".join(lines[-3:])
+    tail = "\n".join(lines[-8:])   # the run's closing summary: held-out before -> after, then the training thirds
+    assert "held-out team reward (greedy), step 0 -> step 2:" in tail and "mean of the first third" in tail
     rows = [json.loads(line) for line in (run_dir / "completions" / "step_000002.jsonl").read_text().splitlines()]
     assert {r["agent"] for r in rows} == {"host", "guest"}
 
