@@ -330,6 +330,7 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
     ``extra["value_target"]``; one backward through the shared trunk, the gradient of trunk and heads
     clipped together, then both optimizers step."""
     _activate(policy)
+    policy.backend.before_update()  # vLLM's sleep mode: the engine's GPU memory is the update's until it wakes
     algo, tr, critic = policy.algo, policy.training, policy.critic_cfg
     fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
     n_mb = tr.num_mini_batches

@@ -200,3 +200,24 @@ def test_audit_records_single_turn_steps_and_strict_refuses_episodes(tiny_cfg):
                                           algorithm={"name": "iac", "num_generations": 1},
                                           task={"name": "relay", "eval_size": 0}, training={"audit": "strict"})))
     assert "\n" not in str(err.value)
+
+
+def test_value_head_update_lets_the_backend_release_its_memory_first(tiny_cfg):
+    """The summed actor and value-head update calls the generation backend's ``before_update`` (vLLM's sleep
+    mode frees the engine's GPU memory there) once per update, as the plain policy update does."""
+    from accord.generation.backends import HFBackend, register_backend
+
+    calls = []
+
+    @register_backend("test_head_update_release")
+    class Recording(HFBackend):
+        name = "test_head_update_release"
+
+        def before_update(self):
+            calls.append("before_update")
+
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 2}, algorithm={"name": "iac", "num_generations": 1},
+                                                critic={"mode": "head"},
+                                                rollout={"generation_backend": "test_head_update_release"})))
+    trainer.train()
+    assert calls == ["before_update"] * 2
