@@ -19,7 +19,7 @@ from accord.envs import make_task
 from accord.envs.coding import data as code_data
 from accord.envs.registry import TaskError
 from accord.envs.check import check_env
-from accord.envs.coding.atgrpo import CodeEnv, read_tests, stub_program
+from accord.envs.coding.code import CodeEnv, read_tests, stub_program
 from accord.envs.coding.common import (
     TestCache,
     binds_name,
@@ -33,7 +33,7 @@ from accord.envs.coding.common import (
     split_tests,
 )
 from accord.envs.coding.data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
-from accord.envs.coding.magrpo import (
+from accord.envs.coding.humaneval import (
     REWARD_MAX,
     HelperMainEnv,
     HelperMainTask,

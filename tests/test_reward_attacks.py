@@ -21,7 +21,7 @@ import pytest
 import accord
 from accord.envs import make_task
 from accord.envs.coding.data import humaneval_package_path, humaneval_problems
-from accord.envs.coding.magrpo import HelperMainTask
+from accord.envs.coding.humaneval import HelperMainTask
 from accord.sandbox import Sandbox, SandboxConfig, probe_isolation
 
 REPO = Path(accord.__file__).resolve().parents[1]

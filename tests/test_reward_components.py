@@ -8,7 +8,7 @@ import pytest
 
 from accord.envs import make_task
 from accord.envs.registry import TaskError
-from accord.envs.coding.magrpo import TESTS
+from accord.envs.coding.humaneval import TESTS
 from accord.envs.oracles import oracle_for
 from accord.envs.writing.core import source_faithfulness, writing_team_reward
 from accord.rollout.magrpo import RewardError, score_joint_actions

@@ -12,7 +12,7 @@ from accord.config import config_from_dict
 from accord.envs import make_task
 from accord.envs.registry import TaskError
 from accord.envs.coding.data import humaneval_problems
-from accord.envs.coding.magrpo import REWARD_MAX, split_single
+from accord.envs.coding.humaneval import REWARD_MAX, split_single
 from accord.envs.writing.core import writing_team_reward
 from accord.envs.writing.task import split_parts
 from accord.trainer import Trainer

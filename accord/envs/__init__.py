@@ -1,8 +1,8 @@
 """Tasks (environments) and their registry. Importing this package registers the built-in tasks."""
 
 # the built-in tasks register themselves on import (this order is the registry's order)
-import accord.envs.coding.atgrpo  # noqa: F401
-import accord.envs.coding.magrpo  # noqa: F401
+import accord.envs.coding.code  # noqa: F401
+import accord.envs.coding.humaneval  # noqa: F401
 import accord.envs.cooperation.handoff  # noqa: F401
 import accord.envs.cooperation.signalling  # noqa: F401
 import accord.envs.maths.env  # noqa: F401

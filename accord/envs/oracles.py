@@ -357,8 +357,8 @@ def coder_answer(problem: dict, rng: random.Random, noisy: bool) -> str:
 
 
 def tester_answer(problem: dict, rng: random.Random, noisy: bool, max_tests: int) -> str | None:
-    """The reference tests, calling the entry point by name, that :func:`accord.envs.coding.atgrpo.read_tests` accepts."""
-    from accord.envs.coding.atgrpo import read_tests
+    """The reference tests, calling the entry point by name, that :func:`accord.envs.coding.code.read_tests` accepts."""
+    from accord.envs.coding.code import read_tests
     from accord.envs.coding.common import case_sources
 
     entry, alias = problem["entry_point"], problem.get("test_entry_point") or None
@@ -463,8 +463,8 @@ def handoff_oracle(env: Any, agent: str, row: dict, rng: random.Random, noisy: b
 def oracle_for(task: Any) -> Oracle | None:
     """The oracle of a task or environment, or None when it has none (demonstrations then come from a file)."""
     from accord.envs.centralized import CentralizedEnv
-    from accord.envs.coding.atgrpo import CodeEnv
-    from accord.envs.coding.magrpo import HelperMainEnv, HelperMainTask
+    from accord.envs.coding.code import CodeEnv
+    from accord.envs.coding.humaneval import HelperMainEnv, HelperMainTask
 
     if isinstance(task, CentralizedEnv) and not task.inner.simultaneous and oracle_for(task.inner) is not None:
         return centralized_oracle

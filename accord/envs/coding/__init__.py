@@ -2,6 +2,6 @@
 
 - :mod:`.common`: code extraction and normalisation, test splitting, the cached test runs;
 - :mod:`.data`: HumanEval, CoopHumanEval and MBPP problems (package, Hub or local files) and their splits;
-- :mod:`.magrpo`: ``humaneval``, helper + main writing one function (single-turn, or multi-turn with feedback);
-- :mod:`.atgrpo`: ``code``, the coder + tester environment of AT-GRPO.
+- :mod:`.humaneval`: ``humaneval``, helper + main writing one function (single-turn, or multi-turn with feedback);
+- :mod:`.code`: ``code``, the coder + tester environment of AT-GRPO.
 """
