@@ -1133,7 +1133,7 @@ def _nested_hint(key: str, exact: bool) -> str:
     close = [key] if key in leaves else [] if exact else difflib.get_close_matches(key, list(leaves), n=1)
     if not close:
         return ""
-    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:3]) + "? "
+    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:6]) + "? "
 
 
 def _coerce(path: str, value: Any, tp: Any) -> Any:

@@ -152,8 +152,8 @@ def test_envs_lists_kind_and_roles(tmp_path):
 
 @pytest.mark.parametrize("override, hint", [
     ("steps=5", "did you mean 'run.steps' or 'sft.steps'?"),
-    ("batch_size=8", "did you mean 'rollout.batch_size' or 'sft.batch_size'?"),
-    ("lr=0.1", "did you mean 'training.lr' or 'sft.lr' or 'policies.<name>.lr'?"),
+    ("batch_size=8", "did you mean 'rollout.batch_size' or 'sft.batch_size' or 'reward_model.batch_size'?"),
+    ("lr=0.1", "did you mean 'training.lr' or 'sft.lr' or 'critic.lr' or 'reward_model.lr' or 'policies.<name>.lr'?"),
     ("stpes=5", "did you mean 'run.steps' or 'sft.steps'?"),
     ("specialisation=shared", "did you mean 'specialization'?"),
     ("run.step=5", "did you mean 'run.steps'?"),
