@@ -425,7 +425,11 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
             before_s, before_by = time.perf_counter() - t, method
             _write_json(cache, {"method": method, "seed": seed, "episodes": before})
             logger.info("compare: %s seed %d before: %s (%.1fs)", method, seed, _brief(before), before_s)
-        done = sum(r.get("perf/gen_tokens", 0) for r in read_metrics(run_dir)) if trainer.start_step else 0
+        # a run killed after logging a step but before checkpointing it resumes from the checkpoint: the steps
+        # logged past it are trained again, so only those up to it count (the trainer drops the rest on resuming)
+        done = sum(r.get("perf/gen_tokens", 0) for r in read_metrics(run_dir)
+                   if r.get("step", 0) <= trainer.start_step) if trainer.start_step else 0
+        last_step = trainer.start_step
 
         def stop_when(step: int, metrics: dict) -> bool:
             nonlocal done
@@ -439,6 +443,7 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
 
         if done < budget and trainer.start_step < cfg.run.steps:
             trainer.train(stop_when=stop_when)
+            last_step = None   # the metrics file now ends at the last step trained
         t = time.perf_counter()
         after = evaluate_episodes(trainer.run, samples=samples, temperature=temperature)
         after_s = time.perf_counter() - t
@@ -449,7 +454,8 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
     if [e["instance"] for e in after] != [e["instance"] for e in before]:
         raise CompareError(f"{method} seed {seed}: the held-out instances after training differ from those before; "
                            f"delete {plan.out / 'before'} and run again")
-    rows = [r for r in read_metrics(run_dir) if "perf/gen_tokens" in r]
+    rows = [r for r in read_metrics(run_dir)
+            if "perf/gen_tokens" in r and (last_step is None or r.get("step", 0) <= last_step)]
     tokens = [int(r["perf/gen_tokens"]) for r in rows]
     if sum(tokens) < budget:
         logger.warning("compare: %s seed %d stopped at compare.max_steps=%d with %d of %d tokens: its budget is "

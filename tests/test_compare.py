@@ -259,6 +259,32 @@ def test_killed_comparison_resumes_where_it_stopped(comparisons):
 
 
 @pytest.mark.slow
+def test_steps_logged_past_the_last_checkpoint_are_not_counted_twice(tmp_path):
+    """Killed after logging a step it had not checkpointed, a run resumes from its checkpoint and trains that step
+    again: the budget counts it once, so the run still trains to the full budget (it stopped short before)."""
+    data = _with(run={"checkpoint_every": 2}, compare={"methods": {"grpo": ["algorithm.baseline=single_agent"]}})
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    metrics = tmp_path / "out" / "runs" / "grpo" / "seed_0" / "metrics.jsonl"
+
+    def past_checkpoint() -> bool:   # an odd step logged: its checkpoint (every 2 steps) is not written
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        return len(lines) >= 3 and len(lines) % 2 == 1
+
+    cmd = [sys.executable, "-m", "accord.cli", "compare", str(cfg), f"compare.output_dir={tmp_path / 'out'}"]
+    _kill_when(cmd, tmp_path, past_checkpoint)
+    logged = len(metrics.read_text().splitlines())
+    resumed = accord(*cmd[3:], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(rf"resumed \S+grpo/seed_0 at step {logged - 1}\b", resumed.stderr), resumed.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "results" / "grpo" / "seed_0.json").read_text())
+    tokens, budget = result["step_tokens"], result["budget_tokens"]
+    assert result["budget_reached"] and sum(tokens) >= budget > sum(tokens[:-1]), (tokens, budget)
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, result["steps"] + 1))
+
+
+@pytest.mark.slow
 def test_merge_combines_seeds_run_apart(comparisons):
     root, a, b = comparisons["root"], comparisons["a"], comparisons["b"]
     res = accord("compare", "--merge", a / "compare.json", b, "--out", root / "m", cwd=root)
