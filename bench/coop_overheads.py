@@ -52,6 +52,7 @@ def trainer(name: str, root: Path, threads: int) -> Trainer:
     cfg = {
         "run": {"name": "b", "run_dir": str(root / name.replace(" ", "_").replace(",", "")), "steps": 1000,
                 "threads": threads, "eval_before": False, "eval_after": False, "eval_every": 0},
+        "specialization": "shared",
         "policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
         "task": {"name": task, "eval_size": 0},
         "algorithm": {"num_generations": 4, **algorithm},

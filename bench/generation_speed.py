@@ -1,17 +1,18 @@
 #!/usr/bin/env python
-"""Generation of the default job's step: accord's decoding loop against its code before issue 25, Hugging
+"""Generation of the writing job's step: accord's decoding loop against its code before issue 25, Hugging
 Face ``generate`` and (where installed) vLLM, side by side, with tokens per second and the fraction of
 this machine's bound.
 
-    python bench/generation_speed.py                         # SmolLM2-135M, the default job's first step
+    python bench/generation_speed.py                         # SmolLM2-135M, the writing job's first step
     python bench/generation_speed.py --model tiny-qwen2      # the tiny test model on the same texts
     python bench/generation_speed.py --rounds 3 --json /tmp/gen.json
     python bench/generation_speed.py --profile new           # where one call's time goes (torch profiler)
     python bench/generation_speed.py --machine               # only this machine's fp32 GEMM rate and bandwidth
 
-The workload is the generate call of the first step of ``accord train`` without a config (the quickstart's
-job): the default config's first 3 training texts, each prompted to its 2 agents and sampled K=4 times
-(24 rows from 6 distinct prompts), ``rollout.max_new_tokens`` new tokens at ``rollout.temperature`` (and its
+The workload is the generate call of the first step of the writing job with one model for both agents (the
+default job with ``specialization=shared task.eval_size=12``, as measured for issue 25; the default job's
+separate models each make half of it): the first 3 training texts, each prompted to its 2 agents and sampled
+K=4 times (24 rows from 6 distinct prompts), ``rollout.max_new_tokens`` new tokens at ``rollout.temperature`` (and its
 top-k / top-p), from one seeded random stream. ``--model`` swaps the policy's model (``policies.main.model``).
 
 Each path runs in its own worker process, all started before the first round and fed the same token ids;
@@ -66,7 +67,8 @@ def default_job_requests(model: str) -> dict:
     from accord.models import load_model_and_tokenizer
     from accord.policies import Policy
 
-    cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}"])
+    cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}",
+                             "specialization=shared", "task.eval_size=12"])
     env = build_env(cfg)
     check_run(cfg, env)
     train_rows, _ = split_data(cfg, env)

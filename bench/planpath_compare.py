@@ -83,6 +83,7 @@ def base_data(args: argparse.Namespace) -> dict:
     return {
         "run": {"name": "planpath-compare", "seed": args.seeds[0], "threads": args.threads,
                 "checkpoint_every": args.checkpoint_every},
+        "specialization": "shared",
         "policies": {"main": {"model": args.model, "model_kwargs": model_kwargs(args)}},
         "task": {"name": "planpath", "options": options, "eval_size": args.eval_size},
         "algorithm": {"name": "atgrpo", "num_generations": args.k, "normalize_std": True, "alpha": args.alpha,

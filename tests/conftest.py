@@ -92,6 +92,7 @@ def tiny_cfg(tmp_path):
         data = {
             "run": {"name": "t", "run_dir": str(tmp_path / "run"), "steps": 2, "threads": THREADS,
                     "eval_before": False, "eval_after": False},
+            "specialization": "shared",
             "policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
             "task": {"name": "letters", "eval_size": 0},
             "algorithm": {"num_generations": 4},

@@ -1,5 +1,7 @@
 """Config building, overrides and fix-it errors."""
 
+import re
+
 import pytest
 
 from accord.config import ConfigError, apply_override, config_from_dict, describe, load_config
@@ -28,7 +30,8 @@ def test_yaml_plus_overrides(tmp_path):
     ({"rollout": {"batch_size": "many"}}, "rollout.batch_size='many' is not a valid int"),
     ({"agents": [{"name": "a", "policy": "nope"}]}, "policy 'nope', which is not defined"),
     ({"agents": [{"name": "a"}, {"name": "a"}]}, "duplicate agent names"),
-    ({"policies": {"main": {}, "other": {}}, "agents": [{"name": "a", "policy": "main"}, {"name": "b", "policy": "other"}]},
+    ({"specialization": "shared", "policies": {"main": {}, "other": {}},
+      "agents": [{"name": "a", "policy": "main"}, {"name": "b", "policy": "other"}]},
      "specialization=shared trains one model"),
     ({"policies": {"main": {}, "spare": {}}, "specialization": "separate", "agents": [{"name": "a"}]},
      "used by no agent"),
@@ -56,6 +59,31 @@ def test_separate_without_agents_gets_one_policy_each():
     cfg = config_from_dict({"specialization": "separate"})
     cfg.resolve_agents(("concise", "detailed"))
     assert [a.policy for a in cfg.agents] == ["concise", "detailed"] and set(cfg.policies) == {"concise", "detailed"}
+
+
+def test_default_job_gives_each_agent_a_copy_of_main():
+    cfg = load_config()
+    cfg.resolve_agents(("concise", "detailed"))
+    assert cfg.specialization == "separate" and set(cfg.policies) == {"concise", "detailed"}
+    assert cfg.policies["concise"] is not cfg.policies["detailed"]
+
+
+@pytest.mark.parametrize("policies, extra", [
+    ({"a": {"model": "tiny-qwen2"}, "b": {"model": "tiny-llama"}}, "['a', 'b']"),
+    ({"concise": {}, "detailed": {}, "main": {}}, "['main']"),
+])
+def test_separate_without_agents_refuses_policies_it_would_drop(policies, extra):
+    """Two policies named after no agent (or one left over) would be dropped without a word: an error instead."""
+    cfg = config_from_dict({"specialization": "separate", "policies": policies})
+    with pytest.raises(ConfigError, match=rf"policies {re.escape(extra)} name no agent of task 'writing'"):
+        cfg.resolve_agents(("concise", "detailed"))
+
+
+def test_separate_without_agents_uses_named_policies_and_the_template():
+    cfg = config_from_dict({"specialization": "separate",
+                            "policies": {"main": {"model": "tiny-qwen2"}, "detailed": {"model": "tiny-llama"}}})
+    cfg.resolve_agents(("concise", "detailed"))
+    assert {n: p.model for n, p in cfg.policies.items()} == {"concise": "tiny-qwen2", "detailed": "tiny-llama"}
 
 
 def test_bad_override_syntax():
