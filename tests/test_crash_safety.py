@@ -26,6 +26,7 @@ KILLS = 30
 CONFIG = f"""\
 run: {{name: crash, seed: 3, steps: {STEPS}, threads: 1, checkpoint_every: 1, keep_checkpoints: 2,
       eval_before: true, eval_after: true}}
+specialization: shared
 policies:
   main: {{model: tiny-qwen2, model_kwargs: {{hidden_size: 32, num_layers: 1, num_heads: 4, vocab_size: 512}}}}
 task: {{name: letters, eval_size: 2}}

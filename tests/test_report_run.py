@@ -145,11 +145,12 @@ def test_report_sample_completions_and_eval_files(writing_run):
     assert "*concise*" in section and "*detailed*" in section and "l1 " in section
 
 
-def test_eval_every_default_gives_more_than_two_points(tiny_cfg):
-    data = tiny_cfg(run={"steps": 6, "eval_before": True, "eval_after": True}, task={"name": "letters", "eval_size": 2})
+def test_eval_every_gives_more_than_two_points(tiny_cfg):
+    assert config_from_dict(tiny_cfg()).run.eval_every == 0   # by default only before and after
+    data = tiny_cfg(run={"steps": 6, "eval_before": True, "eval_after": True, "eval_every": 5},
+                    task={"name": "letters", "eval_size": 2})
     del data["run"]["threads"]
     cfg = config_from_dict(data)
-    assert cfg.run.eval_every == 5
     trainer = Trainer(cfg)
     trainer.train()
     assert [r["step"] for r in read_metrics(trainer.run_dir) if "eval/team/reward" in r] == [0, 5, 6]

@@ -28,6 +28,7 @@ def planpath_cfg(tmp_path, workflow="direct", max_new_tokens=96, **sft):
     return {
         "run": {"name": "warm", "output_dir": str(tmp_path / "runs"), "threads": 2, "steps": 2, "eval_before": False,
                 "eval_after": False},
+        "specialization": "shared",
         "policies": {"main": TINY},
         "task": {"name": "planpath", "options": {"size": 5, "max_turns": 2, "workflow": workflow}, "eval_size": 2},
         "algorithm": {"name": "atgrpo", "num_generations": 2},
