@@ -823,12 +823,13 @@ def _default_policies() -> dict:
 @dataclass
 class Config:
     run: RunConfig = _f(help="Run identity, length, seed, checkpoints.", factory=RunConfig)
-    specialization: str = _f("separate", "'shared': one model for all agents; 'separate': one model per policy "
-                             "(with `agents` empty: one per agent, each a copy of the first policy's settings, as "
-                             "in MAGRPO); "
-                             "'lora': one frozen base model with one LoRA adapter per policy (see `lora`).")
+    specialization: str = _f("separate", "'shared': one model for all agents; 'separate': one model per policy, "
+                             "as in MAGRPO; 'lora': one frozen base model with one LoRA adapter per policy (see "
+                             "`lora`).")
     policies: dict = _f(help="Policy name -> PolicyConfig.", factory=_default_policies)
-    agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents on 'main'.", factory=list)
+    agents: list = _f(help="Agents (roles) and the policy each uses; empty: the task's agents, on the one policy "
+                      "(shared), or each on the policy of its name, else a copy of the one other policy (separate, "
+                      "lora).", factory=list)
     task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
     imports: list = _f(help="Python modules imported before the task is looked up, e.g. [my_tasks] (their "
                        "@register_task calls register tasks; the current directory is on the import path).",
