@@ -34,11 +34,10 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from accord.algorithms.actor_critic import value_loss
-from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, policy_loss, tis_weights
+from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss, tis_weights
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences, left_pad
 from accord.policies import TrainingError, lr_lambda, make_adamw, micro_batches, resolve_bf16, right_aligned
-from accord.rollout.sample import rollout_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -330,18 +329,8 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
     ``extra["value_target"]``; one backward through the shared trunk, the gradient of trunk and heads
     clipped together, then both optimizers step."""
     _activate(policy)
-    policy.backend.before_update()  # vLLM's sleep mode: the engine's GPU memory is the update's until it wakes
     algo, tr, critic = policy.algo, policy.training, policy.critic_cfg
-    fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
-    n_mb = tr.num_mini_batches
-    tis, stored_ok = policy.tis_mode, policy.backend.sampling_logprobs
-    if tis != "off" and not stored_ok:
-        raise ConfigError(f"algorithm.tis={tis} weights tokens by pi_learner / pi_sampler, but generation backend "
-                          f"{policy.backend.name!r} stores no sampling log-probs; set algorithm.tis=off")
-    spec = LOSS_SPECS.get(algo.loss, LossSpec())
-    default = rollout_sampling(policy.rollout)
-    order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
-                                                       len(samples[i].completion_ids)))
+    fresh, n_mb, tis, stored_ok, spec, default, order = policy.update_setup(samples)
     params = policy.params + list(policy.value_heads.parameters())
     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
     sums: dict[str, float] = {}

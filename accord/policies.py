@@ -458,6 +458,26 @@ class Policy:
         return out
 
     # --- update ----------------------------------------------------------------------------------
+    def update_setup(self, samples: list[Sample]) -> tuple[bool, int, str, bool, LossSpec, Sampling, list[int]]:
+        """What every update over ``samples`` starts with (the policy update and the value-head update of
+        :mod:`accord.critics`): the generation backend releases its memory (vLLM's sleep mode: the engine's GPU
+        memory is the update's until it wakes), then (fresh, mini-batches, tis mode, stored sampling
+        log-probs available, loss spec, default sampling settings, sample order). Fresh: one epoch and one
+        mini-batch, so the ratio is exactly 1. The order is by prompt length, then prompt, then completion
+        length: the K samples of a prompt sit together, so a micro-batch computes each of its prompts once
+        (see _forward_shared_prompts), and lengths stay near ascending for micro_batch_tokens packing."""
+        algo, tr = self.algo, self.training
+        self.backend.before_update()
+        tis, stored_ok = self.tis_mode, self.backend.sampling_logprobs
+        if tis != "off" and not stored_ok:
+            raise ConfigError(f"algorithm.tis={tis} weights tokens by pi_learner / pi_sampler, but generation backend "
+                              f"{self.backend.name!r} stores no sampling log-probs; set algorithm.tis=off")
+        order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
+                                                           len(samples[i].completion_ids)))
+        fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
+        return (fresh, tr.num_mini_batches, tis, stored_ok, LOSS_SPECS.get(algo.loss, LossSpec()),
+                rollout_sampling(self.rollout), order)
+
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
         """``ppo_epochs`` passes of the registered policy loss over this policy's samples.
 
@@ -468,21 +488,7 @@ class Policy:
         or, with the correction on (or a backend that stores none), the learner's, computed once first.
         """
         algo, tr = self.algo, self.training
-        self.backend.before_update()  # vLLM's sleep mode: the engine's GPU memory is the update's until it wakes
-        fresh = algo.ppo_epochs == 1 and tr.num_mini_batches == 1
-        n_mb = tr.num_mini_batches
-        tis = self.tis_mode
-        stored_ok = self.backend.sampling_logprobs
-        if tis != "off" and not stored_ok:
-            raise ConfigError(f"algorithm.tis={tis} weights tokens by pi_learner / pi_sampler, but generation backend "
-                              f"{self.backend.name!r} stores no sampling log-probs; set algorithm.tis=off")
-        spec = LOSS_SPECS.get(algo.loss, LossSpec())
-        default = rollout_sampling(self.rollout)
-        # by prompt length, then prompt, then completion length: the K samples of a prompt sit together, so
-        # a micro-batch computes each of its prompts once (see _forward_shared_prompts), and lengths
-        # stay near ascending for micro_batch_tokens packing
-        order = sorted(range(len(samples)), key=lambda i: (len(samples[i].prompt_ids), samples[i].prompt_ids,
-                                                           len(samples[i].completion_ids)))
+        fresh, n_mb, tis, stored_ok, spec, default, order = self.update_setup(samples)
         sums: dict[str, float] = {}
         tokens_total = 0
         grad_norms = []
