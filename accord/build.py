@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpo
 from accord.config import Config, ConfigError, save_config
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
-from accord.envs.registry import import_modules, make_env
+from accord.envs.registry import TaskBuilder, as_env, import_modules
 from accord.envs.centralized import centralize
 from accord.envs.protocol import task_instances
 from accord.generation.agents import AgentGenerator
@@ -52,7 +51,7 @@ class Run:
 
     cfg: Config
     env: Any                              # the environment (protocol of accord.envs.protocol)
-    make_env: Callable[[], Any]           # a fresh environment per episode
+    make_env: Callable[[], Any]           # a fresh environment per episode (an EnvFactory)
     agents: tuple[str, ...]
     agent_policy: dict[str, str]
     rollout: Rollout
@@ -150,19 +149,32 @@ def check_context(cfg: Config, policies: dict[str, Any]) -> None:
                               f"policy {a.policy!r}'s model; give a cap below {context} minus the prompt length")
 
 
+class EnvFactory:
+    """The environment a config names, resolved once per run: the modules under ``imports:`` imported (their
+    tasks and estimators registered), the registries checked, the task's factory looked up and its options
+    checked. Each call builds a fresh environment (one per episode) with the baseline variant applied:
+    ``single_agent`` is the task's option of that name, ``centralized`` a wrapper
+    (:func:`accord.envs.centralized.centralize`)."""
+
+    def __init__(self, cfg: Config) -> None:
+        import_modules(cfg.imports)
+        check_registered(cfg)
+        algo, options = cfg.algorithm, dict(cfg.task.options)
+        if algo.baseline == "single_agent":
+            options["single_agent"] = True
+        self.task = TaskBuilder(cfg.task.name, options)
+        self.centralized = algo.baseline == "centralized"
+        self.parse_penalty = algo.parse_penalty
+
+    def __call__(self):
+        env = as_env(self.task())
+        return centralize(env, parse_penalty=self.parse_penalty) if self.centralized else env
+
+
 def build_env(cfg: Config):
-    """The environment a config names, with its baseline variant applied: ``single_agent`` is the task's
-    option of that name, ``centralized`` a wrapper (:func:`accord.envs.centralized.centralize`). The
-    modules under ``imports:`` are imported first (their tasks and estimators registered)."""
-    import_modules(cfg.imports)
-    check_registered(cfg)
-    algo, options = cfg.algorithm, dict(cfg.task.options)
-    if algo.baseline == "single_agent":
-        options["single_agent"] = True
-    env = make_env(cfg.task.name, options)
-    if algo.baseline == "centralized":
-        env = centralize(env, parse_penalty=algo.parse_penalty)
-    return env
+    """One environment of ``cfg`` (:class:`EnvFactory`; a run resolves the factory once and calls it per
+    episode)."""
+    return EnvFactory(cfg)()
 
 
 def build_task(cfg: Config):
@@ -282,11 +294,11 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed)
-        env = build_env(cfg)
+        make_env_fn = EnvFactory(cfg)
+        env = make_env_fn()
         per_policy = check_run(cfg, env)
         agents = tuple(a.name for a in cfg.agents)
         agent_policy = {a.name: a.policy for a in cfg.agents}
-        make_env_fn = functools.partial(build_env, cfg)
         name = rollout_name(cfg, env)
         rollout = make_rollout(name, cfg, env, make_env_fn, agents, agent_policy)
         if cfg.training.audit != "off" and name != "episodes":   # the episodes rollout records nothing (trainer_steps)

@@ -245,9 +245,7 @@ def preflight(plan: Plan) -> dict[int, list[str]]:
     """Every check that needs the environment but no model, for every method and seed: the run builds
     (agents, rollout, data), the budget exceeds the least a first step can generate, and the held-out
     instances are the same for every method of a seed. Returns the held-out instance ids per seed."""
-    import functools
-
-    from accord.build import build_env, check_run, split_data
+    from accord.build import EnvFactory, check_run, split_data
     from accord.rollout.base import make_rollout, rollout_name
 
     ids: dict[int, list[str]] = {}
@@ -257,10 +255,11 @@ def preflight(plan: Plan) -> dict[int, list[str]]:
         for method in plan.methods:
             try:
                 cfg = plan.config(method, seed)
-                env = build_env(cfg)
+                make_env = EnvFactory(cfg)
+                env = make_env()
                 check_run(cfg, env)
                 agents = tuple(a.name for a in cfg.agents)
-                make_rollout(rollout_name(cfg, env), cfg, env, functools.partial(build_env, cfg), agents,
+                make_rollout(rollout_name(cfg, env), cfg, env, make_env, agents,
                              {a.name: a.policy for a in cfg.agents})
                 _, rows = split_data(cfg, env)
             except CompareError:

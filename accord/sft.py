@@ -390,17 +390,16 @@ def step_counts(cfg: Config, sizes: dict[str, int]) -> dict[str, int]:
 def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]]], rows: list[dict]) -> dict:
     """Play ``rows`` once each, greedily, with the fine-tuned policies, as ``accord train`` evaluates: the mean
     team reward (return) and, where the task has a success check, the success rate."""
-    import functools
-
-    from accord.build import build_env
+    from accord.build import EnvFactory
     from accord.evaluate import EVAL_SEED_OFFSET
     from accord.generation.agents import AgentGenerator
     from accord.rollout import make_rollout, rollout_name
 
-    env = build_env(cfg)
+    make_env = EnvFactory(cfg)
+    env = make_env()
     agents = tuple(a.name for a in cfg.agents)
     agent_policy = {a.name: name for name, (_, mine) in policies.items() for a in cfg.agents if a.name in mine}
-    rollout = make_rollout(rollout_name(cfg, env), cfg, env, functools.partial(build_env, cfg), agents, agent_policy)
+    rollout = make_rollout(rollout_name(cfg, env), cfg, env, make_env, agents, agent_policy)
     generate = AgentGenerator({name: pol for name, (pol, _) in policies.items()}, agent_policy)
     for pol, _ in policies.values():
         pol.model.eval()

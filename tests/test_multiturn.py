@@ -325,3 +325,29 @@ def test_step_refuses_misuse_with_the_fix(make):
         pass
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step({a: "x" for a in env.acting()})
+
+
+@pytest.mark.parametrize("baseline", ["none", "centralized"])
+def test_the_environment_is_resolved_once_per_run(tiny_cfg, monkeypatch, baseline):
+    """A run looks the task up, imports the user's modules and checks the registries once; each episode (here 2
+    training steps of 2 instances and an evaluation of 2; the K candidates of a turn play on clones) only calls
+    the resolved factory."""
+    import accord.build as build
+    import accord.envs.registry as registry
+
+    calls = {"lookups": 0, "imports": 0, "envs": 0}
+    lookup, imports, call = registry.task_factory, build.import_modules, build.EnvFactory.__call__
+
+    def counting(key, fn):
+        def wrapped(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(registry, "task_factory", counting("lookups", lookup))
+    monkeypatch.setattr(build, "import_modules", counting("imports", imports))
+    monkeypatch.setattr(build.EnvFactory, "__call__", counting("envs", call))
+    trainer = Trainer(_cfg(tiny_cfg, algorithm={"name": "atgrpo", "baseline": baseline}))
+    trainer.train()
+    assert calls["envs"] >= 1 + 2 * 2 + 2, calls   # the run's own, then one per episode
+    assert calls["lookups"] == 1 and calls["imports"] == 1, calls

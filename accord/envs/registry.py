@@ -66,30 +66,42 @@ def register_task(name: str, description: str):
     return wrap
 
 
+class TaskBuilder:
+    """A task name and its options resolved once (see :func:`task_factory`; unknown options get the closest
+    valid one in the error); each call builds a fresh task from them. A run builds one environment per
+    episode through one of these, so user modules are looked up and options checked once per run."""
+
+    def __init__(self, name: str, options: dict | None = None) -> None:
+        self.name, self.options = name, dict(options or {})
+        self.factory = task_factory(name)[0]
+        params = inspect.signature(self.factory).parameters
+        for key in self.options:
+            if key not in params:
+                close = difflib.get_close_matches(key, list(params), n=1)
+                hint = f" did you mean {close[0]!r}?" if close else ""
+                if key == "single_agent":  # set by algorithm.baseline=single_agent
+                    hint += (" (algorithm.baseline=single_agent needs a task with a single-agent variant; use "
+                             "baseline=centralized for a one-model baseline)")
+                raise TaskError(f"task {name!r} has no option {key!r};{hint} valid options: {list(params)}")
+
+    def __call__(self) -> Task:
+        try:
+            task = self.factory(**self.options)
+        except ConfigError:
+            raise
+        except Exception as err:  # the task's own code failed: re-raised as one line, the original chained
+            raise TaskError(f"task {self.name!r} could not be built with options {self.options}: "
+                            f"{type(err).__name__}: {err}; fix the options or the task's code (--debug shows the "
+                            "traceback)") from err
+        _name_task(self.name, task)
+        _check_task(self.name, task)
+        return task
+
+
 def make_task(name: str, options: dict | None = None) -> Task:
     """Build a task: a registered name, a ``module:attribute`` reference or an ``accord.tasks`` entry
     point (see :func:`task_factory`); unknown names or options get the closest valid one in the error."""
-    options = dict(options or {})
-    factory = task_factory(name)[0]
-    params = inspect.signature(factory).parameters
-    for key in options:
-        if key not in params:
-            close = difflib.get_close_matches(key, list(params), n=1)
-            hint = f" did you mean {close[0]!r}?" if close else ""
-            if key == "single_agent":  # set by algorithm.baseline=single_agent
-                hint += (" (algorithm.baseline=single_agent needs a task with a single-agent variant; use "
-                         "baseline=centralized for a one-model baseline)")
-            raise TaskError(f"task {name!r} has no option {key!r};{hint} valid options: {list(params)}")
-    try:
-        task = factory(**options)
-    except ConfigError:
-        raise
-    except Exception as err:  # the task's own code failed: re-raised as one line, the original chained
-        raise TaskError(f"task {name!r} could not be built with options {options}: {type(err).__name__}: {err}; fix "
-                        "the options or the task's code (--debug shows the traceback)") from err
-    _name_task(name, task)
-    _check_task(name, task)
-    return task
+    return TaskBuilder(name, options)()
 
 
 def _name_task(name: str, task: Any) -> None:
@@ -104,15 +116,19 @@ def _name_task(name: str, task: Any) -> None:
                         "the class a name attribute") from err
 
 
-def make_env(name: str, options: dict | None = None):
-    """:func:`make_task`, as an environment of :mod:`accord.envs.protocol`: a single-turn task comes back
-    as a one-turn, simultaneous :class:`~accord.envs.single_turn.SingleTurnEnv` (the one place where the
-    two authoring forms are told apart), a multi-turn environment as it is."""
+def as_env(task: Any):
+    """A task as an environment of :mod:`accord.envs.protocol`: a single-turn task comes back as a one-turn,
+    simultaneous :class:`~accord.envs.single_turn.SingleTurnEnv` (the one place where the two authoring forms
+    are told apart), a multi-turn environment as it is."""
     from accord.envs.protocol import is_env
     from accord.envs.single_turn import SingleTurnEnv
 
-    task = make_task(name, options)
     return task if is_env(task) else SingleTurnEnv(task)
+
+
+def make_env(name: str, options: dict | None = None):
+    """:func:`make_task`, as an environment (:func:`as_env`)."""
+    return as_env(make_task(name, options))
 
 
 # --- tasks from the user's own modules ----------------------------------------------------------
