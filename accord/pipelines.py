@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from accord.config import ConfigError
+from accord.envs.protocol import Messages
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,6 @@ PIPELINES = ("parallel", "sequential", "discussion")
 PIPELINE_TEXT = {"sequential": "agents answer in order, each seeing the earlier agents' answers (no training).",
                  "discussion": "agents answer independently, then each revises once after seeing the others' "
                                "first answers (no training)."}
-Messages = list[dict[str, str]]
 
 
 def check_pipeline_name(pipeline: str) -> None:

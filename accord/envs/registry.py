@@ -31,8 +31,7 @@ import types
 from typing import Any, Callable, Protocol
 
 from accord.config import ConfigError
-
-Messages = list[dict[str, str]]
+from accord.envs.protocol import Messages  # noqa: F401  (tasks import it from here too)
 
 
 class Task(Protocol):
