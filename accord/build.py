@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
@@ -36,10 +34,11 @@ from accord.envs.centralized import centralize
 from accord.envs.protocol import task_instances
 from accord.generation.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
-from accord.policies import build_policy, seed_everything
+from accord.policies import build_policy
 from accord.policies_lora import build_lora_policies
 from accord.rollout.base import Rollout, make_rollout, rollout_name
 from accord.rollout.sample import agent_sampling
+from accord.seeding import setup_process
 from accord.trainer_steps import build_parts, check_run as check_steps
 
 logger = logging.getLogger(__name__)
@@ -291,9 +290,7 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
     run = None
     try:
         verified = resume_point(cfg, cfg.run_dir, allow_unverified, stop_if_finished) if resume else None
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
-        seed_everything(cfg.run.seed)
+        setup_process(cfg.run.seed, cfg.run.threads)
         make_env_fn = EnvFactory(cfg)
         env = make_env_fn()
         per_policy = check_run(cfg, env)

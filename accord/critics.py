@@ -27,7 +27,6 @@ re-tokenized by the critic; the centralised critic's and the reward model's inpu
 from __future__ import annotations
 
 import logging
-import zlib
 from pathlib import Path
 
 import torch
@@ -38,6 +37,7 @@ from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences, left_pad
 from accord.policies import TrainingError, lr_lambda, make_adamw, micro_batches, resolve_bf16, right_aligned
+from accord.seeding import scalar_head_seed, value_head_seed
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class ScalarModel:
         self.name, self.spec, self.training, self.device = name, spec, training, torch.device(device)
         self.model, self.tokenizer = load_model_and_tokenizer(spec, model_kwargs=model_kwargs, seed=seed)
         self.model.to(self.device).train()
-        self.head = _head(_hidden_size(self.model), self.device, seed + 1)
+        self.head = _head(_hidden_size(self.model), self.device, scalar_head_seed(seed))
         context = getattr(self.model.config, "max_position_embeddings", None)
         self.max_tokens = max_tokens if max_tokens is not None else context
         if max_tokens is not None and context is not None and max_tokens > context:
@@ -273,7 +273,7 @@ def attach_heads(policy, agents: list[str], critic: CriticConfig, total_optimize
     if getattr(policy, "value_heads", None) is not None:
         return
     hidden = _hidden_size(policy.model)
-    policy.value_heads = torch.nn.ModuleDict({a: _head(hidden, policy.device, seed + zlib.crc32(a.encode()))
+    policy.value_heads = torch.nn.ModuleDict({a: _head(hidden, policy.device, value_head_seed(seed, a))
                                               for a in agents})
     params = list(policy.value_heads.parameters())
     tr = policy.training

@@ -40,12 +40,12 @@ import json
 import logging
 import random
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
+from accord.seeding import eval_stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
 def _play_cells(run, sources: list[Source], agents: tuple[str, ...], rows: list[dict], *, samples: int,
                 temperature: float) -> dict:
     """Evaluate every distinct role -> (source, policy) assignment once; build matrices, swaps and gaps."""
-    from accord.evaluate import EVAL_SEED_OFFSET, play
+    from accord.evaluate import play
     from accord.generation.agents import AgentGenerator
 
     by_name = {s.name: s for s in sources}
@@ -180,9 +180,8 @@ def _play_cells(run, sources: list[Source], agents: tuple[str, ...], rows: list[
             return cache[assign]
         policies = {f"{src}/{pn}": by_name[src].policies[pn] for src, pn in assign}
         agent_map = {a: f"{src}/{pn}" for a, (src, pn) in zip(agents, assign)}
-        eval_seed = seed_from.cfg.run.seed + EVAL_SEED_OFFSET
         for key, pol in policies.items():     # as evaluate.seed_eval_streams seeds the run's own policy names
-            pol.seed_stream("eval", eval_seed + zlib.crc32(key.split("/", 1)[1].encode()))
+            pol.seed_stream("eval", eval_stream_seed(seed_from.cfg.run.seed, key.split("/", 1)[1]))
         view = dataclasses.replace(run, generate=AgentGenerator(policies, agent_map), policies=policies,
                                    cfg=dataclasses.replace(run.cfg, run=dataclasses.replace(run.cfg.run,
                                                                                           seed=seed_from.cfg.run.seed)))

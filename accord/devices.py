@@ -22,11 +22,11 @@ drawn (which would have sampled other tokens anyway: the kernels differ).
 from __future__ import annotations
 
 import logging
-import zlib
 
 import torch
 
 from accord.config import ConfigError, check_device_setting
+from accord.seeding import restored_stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,7 @@ def restore_generator(gen: torch.Generator, state, saved_device: str | None, wha
     if saved_device == gen.device.type:
         gen.set_state(state)
         return
-    seed = zlib.crc32(state.cpu().numpy().tobytes())
-    gen.manual_seed(seed)
+    gen.manual_seed(restored_stream_seed(state.cpu().numpy().tobytes()))
     logger.warning("%s: random stream saved on %s, resumed on %s; reseeded from the saved state (reproducible, but "
                    "not the stream an uninterrupted %s run would have drawn)", what, saved_device, gen.device.type,
                    saved_device)

@@ -25,15 +25,13 @@ import logging
 import math
 import shutil
 import time
-import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
+from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
 
 logger = logging.getLogger(__name__)
 
@@ -48,24 +46,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-EVAL_SEED_OFFSET = 7919   # evaluation's random streams: run.seed + this (training's are untouched)
-
 # a played record's keys -> the metric names of the evaluation during training
 _TRAIN_EVAL_KEYS = {"team": "eval/team/reward", "success": "eval/success", "turns": "eval/turns"}
 
 
 def seed_eval_streams(run) -> int:
     """Start every policy's ``eval`` random stream (the same at every evaluation); returns the eval seed."""
-    eval_seed = run.cfg.run.seed + EVAL_SEED_OFFSET
     for pname, pol in run.policies.items():
-        pol.seed_stream("eval", eval_seed + zlib.crc32(pname.encode()))
-    return eval_seed
+        pol.seed_stream("eval", eval_stream_seed(run.cfg.run.seed, pname))
+    return eval_seed(run.cfg.run.seed)
 
 
 def play(run, rows: list[dict], *, n: int, greedy: bool, temperature: float, success: bool = True):
     """``n`` unbranched trajectories (or joint actions) per held-out row with the run's rollout."""
     generate = functools.partial(run.generate, temperature=temperature, stream="eval")
-    return run.rollout.play(rows, generate, n=n, greedy=greedy, seed=run.cfg.run.seed + EVAL_SEED_OFFSET,
+    return run.rollout.play(rows, generate, n=n, greedy=greedy, seed=eval_seed(run.cfg.run.seed),
                             success=success)
 
 
@@ -82,9 +77,8 @@ def evaluate_run(run, step: int | None = None) -> dict[str, float]:
     temp = run.cfg.rollout.eval_temperature
     acc = MetricAccumulator()
     t = time.perf_counter()
-    eval_seed = seed_eval_streams(run)
-    with torch.random.fork_rng():
-        torch.manual_seed(eval_seed)
+    seed = seed_eval_streams(run)
+    with seeded_torch(seed):
         played = play(run, run.eval_rows, n=1, greedy=temp == 0, temperature=temp or 1.0, success=False)
     records = [per[0] for per in played.results]
     for key in records[0]:
@@ -118,9 +112,8 @@ def evaluate_episodes(run, *, samples: int = 0, temperature: float = 1.0) -> lis
                           "by instance; give every row a unique id")
     n = max(samples, 1)
     reps = [row for row in rows for _ in range(n)]   # one played episode each, so that each has its completions
-    eval_seed = seed_eval_streams(run)
-    with torch.random.fork_rng():
-        torch.manual_seed(eval_seed)
+    seed = seed_eval_streams(run)
+    with seeded_torch(seed):
         played = play(run, reps, n=1, greedy=samples == 0, temperature=temperature)
     by_episode: dict[int, list[dict]] = {}
     for line in played.table:

@@ -40,6 +40,7 @@ from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
+from accord.seeding import policy_seed, sampling_stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class Policy:
         # loaded (and a tiny model initialised) on the CPU, then moved: the same weights on every device
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
         self.model = self._place_model(self.model)
-        self.generator = make_generator(self.device, seed + 7_000_003)
+        self.generator = make_generator(self.device, sampling_stream_seed(seed))
         self._streams: dict[str, torch.Generator] = {}
         self.backend = make_backend(rollout)   # rollout.generation_backend; see accord.generation.backends
         self._adapter: str | None = None       # the LoRA adapter a backend selects (LoraPolicy: its name)
@@ -634,19 +635,9 @@ class Policy:
 
 
 def build_policy(cfg, name: str, index: int, total_optimizer_steps: int, device=None) -> Policy:
-    """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed
-    offset); ``device`` where its model lives (default the CPU; see :mod:`accord.devices`). The Ray
-    backend calls this inside each policy's actor, so both backends build the same."""
+    """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed:
+    :func:`accord.seeding.policy_seed`); ``device`` where its model lives (default the CPU; see
+    :mod:`accord.devices`). The Ray backend calls this inside each policy's actor, so both backends build the
+    same."""
     return Policy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
-                  seed=cfg.run.seed + index, device=device)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (a run's, or a Ray actor's)."""
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+                  seed=policy_seed(cfg.run.seed, index), device=device)

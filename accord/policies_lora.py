@@ -50,7 +50,6 @@ import logging
 import shutil
 import tempfile
 import warnings
-import zlib
 from pathlib import Path
 
 import torch
@@ -62,6 +61,7 @@ from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
 from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, make_adamw, resolve_bf16
+from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, sampling_stream_seed, seeded_torch
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +137,7 @@ class LoraGroup:
             # PEFT still asks transformers 5 for the deprecated `is_gradient_checkpointing`
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             for i, name in enumerate(self.names):
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))  # adapter init: B = 0, A random
+                with seeded_torch(lora_adapter_seed(seed, name), devices=[]):  # adapter init: B = 0, A random
                     if i == 0:
                         self.model = peft.get_peft_model(model, config, adapter_name=name)
                     else:
@@ -149,7 +148,7 @@ class LoraGroup:
         self._active: str | None = None
         self.activate(self.names[0])
         self.model.train()
-        self.generator = make_generator(self.device, seed + 9_000_011)
+        self.generator = make_generator(self.device, lora_group_stream_seed(seed))
         self.backend = make_backend(rollout)   # one for all adapters: with vLLM, one engine for the group
         self._streams: dict[str, torch.Generator] = {}
 
@@ -203,7 +202,7 @@ class LoraPolicy(Policy):
         self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
         self.group, self.bf16, self.device = group, group.bf16, group.device
         self.model, self.tokenizer = group.model, group.tokenizer
-        self.generator = make_generator(self.device, seed + 7_000_003)
+        self.generator = make_generator(self.device, sampling_stream_seed(seed))
         self._streams: dict[str, torch.Generator] = {}
         self.backend, self._adapter = group.backend, name
         self.ref_model = None  # the reference is the base with adapters disabled
@@ -308,7 +307,7 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
     cfg._check_lora_policies()
     group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed, device)
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
-                             total_optimizer_steps, seed + i)
+                             total_optimizer_steps, policy_seed(seed, i))
             for i, name in enumerate(names)}
 
 

@@ -59,6 +59,7 @@ from accord.envs.protocol import Messages, is_env
 from accord.generation.hf import left_pad
 from accord.policies import Policy
 from accord.rollout.multiturn import start_episodes
+from accord.seeding import epoch_order_seed, eval_seed, held_out_demo_seed, policy_seed, setup_process
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +232,7 @@ def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
         split = task.tasks if is_env(task) else task.rows
         train = oracle_demos(cfg, make, split("train", limit=s.instances, seed=seed), noise=s.noise, seed=seed)
         held = split("eval", limit=s.eval_size, seed=seed) if s.eval_size else []
-        evals = oracle_demos(cfg, make, held, noise=0.0, seed=seed + 1) if held else []
+        evals = oracle_demos(cfg, make, held, noise=0.0, seed=held_out_demo_seed(seed)) if held else []
     else:
         system = {a: task.instructions(a) for a in task.agents} if is_env(task) else None
         train = read_demos(s.data, tuple(task.agents), system)
@@ -359,7 +360,7 @@ def _policies(cfg: Config) -> dict[str, tuple[Policy, tuple[str, ...]]]:
     for i, name in enumerate(sorted(by_policy)):
         pcfg = cfg.policies[name] if name in cfg.policies else cfg.policies[cfg.agents[0].policy]
         pol = Policy(name, dataclasses.replace(pcfg, lr=None), training, algo, rollout, s.steps,
-                     seed=cfg.run.seed + i, device=devices[name])
+                     seed=policy_seed(cfg.run.seed, i), device=devices[name])
         out[name] = (pol, tuple(by_policy[name]))
     return out
 
@@ -371,7 +372,7 @@ def _batches(n: int, size: int, seed: int):
     while True:
         while len(stream) < size:
             perm = list(range(n))
-            random.Random(seed * 1_000_003 + epoch).shuffle(perm)
+            random.Random(epoch_order_seed(seed, epoch)).shuffle(perm)
             stream.extend(perm)
             epoch += 1
         yield stream[:size]
@@ -390,8 +391,9 @@ def step_counts(cfg: Config, sizes: dict[str, int]) -> dict[str, int]:
 def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]]], rows: list[dict]) -> dict:
     """Play ``rows`` once each, greedily, with the fine-tuned policies, as ``accord train`` evaluates: the mean
     team reward (return) and, where the task has a success check, the success rate."""
+    import functools
+
     from accord.build import EnvFactory
-    from accord.evaluate import EVAL_SEED_OFFSET
     from accord.generation.agents import AgentGenerator
     from accord.rollout import make_rollout, rollout_name
 
@@ -405,7 +407,7 @@ def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]
         pol.model.eval()
     try:
         played = rollout.play(rows, functools.partial(generate, temperature=1.0), n=1, greedy=True,
-                              seed=cfg.run.seed + EVAL_SEED_OFFSET, success=True)
+                              seed=eval_seed(cfg.run.seed), success=True)
     finally:
         for pol, _ in policies.values():
             pol.model.train()
@@ -423,16 +425,12 @@ def output_dir(cfg: Config) -> Path:
 def run_sft(cfg: Config) -> dict[str, Any]:
     """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
     docstring for the output layout)."""
-    from accord.policies import seed_everything
-
     s = cfg.sft
     out = output_dir(cfg)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
                           "write another")
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    seed_everything(cfg.run.seed)
+    setup_process(cfg.run.seed, cfg.run.threads)
     t0 = time.perf_counter()
     train, evals = collect_demos(cfg)
     n_noisy = sum(d.noisy for d in train)
@@ -466,7 +464,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
 
         before = {f"sft/{n}/eval_nll": mean_nll(p, held[n], micro) for n, (p, _) in policies.items() if held[n]}
         record(0, before)
-        batches = {n: _batches(len(data[n]), s.batch_size, cfg.run.seed + i) for i, n in enumerate(policies)}
+        batches = {n: _batches(len(data[n]), s.batch_size, policy_seed(cfg.run.seed, i))
+                   for i, n in enumerate(policies)}
         last = max(steps.values())
         every = max(1, last // 10)
         tokens_total, train_s = 0, 0.0

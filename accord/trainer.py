@@ -55,6 +55,7 @@ from accord.tracking import MetricAccumulator
 from accord.tracking.report_to import run_sinks
 from accord.rollout.dynamic import extra_rows, flat_groups, keep_informative, renumber
 from accord.rollout.sample import prompt_group_ids, rollout_sampling
+from accord.seeding import epoch_order_seed
 from accord.trainer_steps import STEPS
 
 logger = logging.getLogger(__name__)
@@ -179,7 +180,7 @@ class Trainer:
     def _permutation(self, epoch: int) -> list[int]:
         if self._perm_epoch != epoch:
             perm = list(range(len(self.train_rows)))
-            random.Random(self.cfg.run.seed * 1_000_003 + epoch).shuffle(perm)
+            random.Random(epoch_order_seed(self.cfg.run.seed, epoch)).shuffle(perm)
             self._perm_epoch, self._perm = epoch, perm
         return self._perm
 

@@ -31,7 +31,6 @@ import logging
 import os
 import random
 import shutil
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,8 @@ from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
 from accord.rollout.base import uses_episodes
 from accord.rollout.sample import Sample, Sampling
+from accord.seeding import (critic_seed, pair_selection_seed, reward_model_pair_seed, reward_model_prompt_seed,
+                             reward_model_seed)
 from accord.tracking import MetricAccumulator
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Critics:
         self.models: dict[str, ScalarModel] = {}
         if self.kind == "head":
             jobs = [submit(pol, "run", attach_heads, [a for a in self.agents if run.agent_policy[a] == name], critic,
-                           total, cfg.run.seed + 10_007) for name, pol in run.policies.items()]
+                           total, critic_seed(cfg.run.seed)) for name, pol in run.policies.items()]
             gather(jobs)
             return
         device = _driver_device(cfg)
@@ -143,7 +144,7 @@ class Critics:
             spec = critic.model or pcfg.model
             kwargs = critic.model_kwargs if critic.model else pcfg.model_kwargs
             self.models[name] = ScalarModel(f"critic {name!r}", spec, dict(kwargs), critic.lr or cfg.training.lr,
-                                            cfg.training, total, seed=cfg.run.seed + 10_007 + i, device=device,
+                                            cfg.training, total, seed=critic_seed(cfg.run.seed, i), device=device,
                                             max_tokens=critic.max_tokens)
         # separate per-agent critics read the actor's tokens when they share its vocabulary
         self.same_vocab = {a: same_vocabulary(self.models[a].tokenizer, run.policies[run.agent_policy[a]].tokenizer)
@@ -345,7 +346,7 @@ def build_pairs(samples: list[Sample], cfg: Config, step: int) -> tuple[list[tup
     for inst in sorted(rewards):
         cands = sorted(rewards[inst])
         scores = [rewards[inst][j] for j in cands]
-        rng = random.Random(zlib.crc32(f"{cfg.run.seed}/{step}/{inst}".encode()))
+        rng = random.Random(pair_selection_seed(cfg.run.seed, step, inst))
         for w, l in select_pairs(scores, pref.pair_selection, pref.max_pairs_per_prompt, pref.min_gap, rng):
             pairs.append((inst, cands[w], cands[l], scores[w], scores[l]))
     return pairs, dict(members)
@@ -549,8 +550,9 @@ class RewardModel:
         spec = rm.path or rm.model or first.model
         kwargs = {} if rm.path else dict(rm.model_kwargs if rm.model else first.model_kwargs)
         try:
-            self.model = ScalarModel("reward model", spec, kwargs, rm.lr, cfg.training, 1, seed=cfg.run.seed + 20_011,
-                                     device=_driver_device(cfg), max_tokens=rm.max_tokens, schedule="constant")
+            self.model = ScalarModel("reward model", spec, kwargs, rm.lr, cfg.training, 1,
+                                     seed=reward_model_seed(cfg.run.seed), device=_driver_device(cfg),
+                                     max_tokens=rm.max_tokens, schedule="constant")
             if rm.path:
                 self.model.load_exported(Path(rm.path))
         except (OSError, ValueError, KeyError, RuntimeError, ModelNotFoundError) as err:
@@ -574,7 +576,7 @@ class RewardModel:
         training instances, by the team reward (pairs selected as ``preference.*`` says)."""
         cfg, run = self.cfg, self.run
         rows = list(run.train_rows)
-        random.Random(cfg.run.seed * 1_000_003 + 424_242).shuffle(rows)
+        random.Random(reward_model_prompt_seed(cfg.run.seed)).shuffle(rows)
         rows = rows[:cfg.reward_model.prompts]
         generate = functools.partial(run.generate, temperature=None)   # each agent its own sampling
         out = []
@@ -615,7 +617,7 @@ class RewardModel:
             encoded.append((iw, il))
             cut += cw + cl
         acc.add("rm/truncated_frac", cut / (2 * len(pairs)))
-        rng = random.Random(cfg.run.seed * 1_000_003 + 777)
+        rng = random.Random(reward_model_pair_seed(cfg.run.seed))
         order = list(range(len(encoded)))
         rng.shuffle(order)
         n_eval = int(len(order) * rm.eval_frac)

@@ -66,6 +66,7 @@ def default_job_requests(model: str) -> dict:
     from accord.config import load_config
     from accord.models import load_model_and_tokenizer
     from accord.policies import Policy
+    from accord.seeding import epoch_order_seed, policy_seed, sampling_stream_seed
 
     cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}",
                              "specialization=shared", "task.eval_size=12"])
@@ -73,7 +74,7 @@ def default_job_requests(model: str) -> dict:
     check_run(cfg, env)
     train_rows, _ = split_data(cfg, env)
     perm = list(range(len(train_rows)))  # the trainer's order of step 0 (Trainer.batch_rows)
-    random.Random(cfg.run.seed * 1_000_003).shuffle(perm)
+    random.Random(epoch_order_seed(cfg.run.seed, 0)).shuffle(perm)
     rows = [train_rows[perm[i]] for i in range(cfg.rollout.batch_size)]
     _, tokenizer = load_model_and_tokenizer(model)
     r, k = cfg.rollout, cfg.algorithm.num_generations
@@ -84,7 +85,7 @@ def default_job_requests(model: str) -> dict:
         for row in rows:
             prompts += [Policy.encode_chat(policy, env.prompt(agent.name, row))] * k
     return {"model": model, "prompts": prompts, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
-            "top_k": r.top_k, "top_p": r.top_p, "seed": cfg.run.seed + 7_000_003}
+            "top_k": r.top_k, "top_p": r.top_p, "seed": sampling_stream_seed(policy_seed(cfg.run.seed, 0))}
 
 
 # --- this machine ---------------------------------------------------------------------------------

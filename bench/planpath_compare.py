@@ -112,10 +112,8 @@ def warm_start(args: argparse.Namespace, seed: int) -> dict:
     (or reuse the one there, made with the same settings); returns its summary."""
     import copy
 
-    import torch
-
     from accord.config import config_from_dict
-    from accord.policies import seed_everything
+    from accord.seeding import setup_process
     from accord.sft import (DemoError, _batches, _policies, collect_demos, encode_demos, mean_nll, sft_step,
                             write_demos)
 
@@ -140,8 +138,7 @@ def warm_start(args: argparse.Namespace, seed: int) -> dict:
         d.pop("compare")
         d["algorithm"]["baseline"] = baseline
         cfgs.append(config_from_dict(d))
-    torch.set_num_threads(args.threads)
-    seed_everything(seed)
+    setup_process(seed, args.threads)
     train, held = [], []
     for cfg in cfgs:   # the same puzzles in every layout
         tr, ev = collect_demos(cfg)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from accord.config import ConfigError
+from accord.seeding import credit_seed
 
 Choice = tuple[int, ...]   # the sample index each agent plays in an evaluated joint action
 
@@ -219,4 +220,4 @@ def counterfactual_credit(agents: Sequence[str], k: int, recorded: Sequence[Sequ
 
 def credit_rng(seed: int, step: int) -> random.Random:
     """The orderings' random stream of a step: a function of the run's seed and the step (resume-exact)."""
-    return random.Random(seed * 1_000_003 + step * 7919 + 17)
+    return random.Random(credit_seed(seed, step))

@@ -53,6 +53,7 @@ import torch.distributed as dist
 from accord.config import Config, ConfigError
 from accord.devices import policy_devices, policy_setting, resolve_device
 from accord.distributed.ranks import TIMEOUT, DataParallelPolicy
+from accord.seeding import policy_seed, setup_process
 
 logger = logging.getLogger(__name__)
 
@@ -129,15 +130,15 @@ def rank_device(cfg: Config, name: str, local_rank: int) -> torch.device:
 
 def build_rank(cfg: Config, name: str, index: int, total_optimizer_steps: int, *, rank: int, world: int,
                device: torch.device, group=None, object_group=None) -> DataParallelPolicy:
-    """Rank ``rank`` of policy ``name`` (``index``: its position among the sorted policy names, its seed
-    offset, as :func:`accord.trainer.build_policy`)."""
+    """Rank ``rank`` of policy ``name`` (``index``: its position among the sorted policy names, which gives
+    its seed as in :func:`accord.policies.build_policy`)."""
     cls = DataParallelPolicy
     if cfg.training.fsdp:
         from accord.distributed.fsdp import FsdpPolicy
 
         cls = FsdpPolicy
     return cls(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
-                              total_optimizer_steps, seed=cfg.run.seed + index, device=device, rank=rank,
+                              total_optimizer_steps, seed=policy_seed(cfg.run.seed, index), device=device, rank=rank,
                               world=world, group=group, object_group=object_group)
 
 
@@ -318,12 +319,9 @@ def serve_worker() -> int:
         if kind == "build":
             _, cfg, names, reps, total = message
             from accord.envs.registry import import_modules
-            from accord.policies import seed_everything
 
             import_modules(cfg.imports)
-            if cfg.run.threads:
-                torch.set_num_threads(cfg.run.threads)
-            seed_everything(cfg.run.seed)
+            setup_process(cfg.run.seed, cfg.run.threads)
             policies = _groups(cfg, names, reps, dist.get_world_size(), total, rank=rank)
             logger.info("torchrun process %d: ranks of %s", rank, sorted(policies))
         elif kind == "call":

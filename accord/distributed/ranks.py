@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import zlib
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from accord.devices import make_generator
 from accord.generation import Generation
 from accord.policies import Policy
 from accord.rollout.sample import Sample
+from accord.seeding import row_stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +32,6 @@ def part(n: int, rank: int, world: int) -> slice:
     q, r = divmod(n, world)
     start = rank * q + min(rank, r)
     return slice(start, start + q + (rank < r))
-
-
-def row_seed(call_seed: int, index: int) -> int:
-    """Seed of prompt ``index``'s random stream within a generate call."""
-    return (call_seed * 1_000_003 + index * 7_919 + zlib.crc32(index.to_bytes(8, "little"))) % (2**63 - 1)
 
 
 class DataParallelPolicy(Policy):
@@ -70,7 +65,7 @@ class DataParallelPolicy(Policy):
         mine = part(len(prompts), self.rank, self.world)
         out: list[Generation] = []
         if mine.stop > mine.start:
-            rows = [make_generator(self.device, row_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
+            rows = [make_generator(self.device, row_stream_seed(call_seed, i)) for i in range(mine.start, mine.stop)]
             out = self.backend.generate(self.model, self.tokenizer, prompts[mine], greedy=greedy,
                                         temperature=temperature, generator=None, name=self.name,
                                         row_generators=rows, sampling=None if sampling is None else sampling[mine])

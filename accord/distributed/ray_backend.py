@@ -21,8 +21,8 @@ matrix kernels run with the same number of threads: Ray gives an actor as many t
 reserves, the local backend torch's default. Set ``run.threads`` (the driver and every actor then use
 it) when results must match; without it an actor uses ``floor(num_cpus)`` threads (at least 1).
 Code that draws from torch's *global* RNG inside a policy (dropout) would break the equality: the
-local backend shares one global stream between policies; an actor seeds its own with
-``run.seed + index``.
+local backend shares one global stream between policies; an actor seeds its own with its
+policy's seed (:func:`accord.seeding.policy_seed`).
 
 Placement. An actor reserves ``policies.<name>.num_cpus`` / ``num_gpus`` (default
 ``ray.num_cpus_per_policy`` / ``ray.num_gpus_per_policy``; fractions allowed). All actors live for the
@@ -58,6 +58,7 @@ import torch
 from accord.config import Config, ConfigError, RayConfig
 from accord.devices import check_ray_devices
 from accord.policies import Policy
+from accord.seeding import policy_seed, setup_process
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class PolicyWorker:
     back as the original exception (e.g. ModelNotFoundError) rather than as a dead actor."""
 
     def __init__(self, threads: int):
-        torch.set_num_threads(threads)
+        setup_process(None, threads)
         self.policy: Policy | None = None
 
     def ready(self) -> dict:
@@ -156,11 +157,11 @@ class PolicyWorker:
 
         from accord.devices import actor_device, policy_setting
         from accord.envs.registry import import_modules
-        from accord.policies import build_policy, seed_everything
+        from accord.policies import build_policy
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
-        seed_everything(cfg.run.seed + index)
+        setup_process(policy_seed(cfg.run.seed, index), None)
         self.policy = build_policy(cfg, name, index, total_optimizer_steps, device=device)
         device = next(self.policy.model.parameters()).device
         return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
@@ -185,7 +186,6 @@ class PolicyWorker:
         from accord.distributed.data_parallel import build_rank, tensor_backend
         from accord.distributed.ranks import TIMEOUT
         from accord.envs.registry import import_modules
-        from accord.policies import seed_everything
 
         import_modules(cfg.imports)
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
@@ -197,7 +197,7 @@ class PolicyWorker:
         dist.init_process_group(backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=rank,
                                 world_size=world, timeout=TIMEOUT, **extra)
         objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else None
-        seed_everything(cfg.run.seed + index)
+        setup_process(policy_seed(cfg.run.seed, index), None)
         self.policy = build_rank(cfg, name, index, total_optimizer_steps, rank=rank, world=world, device=device,
                                  group=None, object_group=objects)
         device = next(self.policy.model.parameters()).device

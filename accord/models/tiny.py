@@ -14,6 +14,8 @@ import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from accord.seeding import seeded_torch
+
 from ._corpus import corpus_lines
 
 _MIN_VOCAB = 256 + 4
@@ -154,8 +156,7 @@ def build_tiny_model(
     tokenizer = tiny_tokenizer(vocab_size=vocab_size, pad_is_eos=pad_is_eos)
     tokenizer.model_max_length = max_position_embeddings
     config = _tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_torch(seed, devices=[]):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = model.generation_config
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = (

@@ -17,6 +17,7 @@ import random
 from collections import defaultdict
 
 from accord.rollout.sample import Sample
+from accord.seeding import extra_rows_seed
 
 
 def flat_groups(samples: list[Sample], groups: list[int]) -> set[int]:
@@ -33,7 +34,7 @@ def extra_rows(train_rows: list[dict], exclude: set, n: int, seed: int, step: in
     pool = [r for r in train_rows if r.get("id") not in exclude] if exclude else list(train_rows)
     if len(pool) < n:
         pool = list(train_rows)
-    rng = random.Random(seed * 1_000_003 + step * 1_009 + round_)
+    rng = random.Random(extra_rows_seed(seed, step, round_))
     return rng.sample(pool, n) if len(pool) >= n else [rng.choice(pool) for _ in range(n)]
 
 

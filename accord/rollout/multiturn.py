@@ -52,6 +52,7 @@ from accord.config import ConfigError
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
+from accord.seeding import episode_seed, rollout_seed
 
 # complete(requests, n, greedy) -> for each (agent, messages) request, n completions
 CompleteFn = Callable[[list[tuple[str, Messages]], int, bool], list[list[Any]]]
@@ -103,7 +104,7 @@ def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int)
     out = []
     for b, row in enumerate(rows):
         env = make_env()
-        obs = env.reset(row, seed=seed + b)
+        obs = env.reset(row, seed=episode_seed(seed, b))
         out.append(Episode(env, dict(obs), {a: [] for a in env.agents}))
     return out
 
@@ -473,7 +474,7 @@ class _EpisodeRollout(Rollout):
         return self.cfg.rollout.max_turns or self.env.max_turns
 
     def seed(self, step: int, n_rows: int) -> int:
-        return self.cfg.run.seed * 1_000_003 + step * n_rows
+        return rollout_seed(self.cfg.run.seed, step, n_rows)
 
     def play(self, rows: list[dict], generate: Generate, *, n: int, greedy: bool, seed: int,
              success: bool = True) -> Played:
