@@ -342,7 +342,7 @@ def claim_output(plan: Plan, settings: dict, *, overwrite: bool) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from accord.tracking.sinks import _atomic_write_text
+    from accord.tracking.registry import _atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(path, json.dumps(data, indent=1))
@@ -401,7 +401,7 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
     """Build, evaluate before, train to the budget, evaluate after, and store one (method, seed)."""
     from accord.evaluate import evaluate_episodes
     from accord.trainer import Trainer
-    from accord.tracking.sinks import read_metrics
+    from accord.tracking.jsonl import read_metrics
 
     cfg = plan.config(method, seed)
     run_dir = cfg.run_dir
@@ -701,7 +701,7 @@ def report(settings: dict, seeds: list[int], results: list[dict], out: Path, *, 
             **({"merged_from": merged_from} if merged_from else {}), "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     plot(data, out / "compare.png")
-    from accord.tracking.sinks import _atomic_write_text
+    from accord.tracking.registry import _atomic_write_text
 
     _atomic_write_text(out / "compare.md", markdown(data))
     _write_json(out / "compare.json", data)

@@ -43,7 +43,7 @@ from matplotlib.ticker import MaxNLocator
 
 from accord.tracking.console import held_out_summary, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
-from accord.tracking.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
+from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
 __all__ = ["PLOT_FILES", "write_report"]
 

@@ -24,7 +24,7 @@ import pytest
 pytestmark = pytest.mark.slow   # each about 10 s of CPU (see the module docstring)
 
 from accord.config import config_from_dict
-from accord.tracking.sinks import completions_path
+from accord.tracking.jsonl import completions_path
 from accord.trainer import Trainer
 
 EVAL = 128

@@ -25,7 +25,7 @@ from accord.tracking import (
     read_metrics,
     register_sink,
 )
-from accord.tracking import sinks as sinks_mod
+from accord.tracking import jsonl as jsonl_mod
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def _write_steps(run_dir: Path, steps) -> None:
 
 
 def test_stdlib_logging_not_shadowed():
-    assert sinks_mod.logging is logging
+    assert jsonl_mod.logging is logging
     assert alog.__name__ == "accord.tracking"
 
 
@@ -104,7 +104,7 @@ def test_resume_truncates_metrics_and_completions(tmp_path):
 
 
 def test_duplicate_step_warns(tmp_path, caplog):
-    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.tracking.sinks"):
+    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.tracking.jsonl"):
         sink.log(3, {"a": 1.0})
         sink.log(3, {"a": 1.0})
     assert "duplicate" in caplog.text
@@ -153,7 +153,7 @@ def test_console_sink_non_tty_capture(caplog):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=False, width=120)
     assert not console.is_terminal
-    with caplog.at_level(logging.INFO, logger="accord.tracking.sinks"):
+    with caplog.at_level(logging.INFO, logger="accord.tracking.console"):
         sink = ConsoleSink(total_steps=5, keys=("team/reward", "agent/alice/reward"), every=2, console=console)
         for s in range(1, 6):
             sink.log(s, {"team/reward": (s - 1) / 4})
