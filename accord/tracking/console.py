@@ -28,7 +28,11 @@ from typing import TYPE_CHECKING
 from accord.tracking.registry import _check_step, _SinkBase, _to_number, register_sink
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
+
+    from accord.config import Config
 
 _logger = logging.getLogger(__name__)
 
@@ -136,6 +140,11 @@ class ConsoleSink(_SinkBase):
             self._heartbeat = threading.Thread(target=self._beat, args=(float(heartbeat_s),), daemon=True,
                                                name="accord-console-heartbeat")
             self._heartbeat.start()
+
+    @classmethod
+    def from_run(cls, cfg: Config, run_dir: str | Path, *, start_step: int) -> ConsoleSink:
+        """The progress bar of ``run.steps`` steps, from ``start_step`` on, showing the team reward."""
+        return cls(cfg.run.steps, start_step=start_step)
 
     def set_activity(self, text: str) -> None:
         """Name what the run is doing now (a phase such as ``gen`` or ``eval``), for the heartbeat line."""

@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.registry import (
@@ -30,6 +30,9 @@ from accord.tracking.registry import (
     _SinkBase,
     register_sink,
 )
+
+if TYPE_CHECKING:
+    from accord.config import Config
 
 __all__ = ["COMPLETIONS_DIRNAME", "METRICS_FILENAME", "JsonlSink", "MetricsFileError", "completions_path",
            "read_metrics"]
@@ -137,6 +140,11 @@ class JsonlSink(_SinkBase):
                 self.metrics_path,
             )
         self._fh = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    @classmethod
+    def from_run(cls, cfg: Config, run_dir: str | Path, *, start_step: int) -> JsonlSink:
+        """The run's metrics.jsonl; resuming after step ``start_step`` cuts it back to that step."""
+        return cls(run_dir, resume_from_step=_check_step(start_step, "start_step") or None)
 
     def _truncate(self, resume_from_step: int) -> None:
         # temp files of atomic writes a crash interrupted (metrics truncation, completion tables)

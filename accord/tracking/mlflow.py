@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accord.config import ConfigError
-from accord.tracking.registry import _check_step, _clean_metrics, _SinkBase, register_sink
-from accord.tracking.trackers import _first_line, _resume_id, _table, _write_id, check_packages, flatten_config
+from accord.config import Config, ConfigError
+from accord.tracking.registry import _check_step, _clean_metrics, _SinkBase, check_packages, register_sink
+from accord.tracking.trackers import _first_line, _resume_id, _table, _write_id, flatten_config
 
 __all__ = ["MlflowSink"]
 
@@ -26,11 +26,14 @@ __all__ = ["MlflowSink"]
 class MlflowSink(_SinkBase):
     """MLflow: one MLflow run per accord run (see the module docstring)."""
 
+    packages = ("mlflow", "pandas")
+    install = "pip install 'accord[mlflow]' (or pip install mlflow-skinny pandas)"
+
     _BATCH = 100  # parameters per log_batch call (MLflow's limit); metrics allow 1000
 
     def __init__(self, run_dir: str | Path, *, config: Mapping[str, Any], name: str,
                  tracking_uri: str | None = None, experiment: str = "accord", resume: bool = False) -> None:
-        check_packages(["mlflow"])
+        check_packages("mlflow", type(self))
         from mlflow import MlflowClient
         from mlflow.entities import Metric, Param
         from mlflow.exceptions import MlflowException
@@ -55,6 +58,14 @@ class MlflowSink(_SinkBase):
             raise ConfigError(_mlflow_problem(tracking_uri, err)) from err
         _write_id(self.run_dir, "mlflow", {"run_id": self.run_id, "tracking_uri": self.client.tracking_uri})
         self._closed = False
+
+    @classmethod
+    def from_run(cls, cfg: Config, run_dir: str | Path, *, start_step: int) -> MlflowSink:
+        """An MLflow run named ``run.name`` in ``logging.mlflow_experiment`` on ``logging.mlflow_tracking_uri``;
+        a resume (``start_step > 0``) continues the run ``trackers.json`` records."""
+        lg = cfg.logging
+        return cls(run_dir, config=cfg.to_dict(), name=cfg.run.name, tracking_uri=lg.mlflow_tracking_uri,
+                   experiment=lg.mlflow_experiment, resume=start_step > 0)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -2,8 +2,35 @@
 checks and file helpers the sinks share.
 
 A sink receives every step's metrics (``log``) and the completion tables (``log_completions``) of a run,
-and is closed at its end. New back-ends implement the protocol and register themselves with
-:func:`register_sink`.
+and is closed at its end. Each sink class is registered under the name ``logging.report_to`` lists, and
+builds itself for a run with the classmethod ``from_run(cfg, run_dir, *, start_step)``::
+
+    import logging
+
+    from accord.tracking import register_sink
+
+    @register_sink("loglines")
+    class LogLinesSink:
+        @classmethod
+        def from_run(cls, cfg, run_dir, *, start_step):
+            return cls()
+
+        def log(self, step, metrics):
+            logging.getLogger("loglines").info("step %d: %s", step, metrics)
+
+        def log_completions(self, step, rows):
+            pass
+
+        def close(self):
+            pass
+
+``cfg`` is the run's resolved :class:`accord.config.Config` (``cfg.logging`` for the sink's settings,
+``cfg.to_dict()`` to record it), ``run_dir`` the run directory and ``start_step`` the number of steps
+already done: 0 for a new run, ``k`` when resuming after step ``k`` (a sink that keeps a file cuts it back
+to step ``k``). A sink whose package is optional names the modules it imports in ``packages`` and the
+command that installs them in ``install``; a missing one is then an error before any model loads. The
+built-in sinks: ``jsonl`` and ``console`` (always built, ``logging.console``), ``tensorboard``, ``wandb``
+and ``mlflow``.
 
 Step convention: ``step`` n is logged after n updates (step 0: before training, e.g. the first
 evaluation).
@@ -12,6 +39,7 @@ evaluation).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import numbers
 import os
 import tempfile
@@ -19,7 +47,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["SINKS", "MetricsSink", "MultiSink", "register_sink"]
+from accord.config import ConfigError
+
+__all__ = ["SINKS", "MetricsSink", "MultiSink", "check_packages", "register_sink"]
 
 
 @runtime_checkable
@@ -34,13 +64,15 @@ class MetricsSink(Protocol):
 
 
 SINKS: dict[str, type] = {}
-"""Registry of sink classes by name (``"jsonl"``, ``"tensorboard"``, ``"console"``, ``"wandb"``, ``"mlflow"``)."""
+"""Registry of sink classes by name: the built-in ``jsonl``, ``console``, ``tensorboard``, ``wandb`` and
+``mlflow``, and those added with :func:`register_sink`."""
 
 _T = TypeVar("_T", bound=type)
 
 
 def register_sink(name: str) -> Callable[[_T], _T]:
-    """Class decorator adding a sink class to :data:`SINKS` under ``name``."""
+    """Class decorator adding a sink class to :data:`SINKS` under ``name``, the name ``logging.report_to``
+    lists (the class builds itself for a run with ``from_run(cfg, run_dir, *, start_step)``)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a sink's name must be a non-empty string, got {name!r}")
 
@@ -54,6 +86,16 @@ def register_sink(name: str) -> Callable[[_T], _T]:
         return cls
 
     return decorator
+
+
+def check_packages(name: str, sink: type) -> None:
+    """The modules a sink class names in ``packages`` can be imported; else a one-line :class:`ConfigError`
+    with its ``install`` command."""
+    missing = [m for m in getattr(sink, "packages", ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        install = getattr(sink, "install", None) or f"pip install {' '.join(missing)}"
+        raise ConfigError(f"logging.report_to includes {name!r}, but {' and '.join(missing)} is not installed; "
+                          f"{install}, or remove {name!r} from logging.report_to")
 
 
 # --------------------------------------------------------------------------- shared checks and helpers

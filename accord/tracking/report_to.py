@@ -1,48 +1,81 @@
-"""``logging.report_to``: the sinks of a training run besides metrics.jsonl and the console.
+"""``logging.report_to``: the sinks of a training run, built through the sink registry.
 
-:func:`run_sinks` builds every sink of a run; :func:`check_report_to` checks the list before any model loads.
-The tracker sinks are :class:`accord.tracking.wandb.WandbSink` and :class:`accord.tracking.mlflow.MlflowSink`.
+:func:`run_sinks` builds ``metrics.jsonl`` (always), each sink ``logging.report_to`` names, in its order,
+and the console (``logging.console``), each with its class's ``from_run(cfg, run_dir, *, start_step)``
+(see :mod:`accord.tracking.registry`). :func:`check_report_to` checks the names before any model loads:
+each is a registered sink (the built-in ``tensorboard``, ``wandb`` and ``mlflow``, or one registered with
+:func:`accord.tracking.register_sink`) whose packages are installed. A sink of your own is registered when
+its module is imported, so list that module under ``imports:`` (imported before the check) or import it
+before calling :func:`accord.train`.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from accord.config import Config
+from accord.config import Config, ConfigError
 from accord.tracking.console import ConsoleSink
 from accord.tracking.jsonl import JsonlSink
-from accord.tracking.mlflow import MlflowSink
-from accord.tracking.registry import MetricsSink, MultiSink, _check_step
+from accord.tracking.registry import SINKS, MetricsSink, MultiSink, _check_step, check_packages
 from accord.tracking.tensorboard import TensorBoardSink
-from accord.tracking.trackers import TRACKERS_FILENAME, check_packages
-from accord.tracking.wandb import WandbSink
+from accord.tracking.trackers import TRACKERS_FILENAME
 
-__all__ = ["TRACKERS_FILENAME", "MlflowSink", "WandbSink", "check_report_to", "make_sinks", "run_sinks"]
+__all__ = ["TRACKERS_FILENAME", "check_report_to", "make_sinks", "run_sinks"]
+
+# sinks every run has, set elsewhere than in report_to
+_NOT_LISTED = {"jsonl": "RUN_DIR/metrics.jsonl is always written; remove it from logging.report_to",
+               "console": "set logging.console (true or false) and remove it from logging.report_to"}
+
+
+def _sink_class(name: str) -> type:
+    """The registered sink class of a ``logging.report_to`` name (a one-line :class:`ConfigError` if none)."""
+    if name in _NOT_LISTED:
+        raise ConfigError(f"logging.report_to: {name!r} is not a sink of logging.report_to; {_NOT_LISTED[name]}")
+    sink = SINKS.get(name)
+    if sink is None:
+        known = sorted(n for n in SINKS if n not in _NOT_LISTED)
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"logging.report_to: {name!r} is not a registered sink;{hint} registered: {known}. Register "
+                          "your own with accord.tracking.register_sink in a module listed under imports: (or [] for "
+                          "none)")
+    if not callable(getattr(sink, "from_run", None)):
+        raise ConfigError(f"logging.report_to: sink {name!r} ({sink.__module__}.{sink.__qualname__}) has no "
+                          "from_run(cfg, run_dir, *, start_step) classmethod; add one that builds the sink for a run")
+    return sink
 
 
 def check_report_to(report_to: Sequence[str]) -> None:
-    """Every tracker in ``report_to`` has its package installed (checked before any model loads)."""
-    check_packages(report_to)
+    """Every name of ``logging.report_to`` is a registered sink that builds itself for a run and whose packages
+    are installed (:func:`accord.build.build_run` checks this after importing ``imports:``, before any model
+    loads)."""
+    for name in report_to:
+        check_packages(name, _sink_class(name))
 
 
-def tracker_sinks(cfg: Config, run_dir: Path, *, resume: bool) -> list[MetricsSink]:
-    """The W&B / MLflow sinks that ``cfg.logging.report_to`` names, in its order."""
-    lg, out = cfg.logging, []
-    check_report_to(lg.report_to)
-    config = cfg.to_dict()
+def run_sinks(cfg: Config, run_dir: str | Path, *, start_step: int = 0) -> MultiSink:
+    """All sinks of a training run, each built with ``from_run(cfg, run_dir, start_step=start_step)``:
+    metrics.jsonl, the sinks of ``logging.report_to`` in its order, and the console (``logging.console``).
+    ``start_step > 0`` is a resume after that step: metrics.jsonl is cut back to it, TensorBoard hides the later
+    events and the trackers continue their runs."""
+    start_step = _check_step(start_step, "start_step")
+    report_to = list(cfg.logging.report_to)
+    check_report_to(report_to)
+    console = ["console"] if cfg.logging.console else []
+    built: dict[str, MetricsSink] = {}
     try:
-        for name in lg.report_to:
-            if name == "wandb":
-                out.append(WandbSink(run_dir, config=config, name=cfg.run.name, project=lg.wandb_project,
-                                     entity=lg.wandb_entity, resume=resume))
-            elif name == "mlflow":
-                out.append(MlflowSink(run_dir, config=config, name=cfg.run.name, tracking_uri=lg.mlflow_tracking_uri,
-                                      experiment=lg.mlflow_experiment, resume=resume))
+        for name in [*report_to, "jsonl", *console]:   # trackers first: one that cannot start fails before
+            sink = SINKS[name].from_run(cfg, Path(run_dir), start_step=start_step)   # metrics.jsonl is cut back
+            if not isinstance(sink, MetricsSink):
+                raise TypeError(f"sink {name!r}: {SINKS[name].__qualname__}.from_run must return a sink with log(), "
+                                f"log_completions() and close(), got {type(sink).__name__!r}")
+            built[name] = sink
     except BaseException:
-        MultiSink(out).close()
+        MultiSink(built.values()).close()
         raise
-    return out
+    return MultiSink(built[name] for name in ["jsonl", *report_to, *console])
 
 
 def make_sinks(
@@ -64,8 +97,9 @@ def make_sinks(
     ``start_step`` is the first step this process runs. When it is > 0 (a
     resume) and ``resume_from_step`` is not given, metrics of steps
     ``> start_step`` are removed from metrics.jsonl (``resume_from_step =
-    start_step``: step n is logged after n updates, step 0 before training) and hidden in TensorBoard. ``extra`` sinks (e.g. a
-    future wandb sink) are appended.
+    start_step``: step n is logged after n updates, step 0 before training) and hidden in TensorBoard.
+    ``extra`` sinks are appended. A training run builds its sinks from its config instead
+    (:func:`run_sinks`).
     """
     start_step = _check_step(start_step, "start_step")
     if resume_from_step is None and start_step > 0:
@@ -81,16 +115,3 @@ def make_sinks(
                                 heartbeat_s=console_heartbeat_s))
     sinks.extend(extra)
     return MultiSink(sinks)
-
-
-def run_sinks(cfg: Config, run_dir: Path, *, start_step: int = 0) -> MultiSink:
-    """All sinks of a training run: metrics.jsonl, the console (``logging.console``) and the sinks of
-    ``logging.report_to``. ``start_step > 0`` is a resume (see :func:`accord.tracking.make_sinks`)."""
-    trackers = tracker_sinks(cfg, Path(run_dir), resume=start_step > 0)
-    try:
-        return make_sinks(run_dir, total_steps=cfg.run.steps, start_step=start_step,
-                          tensorboard="tensorboard" in cfg.logging.report_to, console=cfg.logging.console,
-                          resume_from_step=start_step if start_step else None, extra=trackers)
-    except BaseException:
-        MultiSink(trackers).close()
-        raise

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accord.tracking.registry import _check_step, _clean_metrics, _completion_columns, _SinkBase, register_sink
+
+if TYPE_CHECKING:
+    from accord.config import Config
 
 __all__ = ["TENSORBOARD_DIRNAME", "TensorBoardSink", "completions_markdown"]
 
@@ -51,6 +54,9 @@ class TensorBoardSink(_SinkBase):
     earlier run are hidden by TensorBoard (pass the first step of the resumed run).
     """
 
+    packages = ("tensorboard",)
+    install = "pip install tensorboard"
+
     def __init__(
         self,
         run_dir: str | Path,
@@ -64,7 +70,7 @@ class TensorBoardSink(_SinkBase):
         except ImportError as err:  # pragma: no cover - both are hard dependencies
             raise ImportError(
                 "TensorBoardSink needs torch and tensorboard; install them with `pip install torch tensorboard` "
-                "or disable the sink (make_sinks(..., tensorboard=False))"
+                "or remove 'tensorboard' from logging.report_to"
             ) from err
         self.log_dir = Path(run_dir) / TENSORBOARD_DIRNAME
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -74,6 +80,12 @@ class TensorBoardSink(_SinkBase):
             purge_step=None if purge_step is None else _check_step(purge_step, "purge_step"),
             flush_secs=flush_secs,
         )
+
+    @classmethod
+    def from_run(cls, cfg: Config, run_dir: str | Path, *, start_step: int) -> TensorBoardSink:
+        """``RUN_DIR/tb``; resuming after step ``start_step`` hides the later events of the earlier process."""
+        start_step = _check_step(start_step, "start_step")
+        return cls(run_dir, purge_step=start_step + 1 if start_step else None)
 
     def _check_open(self) -> None:
         if self._writer is None:

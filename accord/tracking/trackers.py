@@ -8,7 +8,6 @@ logged again: W&B ignores a step lower than one it has seen (it warns), MLflow k
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -19,30 +18,11 @@ from typing import Any
 from accord.config import ConfigError
 from accord.tracking.registry import _completion_columns, _json_default
 
-__all__ = ["TRACKERS_FILENAME", "check_packages", "flatten_config"]
+__all__ = ["TRACKERS_FILENAME", "flatten_config"]
 
 _logger = logging.getLogger(__name__)
 
 TRACKERS_FILENAME = "trackers.json"
-
-# report_to name -> (modules it imports, the pip install that provides them)
-_PACKAGES = {
-    "wandb": (("wandb",), "pip install 'accord[wandb]' (or pip install wandb)"),
-    "mlflow": (("mlflow", "pandas"), "pip install 'accord[mlflow]' (or pip install mlflow-skinny pandas)"),
-}
-
-
-def _missing(name: str) -> list[str]:
-    return [m for m in _PACKAGES[name][0] if importlib.util.find_spec(m) is None]
-
-
-def check_packages(report_to: Sequence[str]) -> None:
-    """Every tracker in ``report_to`` has its package installed (checked before any model loads)."""
-    for name in report_to:
-        if name in _PACKAGES and _missing(name):
-            raise ConfigError(f"logging.report_to includes {name!r}, but {' and '.join(_missing(name))} "
-                              f"is not installed; {_PACKAGES[name][1]}, or remove {name!r} from logging.report_to")
-
 
 def _read_ids(run_dir: Path) -> dict:
     path = run_dir / TRACKERS_FILENAME

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accord.config import ConfigError
-from accord.tracking.registry import _check_step, _clean_metrics, _SinkBase, register_sink
-from accord.tracking.trackers import _first_line, _resume_id, _table, _write_id, check_packages
+from accord.config import Config, ConfigError
+from accord.tracking.registry import _check_step, _clean_metrics, _SinkBase, check_packages, register_sink
+from accord.tracking.trackers import _first_line, _resume_id, _table, _write_id
 
 __all__ = ["WandbSink"]
 
@@ -23,9 +23,12 @@ __all__ = ["WandbSink"]
 class WandbSink(_SinkBase):
     """Weights & Biases: one W&B run per accord run (see the module docstring)."""
 
+    packages = ("wandb",)
+    install = "pip install 'accord[wandb]' (or pip install wandb)"
+
     def __init__(self, run_dir: str | Path, *, config: Mapping[str, Any], name: str, project: str = "accord",
                  entity: str | None = None, resume: bool = False) -> None:
-        check_packages(["wandb"])
+        check_packages("wandb", type(self))
         import wandb
 
         self._wandb = wandb
@@ -42,6 +45,14 @@ class WandbSink(_SinkBase):
                               "on disk with WANDB_MODE=offline, or remove 'wandb' from logging.report_to") from err
         _write_id(self.run_dir, "wandb", {"id": self.run.id, "project": project})
         self._closed = False
+
+    @classmethod
+    def from_run(cls, cfg: Config, run_dir: str | Path, *, start_step: int) -> WandbSink:
+        """A W&B run named ``run.name`` in ``logging.wandb_project`` / ``logging.wandb_entity``; a resume
+        (``start_step > 0``) continues the run ``trackers.json`` records."""
+        lg = cfg.logging
+        return cls(run_dir, config=cfg.to_dict(), name=cfg.run.name, project=lg.wandb_project,
+                   entity=lg.wandb_entity, resume=start_step > 0)
 
     def _check_open(self) -> None:
         if self._closed:
