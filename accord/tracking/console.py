@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from accord import metric_names as mn
 from accord.tracking.registry import _check_step, _SinkBase, _to_number, register_sink
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ConsoleSink(_SinkBase):
         self,
         total_steps: int,
         start_step: int = 0,
-        keys: Sequence[str] = ("team/reward",),
+        keys: Sequence[str] = (mn.TEAM_REWARD,),
         every: int = 1,
         *,
         console: Console | None = None,
@@ -205,34 +205,34 @@ def _change(before: float, after: float) -> str:
     return f"{_fmt(before)} -> {_fmt(after)} ({after - before:+.4f})"
 
 
-_AGENT_KEY = re.compile(r"^eval/agent/(?P<agent>[^/]+)/(?P<metric>.+)$")
+_AGENT_KEY = mn.agent_pattern(held_out=True)
 
 
 def held_out_summary(rows: list[dict], *, temperature: float = 0.0) -> list[str]:
     """Closing lines of a run from its metric rows: the first held-out evaluation (step 0 when the
     run evaluated before training) against the last one."""
-    evals = [r for r in rows if isinstance(r.get("eval/team/reward"), (int, float))]
+    evals = [r for r in rows if isinstance(r.get(mn.EVAL_TEAM_REWARD), (int, float))]
     mode = "greedy" if not temperature else f"sampled at temperature {temperature:g}"
     if not evals:
         return ["no held-out evaluation in this run (task.eval_size is 0, or run.eval_before and run.eval_after "
                 "are false)"]
     first, last = evals[0], evals[-1]
     if first is last:
-        return [f"held-out team reward ({mode}) at step {last['step']}: {_fmt(last['eval/team/reward'])} "
+        return [f"held-out team reward ({mode}) at step {last['step']}: {_fmt(last[mn.EVAL_TEAM_REWARD])} "
                 "(one evaluation: set run.eval_before=true for a before -> after comparison)"]
     span = f"step {first['step']} -> step {last['step']}"
-    lines = [f"held-out team reward ({mode}), {span}: {_change(first['eval/team/reward'], last['eval/team/reward'])}"]
-    if "eval/success" in first and "eval/success" in last:
-        lines.append(f"held-out success rate, {span}: {_change(first['eval/success'], last['eval/success'])}")
+    lines = [f"held-out team reward ({mode}), {span}: {_change(first[mn.EVAL_TEAM_REWARD], last[mn.EVAL_TEAM_REWARD])}"]
+    if mn.EVAL_SUCCESS in first and mn.EVAL_SUCCESS in last:
+        lines.append(f"held-out success rate, {span}: {_change(first[mn.EVAL_SUCCESS], last[mn.EVAL_SUCCESS])}")
     per_agent: dict[str, list[str]] = {}
     for key in last:
         match = _AGENT_KEY.match(key)
         if not match or key not in first:
             continue
         agent, metric = match["agent"], match["metric"]
-        if metric == "return" and all(r.get(key) == r["eval/team/reward"] for r in (first, last)):
+        if metric == mn.AGENT_RETURN and all(r.get(key) == r[mn.EVAL_TEAM_REWARD] for r in (first, last)):
             continue  # an agent's own return equal to the team's says nothing more
-        if metric == "completion_len":
+        if metric == mn.AGENT_COMPLETION_LEN:
             per_agent.setdefault(agent, []).append(f"length {first[key]:.1f} -> {last[key]:.1f} tokens")
         else:
             per_agent.setdefault(agent, []).append(f"{metric} {_change(first[key], last[key])}")
@@ -245,8 +245,8 @@ def training_thirds(rows: list[dict]) -> tuple[list[int], float, list[int], floa
     """(steps, mean) of the training team reward over the first and the last third of a run's steps,
     or None with fewer than two steps. A third holds ``max(1, n // 3)`` steps, so the two never overlap;
     a step logged twice (a resume) counts once, with its last value."""
-    by_step = {r["step"]: r["team/reward"] for r in rows
-               if isinstance(r.get("team/reward"), (int, float)) and math.isfinite(r["team/reward"])}
+    by_step = {r["step"]: r[mn.TEAM_REWARD] for r in rows
+               if isinstance(r.get(mn.TEAM_REWARD), (int, float)) and math.isfinite(r[mn.TEAM_REWARD])}
     steps = sorted(by_step)
     if len(steps) < 2:
         return None

@@ -15,6 +15,7 @@ import difflib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from accord import metric_names as mn
 from accord.config import Config, ConfigError
 from accord.tracking.console import ConsoleSink
 from accord.tracking.jsonl import JsonlSink
@@ -87,7 +88,7 @@ def make_sinks(
     console: bool = True,
     jsonl: bool = True,
     resume_from_step: int | None = None,
-    console_keys: Sequence[str] = ("team/reward",),
+    console_keys: Sequence[str] = (mn.TEAM_REWARD,),
     console_every: int = 1,
     console_heartbeat_s: float = 60.0,
     extra: Iterable[MetricsSink] = (),
