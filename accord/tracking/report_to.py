@@ -40,8 +40,8 @@ def _sink_class(name: str) -> type:
         close = difflib.get_close_matches(str(name), known, n=1)
         hint = f" did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"logging.report_to: {name!r} is not a registered sink;{hint} registered: {known}. Register "
-                          "your own with accord.tracking.register_sink in a module listed under imports: (or [] for "
-                          "none)")
+                          "your own with accord.tracking.register_sink in a module listed under imports:, or remove "
+                          f"{name!r} from logging.report_to")
     if not callable(getattr(sink, "from_run", None)):
         raise ConfigError(f"logging.report_to: sink {name!r} ({sink.__module__}.{sink.__qualname__}) has no "
                           "from_run(cfg, run_dir, *, start_step) classmethod; add one that builds the sink for a run")
@@ -66,9 +66,9 @@ def run_sinks(cfg: Config, run_dir: str | Path, *, start_step: int = 0) -> Multi
     check_report_to(report_to)
     console = ["console"] if cfg.logging.console else []
     built: dict[str, MetricsSink] = {}
-    try:
-        for name in [*report_to, "jsonl", *console]:   # trackers first: one that cannot start fails before
-            sink = SINKS[name].from_run(cfg, Path(run_dir), start_step=start_step)   # metrics.jsonl is cut back
+    try:   # the sinks of report_to first: a tracker that cannot start fails before metrics.jsonl is cut back
+        for name in [*report_to, "jsonl", *console]:
+            sink = SINKS[name].from_run(cfg, Path(run_dir), start_step=start_step)
             if not isinstance(sink, MetricsSink):
                 raise TypeError(f"sink {name!r}: {SINKS[name].__qualname__}.from_run must return a sink with log(), "
                                 f"log_completions() and close(), got {type(sink).__name__!r}")
