@@ -24,6 +24,7 @@ _logger = logging.getLogger(__name__)
 
 TRACKERS_FILENAME = "trackers.json"
 
+
 def _read_ids(run_dir: Path) -> dict:
     path = run_dir / TRACKERS_FILENAME
     if not path.is_file():
