@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "register_loss": "accord.algorithms.losses",
     "register_rollout": "accord.rollout.base",
     "register_backend": "accord.generation.backends",
+    "register_sink": "accord.tracking.registry",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from accord import metric_names as mn
+
 logger = logging.getLogger(__name__)
 
 AUDIT_DIR = "audit"
@@ -299,10 +301,10 @@ def audit_step(run, step: int, samples: list, rows: list[dict], acc) -> None:
         raise AuditError(result.violations[0].line() + "; training.audit=strict stops here (see docs/audit.md)")
     for v in result.violations[:3]:
         logger.warning("%s", v.line())
-    acc.add("audit/violations", float(len(result.violations)))
+    acc.add(mn.AUDIT_VIOLATIONS, float(len(result.violations)))
     if result.groups:
-        acc.add("audit/singleton_group_share", result.singleton / result.groups)
-        acc.add("audit/all_equal_group_share", result.all_equal / result.groups)
+        acc.add(mn.AUDIT_SINGLETON_GROUP_SHARE, result.singleton / result.groups)
+        acc.add(mn.AUDIT_ALL_EQUAL_GROUP_SHARE, result.all_equal / result.groups)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """From a config to a run's parts: environment, policies, rollout, generation, backend, data, sinks.
 
-:func:`build_run` does everything a run needs before its first step, in this order: claim the run
-directory (fail fast, before any model loads), seed, build the environment (:func:`build_env`), check
+:func:`build_run` does everything a run needs before its first step, in this order: import the modules
+under ``imports:`` and check ``logging.report_to`` against the sink registry, claim the run directory
+(fail fast, before any model loads), seed, build the environment (:func:`build_env`), check
 the config against it (:func:`check_run`, the one place for rules across config sections and the
 environment; rules within one section are checked when the config is built, see :mod:`accord.config`),
 split the data, build the rollout (which checks its own settings, see :mod:`accord.rollout.base`), the
@@ -285,7 +286,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
     ``overwrite`` deletes an earlier run in the same directory."""
     from accord.tracking.report_to import check_report_to
 
-    check_report_to(cfg.logging.report_to)  # a tracker's package is missing: say so before models load
+    import_modules(cfg.imports)   # their sinks registered before report_to is checked
+    check_report_to(cfg.logging.report_to)  # an unknown sink or a missing package: say so before models load
     releases = [claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)]  # before the (slow) build: fail fast
     run = None
     try:

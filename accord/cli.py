@@ -43,7 +43,7 @@ _USER_ERRORS = {
     "accord.rollout.multiturn": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
-    "accord.tracking.sinks": ("MetricsFileError",),
+    "accord.tracking.jsonl": ("MetricsFileError",),
     "accord.audit": ("AuditError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")

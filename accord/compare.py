@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from accord import metric_names as mn
 from accord.config import CompareConfig, Config, ConfigError, apply_override, read_yaml, config_from_dict
 from accord.stats import average, paired, rate, verdict
 
@@ -341,7 +342,7 @@ def claim_output(plan: Plan, settings: dict, *, overwrite: bool) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from accord.tracking.sinks import _atomic_write_text
+    from accord.tracking.registry import _atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(path, json.dumps(data, indent=1))
@@ -400,7 +401,7 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
     """Build, evaluate before, train to the budget, evaluate after, and store one (method, seed)."""
     from accord.evaluate import evaluate_episodes
     from accord.trainer import Trainer
-    from accord.tracking.sinks import read_metrics
+    from accord.tracking.jsonl import read_metrics
 
     cfg = plan.config(method, seed)
     run_dir = cfg.run_dir
@@ -426,18 +427,18 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
             logger.info("compare: %s seed %d before: %s (%.1fs)", method, seed, _brief(before), before_s)
         # a run killed after logging a step but before checkpointing it resumes from the checkpoint: the steps
         # logged past it are trained again, so only those up to it count (the trainer drops the rest on resuming)
-        done = sum(r.get("perf/gen_tokens", 0) for r in read_metrics(run_dir)
+        done = sum(r.get(mn.PERF_GEN_TOKENS, 0) for r in read_metrics(run_dir)
                    if r.get("step", 0) <= trainer.start_step) if trainer.start_step else 0
         last_step = trainer.start_step
 
         def stop_when(step: int, metrics: dict) -> bool:
             nonlocal done
-            done += int(metrics["perf/gen_tokens"])
+            done += int(metrics[mn.PERF_GEN_TOKENS])
             if step == 1 and done >= budget:
                 raise CompareError(f"compare.budget_tokens={budget} is reached by the first step of method "
                                    f"{method!r} (seed {seed}: {done} tokens); give a budget of several of its steps")
             logger.info("compare: %s seed %d step %d: %d/%d tokens, team reward %.3f (%.1fs)", method, seed, step,
-                        done, budget, metrics.get("team/reward", float("nan")), metrics.get("time/step", 0.0))
+                        done, budget, metrics.get(mn.TEAM_REWARD, float("nan")), metrics.get(mn.TIME_STEP, 0.0))
             return done >= budget
 
         if done < budget and trainer.start_step < cfg.run.steps:
@@ -454,16 +455,16 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
         raise CompareError(f"{method} seed {seed}: the held-out instances after training differ from those before; "
                            f"delete {plan.out / 'before'} and run again")
     rows = [r for r in read_metrics(run_dir)
-            if "perf/gen_tokens" in r and (last_step is None or r.get("step", 0) <= last_step)]
-    tokens = [int(r["perf/gen_tokens"]) for r in rows]
+            if mn.PERF_GEN_TOKENS in r and (last_step is None or r.get("step", 0) <= last_step)]
+    tokens = [int(r[mn.PERF_GEN_TOKENS]) for r in rows]
     if sum(tokens) < budget:
         logger.warning("compare: %s seed %d stopped at compare.max_steps=%d with %d of %d tokens: its budget is "
                        "smaller than the others'", method, seed, len(rows), sum(tokens), budget)
     result = {"method": method, "seed": seed, "steps": len(rows), "train_tokens": sum(tokens),
               "budget_tokens": budget, "budget_reached": sum(tokens) >= budget, "step_tokens": tokens,
-              "step_team_reward": [r.get("team/reward") for r in rows],
-              "flat_group_frac": _mean([r.get("adv/zero_std_frac", 0.0) for r in rows]),
-              "train_s": round(sum(r.get("time/step", 0.0) for r in rows), 2),
+              "step_team_reward": [r.get(mn.TEAM_REWARD) for r in rows],
+              "flat_group_frac": _mean([r.get(mn.ADV_ZERO_STD_FRAC, 0.0) for r in rows]),
+              "train_s": round(sum(r.get(mn.TIME_STEP, 0.0) for r in rows), 2),
               "eval_s": {"before": round(before_s, 2), "after": round(after_s, 2)}, "before_from": before_by,
               "eval": "greedy" if samples == 0 else "sampled", "eval_samples": samples,
               "eval_temperature": None if samples == 0 else temperature,
@@ -700,7 +701,7 @@ def report(settings: dict, seeds: list[int], results: list[dict], out: Path, *, 
             **({"merged_from": merged_from} if merged_from else {}), "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     plot(data, out / "compare.png")
-    from accord.tracking.sinks import _atomic_write_text
+    from accord.tracking.registry import _atomic_write_text
 
     _atomic_write_text(out / "compare.md", markdown(data))
     _write_json(out / "compare.json", data)

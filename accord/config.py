@@ -541,9 +541,6 @@ class RayConfig:
                                   "'HOST:PORT' (e.g. 10.0.0.5:6379) or 'ray://HOST:PORT' (Ray Client, e.g. port 10001)")
 
 
-REPORT_TO = ("tensorboard", "wandb", "mlflow")
-
-
 def _default_report_to() -> list:
     return ["tensorboard"]
 
@@ -554,9 +551,10 @@ class LoggingConfig:
     tensorboard: bool | None = _f(None, "Deprecated alias of report_to: false removes 'tensorboard' from "
                                   "report_to, true adds it (a warning says so); null leaves report_to alone.")
     completions_every: int = _f(1, "Write the completions table every N steps and at the last step (0: never).")
-    report_to: list | str = _f(help="Where metrics go besides RUN_DIR/metrics.jsonl and the console: any of "
-                               "'tensorboard' (RUN_DIR/tb), 'wandb' (Weights & Biases; pip install 'accord[wandb]') "
-                               "and 'mlflow' (pip install 'accord[mlflow]'); [] for none.",
+    report_to: list | str = _f(help="Where metrics go besides RUN_DIR/metrics.jsonl and the console: registered "
+                               "sinks, any of 'tensorboard' (RUN_DIR/tb), 'wandb' (Weights & Biases; pip install "
+                               "'accord[wandb]'), 'mlflow' (pip install 'accord[mlflow]') and sinks registered with "
+                               "accord.tracking.register_sink (in a module under imports:); [] for none.",
                                factory=_default_report_to)
     wandb_project: str = _f("accord", "report_to wandb: the W&B project (the run is named run.name; WANDB_MODE="
                             "offline keeps it on disk under RUN_DIR/wandb).")
@@ -571,16 +569,16 @@ class LoggingConfig:
         self._check_report_to()
 
     def _check_report_to(self) -> None:
-        """report_to: known sink names, once each; the deprecated ``tensorboard`` flag folded into it."""
+        """report_to: sink names, once each; the deprecated ``tensorboard`` flag folded into it. Whether each name
+        is a registered sink is checked when the run is built, after ``imports:`` (where a sink of your own is
+        registered): :func:`accord.tracking.report_to.check_report_to`."""
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         self.report_to = list(self.report_to)
         for name in self.report_to:
-            if name not in REPORT_TO:
-                close = difflib.get_close_matches(str(name), REPORT_TO, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                raise ConfigError(f"logging.report_to: {name!r} is not a sink; {hint}choose from {list(REPORT_TO)} "
-                                  "(or [] for none)")
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"logging.report_to: {name!r} is not a sink name; list sink names, e.g. "
+                                  "report_to: [tensorboard, wandb] (or [] for none)")
         dup = sorted({n for n in self.report_to if self.report_to.count(n) > 1})
         if dup:
             raise ConfigError(f"logging.report_to lists {dup} more than once; list each sink once")
@@ -832,7 +830,8 @@ class Config:
                       "lora).", factory=list)
     task: TaskConfig = _f(help="The task (environment) and its data.", factory=TaskConfig)
     imports: list = _f(help="Python modules imported before the task is looked up, e.g. [my_tasks] (their "
-                       "@register_task calls register tasks; the current directory is on the import path).",
+                       "@register_task calls register tasks, @register_sink calls the sinks of logging.report_to; "
+                       "the current directory is on the import path).",
                        factory=list)
     algorithm: AlgorithmConfig = _f(help="Algorithm and loss.", factory=AlgorithmConfig)
     rollout: RolloutConfig = _f(help="Sampling.", factory=RolloutConfig)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from accord import metric_names as mn
 from accord.algorithms.actor_critic import value_loss
 from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss, tis_weights
 from accord.config import ConfigError, CriticConfig, TrainingConfig
@@ -176,7 +177,7 @@ class ScalarModel:
         """Regress the scalar on ``targets`` (a critic): ``epochs`` passes of ``mini_batches`` optimizer steps,
         loss ``coef`` x the (clipped) value loss of :func:`accord.algorithms.actor_critic.value_loss`."""
         n = len(inputs)
-        sums = {"value_loss": 0.0, "clip_frac": 0.0}
+        sums = {mn.VALUE_LOSS: 0.0, mn.CLIP_FRAC: 0.0}
         norms = []
         for epoch in range(epochs):
             for mb in range(mini_batches):
@@ -193,11 +194,11 @@ class ScalarModel:
                                             "critic.lr or check the rewards")
                     total.backward()
                     if epoch == 0:
-                        sums["value_loss"] += float(loss.detach().sum())
-                        sums["clip_frac"] += float(stats["clipped"])
+                        sums[mn.VALUE_LOSS] += float(loss.detach().sum())
+                        sums[mn.CLIP_FRAC] += float(stats["clipped"])
                 norms.append(self._step(step, "value loss"))
         metrics = {k: v / max(1, n) for k, v in sums.items()}
-        metrics["grad_norm"] = sum(norms) / len(norms)
+        metrics[mn.GRAD_NORM] = sum(norms) / len(norms)
         return metrics
 
     def state(self) -> dict:
@@ -381,14 +382,14 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
                 total.backward()
                 if epoch == 0:
                     fm = mask.float()
-                    stats["entropy"] = (ent * fm).sum()
+                    stats[mn.ENTROPY] = (ent * fm).sum()
                     if stored_ok:
-                        stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                        stats[mn.LOGP_DIFF] = ((logp.detach() - stored).abs() * fm).sum()
                     if weights is not None:
                         log_r = old - stored   # log pi_learner - log pi_sampler
-                        stats["tis_weight"] = (weights * fm).sum()
-                        stats["tis_capped"] = (over.float() * fm).sum()
-                        stats["mismatch_kl"] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
+                        stats[mn.TIS_WEIGHT] = (weights * fm).sum()
+                        stats[mn.TIS_CAPPED] = (over.float() * fm).sum()
+                        stats[mn.MISMATCH_KL] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
                     tokens_total += int(fm.sum())
                     for key, v in stats.items():
                         sums[key] = sums.get(key, 0.0) + float(v)
@@ -407,10 +408,10 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
     policy.optimizer.zero_grad(set_to_none=True)
     policy.head_optimizer.zero_grad(set_to_none=True)
     metrics = {k: v / max(1, tokens_total) for k, v in sums.items() if not k.startswith("@")}
-    metrics["value_loss"] = sums.get("@value_loss", 0.0) / max(1, len(samples))
-    metrics["value_clip_frac"] = sums.get("@clip_frac", 0.0) / max(1, len(samples))
-    metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-    metrics["lr"] = policy.scheduler.get_last_lr()[0]
+    metrics[mn.VALUE_LOSS] = sums.get("@value_loss", 0.0) / max(1, len(samples))
+    metrics[mn.VALUE_CLIP_FRAC] = sums.get("@clip_frac", 0.0) / max(1, len(samples))
+    metrics[mn.GRAD_NORM] = sum(grad_norms) / len(grad_norms)
+    metrics[mn.LR] = policy.scheduler.get_last_lr()[0]
     return metrics
 
 
@@ -494,4 +495,4 @@ def weighted_logprob_update(policy, samples, weights: list[float], step: int) ->
     policy.optimizer.step()
     policy.scheduler.step()
     policy.optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": float(norm), "lr": policy.scheduler.get_last_lr()[0]}
+    return {mn.GRAD_NORM: float(norm), mn.LR: policy.scheduler.get_last_lr()[0]}

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from accord import metric_names as mn
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
@@ -45,9 +46,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     # the product form avoids huge binomials: C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
-
-# a played record's keys -> the metric names of the evaluation during training
-_TRAIN_EVAL_KEYS = {"team": "eval/team/reward", "success": "eval/success", "turns": "eval/turns"}
 
 
 def seed_eval_streams(run) -> int:
@@ -82,17 +80,14 @@ def evaluate_run(run, step: int | None = None) -> dict[str, float]:
         played = play(run, run.eval_rows, n=1, greedy=temp == 0, temperature=temp or 1.0, success=False)
     records = [per[0] for per in played.results]
     for key in records[0]:
-        if key.endswith("/local_return"):
-            name = "eval/" + key.replace("/local_return", "/return")
-        else:
-            name = _TRAIN_EVAL_KEYS.get(key, f"eval/{key}")
+        name = mn.played_eval_key(key)
         for rec in records:
             acc.add(name, rec[key])
     for key, value in played.components.items():
-        acc.add(f"eval/reward/{key}", value)
+        acc.add(mn.eval_key(mn.component_key(key)), value)
     if step is not None:
         write_eval_completions(run.run_dir, step, played.table)
-    acc.add("time/eval", time.perf_counter() - t)
+    acc.add(mn.TIME_EVAL, time.perf_counter() - t)
     return acc.mean()
 
 
@@ -149,14 +144,14 @@ def evaluate_parts(run, *, samples: int, ks: list[int], temperature: float, pipe
         results = player(run, rows, n=n, greedy=greedy, temperature=temperature).results
         flat = [r for per in results for r in per]
         for key in flat[0]:
-            metrics[f"{mode}/{key}"] = sum(r[key] for r in flat) / len(flat)
+            metrics[mn.mode_key(mode, key)] = sum(r[key] for r in flat) / len(flat)
         if mode == "sampled" and "success" in flat[0]:
             for k in ks:
                 if k > n:
                     raise ConfigError(f"pass@{k} needs at least {k} samples per instance; pass --samples {k} or more")
-                metrics[f"pass@{k}"] = sum(pass_at_k(n, int(sum(r["success"] for r in per)), k)
+                metrics[mn.pass_at_key(k)] = sum(pass_at_k(n, int(sum(r["success"] for r in per)), k)
                                            for per in results) / len(results)
-    metrics["time/eval_s"] = time.perf_counter() - t
+    metrics[mn.TIME_EVAL_S] = time.perf_counter() - t
     return metrics
 
 

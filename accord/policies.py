@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from transformers import DynamicCache
 
+from accord import metric_names as mn
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
                                       policy_loss, process_logits, tis_weights)
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
@@ -43,6 +44,9 @@ from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
 
 logger = logging.getLogger(__name__)
+
+# the token statistics the update adds to those of the loss (entropy, the sampler/learner mismatch)
+_EVERY_EPOCH = (mn.ENTROPY, mn.LOGP_DIFF, mn.TIS_WEIGHT, mn.TIS_CAPPED, mn.MISMATCH_KL)
 
 
 class TrainingError(RuntimeError):
@@ -544,17 +548,17 @@ class Policy:
                     loss.backward()
                     if epoch == 0:
                         fm = mask.float()
-                        stats["entropy"] = (ent * fm).sum()
+                        stats[mn.ENTROPY] = (ent * fm).sum()
                         if stored_ok:
-                            stats["logp_diff"] = ((logp.detach() - stored).abs() * fm).sum()
+                            stats[mn.LOGP_DIFF] = ((logp.detach() - stored).abs() * fm).sum()
                         if weights is not None:
                             log_r = old - stored   # log pi_learner - log pi_sampler: k3 estimate of KL(sampler||learner)
-                            stats["tis_weight"] = (weights * fm).sum()
-                            stats["tis_capped"] = (over.float() * fm).sum()
-                            stats["mismatch_kl"] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
+                            stats[mn.TIS_WEIGHT] = (weights * fm).sum()
+                            stats[mn.TIS_CAPPED] = (over.float() * fm).sum()
+                            stats[mn.MISMATCH_KL] = ((log_r.exp() - 1.0 - log_r) * fm).sum()
                         tokens_total += int(fm.sum())
                     for key, v in stats.items():
-                        if key in ("entropy", "logp_diff", "tis_weight", "tis_capped", "mismatch_kl") or epoch == 0:
+                        if key in _EVERY_EPOCH or epoch == 0:
                             sums[key] = sums.get(key, 0.0) + float(v)
                 self._sync_gradients()
                 max_norm = tr.max_grad_norm if tr.max_grad_norm is not None else float("inf")
@@ -570,12 +574,13 @@ class Policy:
         sums, tokens_total = self._reduce_stats(sums, tokens_total)
         denom = max(1, tokens_total)
         metrics = {key: v / denom for key, v in sums.items()}
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics[mn.GRAD_NORM] = sum(grad_norms) / len(grad_norms)
+        metrics[mn.LR] = self.scheduler.get_last_lr()[0]
         if cuda:  # the update's peak on this policy's GPU (logged as mem/<policy>/cuda_peak_mb)
-            metrics[f"mem/{self.name}/cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+            metrics[mn.mem_key(self.name, mn.CUDA_PEAK_MB)] = torch.cuda.max_memory_allocated(self.device) / 2**20
             # what torch's allocator held at its peak: the gap to the line above is fragmentation (accord plan)
-            metrics[f"mem/{self.name}/cuda_reserved_peak_mb"] = torch.cuda.max_memory_reserved(self.device) / 2**20
+            reserved = torch.cuda.max_memory_reserved(self.device) / 2**20
+            metrics[mn.mem_key(self.name, mn.CUDA_RESERVED_PEAK_MB)] = reserved
         return metrics
 
     def run(self, fn, *args, **kwargs):

@@ -41,9 +41,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
-from accord.tracking.sinks import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
+from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -53,18 +54,18 @@ CONFIG_FILENAME = "config.yaml"
 REPORT_FILENAME = "report.md"
 PLOT_FILES = ("reward.png", "success.png", "components.png", "loss.png", "lengths.png", "time.png")
 
-_AGENT_REWARD_RE = re.compile(r"^agent/([^/]+)/reward$")
-_AGENT_LEN_RE = re.compile(r"^agent/([^/]+)/completion_len$")
-_AGENT_STOP_RE = re.compile(r"^agent/([^/]+)/stop_frac$")
-_EVAL_AGENT_RETURN_RE = re.compile(r"^eval/agent/([^/]+)/return$")
-_EVAL_AGENT_LEN_RE = re.compile(r"^eval/agent/([^/]+)/completion_len$")
-_COMPONENT_RE = re.compile(r"^(eval/)?reward/(.+)$")
-_LOSS_RE = re.compile(r"^loss/(.+)/(pg|kl|entropy|grad_norm)$")
-_TIME_RE = re.compile(r"^time/(.+)$")
-_LEARNED_RE = re.compile(r"^(critic|pref|rm)/")
-_LOSS_TITLES = {"pg": "policy-gradient loss (loss/<policy>/pg)", "kl": "KL to the reference (loss/<policy>/kl)",
-                "entropy": "sampling entropy per token (loss/<policy>/entropy)",
-                "grad_norm": "gradient norm before clipping (loss/<policy>/grad_norm)"}
+_AGENT_REWARD_RE = mn.agent_pattern(mn.AGENT_REWARD)
+_AGENT_LEN_RE = mn.agent_pattern(mn.AGENT_COMPLETION_LEN)
+_AGENT_STOP_RE = mn.agent_pattern(mn.AGENT_STOP_FRAC)
+_EVAL_AGENT_RETURN_RE = mn.agent_pattern(mn.AGENT_RETURN, held_out=True)
+_EVAL_AGENT_LEN_RE = mn.agent_pattern(mn.AGENT_COMPLETION_LEN, held_out=True)
+_COMPONENT_RE = mn.COMPONENT_PATTERN
+_TIME_RE = mn.TIME_PATTERN
+_LEARNED_RE = mn.LEARNED_PATTERN
+_LOSS_TITLES = {stat: f"{title} ({mn.loss_key('<policy>', stat)})" for stat, title in (
+    (mn.PG, "policy-gradient loss"), (mn.KL, "KL to the reference"), (mn.ENTROPY, "sampling entropy per token"),
+    (mn.GRAD_NORM, "gradient norm before clipping"))}
+_LOSS_RE = mn.loss_pattern(_LOSS_TITLES)
 # "Best": the maximum of these (the last path segment) ...
 _HIGHER_IS_BETTER = {"reward", "reward_best", "return", "success", "team_reward", "local_reward", "accuracy",
                      "explained_variance"}
@@ -291,9 +292,9 @@ def _is_smoothed(series: Iterable[_Series]) -> bool:
 
 
 def _plot_rewards(series: dict[str, _Series], out: Path) -> Path | None:
-    train = ([("team/reward", series["team/reward"])] if "team/reward" in series else []) + [
+    train = ([(mn.TEAM_REWARD, series[mn.TEAM_REWARD])] if mn.TEAM_REWARD in series else []) + [
         (k, series[k]) for k in sorted(series) if _AGENT_REWARD_RE.match(k)]
-    held_out = ([("eval/team/reward", series["eval/team/reward"])] if "eval/team/reward" in series else []) + [
+    held_out = ([(mn.EVAL_TEAM_REWARD, series[mn.EVAL_TEAM_REWARD])] if mn.EVAL_TEAM_REWARD in series else []) + [
         (k, series[k]) for k in sorted(series) if _EVAL_AGENT_RETURN_RE.match(k)]
     if not train and not held_out:
         return None
@@ -308,29 +309,29 @@ def _plot_rewards(series: dict[str, _Series], out: Path) -> Path | None:
     for names, s in _merge_identical(train):
         _plot_smoothed(ax, s, _label(names), color=color(names[0]))
     for names, s in _merge_identical(held_out):
-        _plot_eval(ax, s, "held-out: " + _label(names), color="tab:gray" if names[0] == "eval/team/reward"
+        _plot_eval(ax, s, "held-out: " + _label(names), color="tab:gray" if names[0] == mn.EVAL_TEAM_REWARD
                    else color(names[0]))
     _style(ax, "Reward (training: sampled joint actions; held-out: dashed, one per evaluation)", "reward")
     return _save(fig, [ax], out / "reward.png", _is_smoothed(s for _, s in train))
 
 
 def _plot_success(series: dict[str, _Series], out: Path) -> Path | None:
-    keys = [k for k in ("team/success", "eval/success") if k in series]
+    keys = [k for k in (mn.TEAM_SUCCESS, mn.EVAL_SUCCESS) if k in series]
     if not keys:
         return None
     fig, (ax,) = _new_figure(height=3.6)
-    if "team/success" in series:
-        _plot_smoothed(ax, series["team/success"], "team/success (training)", color="black")
-    if "eval/success" in series:
-        _plot_eval(ax, series["eval/success"], "eval/success (held-out)")
+    if mn.TEAM_SUCCESS in series:
+        _plot_smoothed(ax, series[mn.TEAM_SUCCESS], f"{mn.TEAM_SUCCESS} (training)", color="black")
+    if mn.EVAL_SUCCESS in series:
+        _plot_eval(ax, series[mn.EVAL_SUCCESS], f"{mn.EVAL_SUCCESS} (held-out)")
     ax.set_ylim(-0.03, 1.03)
     _style(ax, "Success rate", "share of episodes / joint actions")
-    return _save(fig, [ax], out / "success.png", "team/success" in series and _is_smoothed([series["team/success"]]))
+    return _save(fig, [ax], out / "success.png", mn.TEAM_SUCCESS in series and _is_smoothed([series[mn.TEAM_SUCCESS]]))
 
 
 def _plot_components(series: dict[str, _Series], out: Path) -> Path | None:
-    train = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and not k.startswith("eval/")]
-    held_out = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and k.startswith("eval/")]
+    train = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and not k.startswith(mn.EVAL_PREFIX)]
+    held_out = [(k, series[k]) for k in sorted(series) if _COMPONENT_RE.match(k) and k.startswith(mn.EVAL_PREFIX)]
     if not train and not held_out:
         return None
     rows = [part for part in (train, held_out) if part]
@@ -407,7 +408,7 @@ def _plot_time(series: dict[str, _Series], out: Path) -> Path | None:
     fig, (ax,) = _new_figure()
     for key in keys:
         s = series[key]
-        if key == "time/step" and len(keys) > 1:
+        if key == mn.TIME_STEP and len(keys) > 1:
             ax.plot(s.steps, s.values, color="black", linestyle="--", linewidth=1.5, label="step (total)")
         else:
             ax.plot(s.steps, s.values, linewidth=1.4, label=_TIME_RE.match(key).group(1),
@@ -561,12 +562,12 @@ def _samples_section(run_dir: Path) -> list[str]:
 
 def _time_lines(series: dict[str, _Series]) -> list[str]:
     parts = [(key, float(series[key].finite.sum()), series[key].finite.size)
-             for key in ("time/step", "time/eval", "time/checkpoint") if key in series]
+             for key in (mn.TIME_STEP, mn.TIME_EVAL, mn.TIME_CHECKPOINT) if key in series]
     if parts:
         total = sum(seconds for _, seconds, _ in parts)
         source = " + ".join(f"`{key}`" for key, _, _ in parts)
         lines = [f"- **Total time:** {_fmt_duration(total)} ({total:.1f} s, sum of {source})"]
-        named = {"time/step": "training steps", "time/eval": "evaluations", "time/checkpoint": "checkpoints"}
+        named = {mn.TIME_STEP: "training steps", mn.TIME_EVAL: "evaluations", mn.TIME_CHECKPOINT: "checkpoints"}
         if len(parts) > 1:
             lines.append("  - " + "; ".join(f"{named[key]}: {seconds:.1f} s ({n})" for key, seconds, n in parts))
         return lines
@@ -606,17 +607,19 @@ def _render_markdown(
     lines += ["## Overview", ""]
     lines.append(f"- **Steps logged:** {len(rows)} (step {steps[0]} to {steps[-1]})")
     lines += _time_lines(series)
-    tput = series.get("perf/gen_tokens_per_s")
+    tput = series.get(mn.PERF_GEN_TOKENS_PER_S)
     if tput is not None and tput.finite.size:
-        lines.append(f"- **Throughput:** {_fmt(float(tput.finite.mean()))} generated tokens/s (mean of `perf/gen_tokens_per_s`)")
+        lines.append(f"- **Throughput:** {_fmt(float(tput.finite.mean()))} generated tokens/s (mean of "
+                     f"`{mn.PERF_GEN_TOKENS_PER_S}`)")
     else:
-        lines.append("- **Throughput:** n/a (no `perf/gen_tokens_per_s`)")
+        lines.append(f"- **Throughput:** n/a (no `{mn.PERF_GEN_TOKENS_PER_S}`)")
     lines.append("")
 
-    main = (["team/reward", "rm/reward"] + sorted(k for k in series if _AGENT_REWARD_RE.match(k)) + ["team/success",
-            "eval/team/reward", "eval/success"] + sorted(k for k in series if _EVAL_AGENT_RETURN_RE.match(k))
-            + sorted(k for k in series if k.startswith("eval/") and _best_direction(k) == "max"
-                     and not _COMPONENT_RE.match(k) and k not in ("eval/team/reward", "eval/success")
+    main = ([mn.TEAM_REWARD, mn.RM_REWARD] + sorted(k for k in series if _AGENT_REWARD_RE.match(k))
+            + [mn.TEAM_SUCCESS, mn.EVAL_TEAM_REWARD, mn.EVAL_SUCCESS]
+            + sorted(k for k in series if _EVAL_AGENT_RETURN_RE.match(k))
+            + sorted(k for k in series if k.startswith(mn.EVAL_PREFIX) and _best_direction(k) == "max"
+                     and not _COMPONENT_RE.match(k) and k not in (mn.EVAL_TEAM_REWARD, mn.EVAL_SUCCESS)
                      and not _EVAL_AGENT_RETURN_RE.match(k)))
     main = [k for k in main if k in series]
     lines += ["## Main metrics", ""]
@@ -630,8 +633,8 @@ def _render_markdown(
         lines.append("_No `team/reward`, `agent/<name>/reward` or `eval/*` metrics were logged._")
     lines.append("")
 
-    components = sorted(k for k in series if _COMPONENT_RE.match(k) and not k.startswith("eval/")) + sorted(
-        k for k in series if _COMPONENT_RE.match(k) and k.startswith("eval/"))
+    components = sorted(k for k in series if _COMPONENT_RE.match(k) and not k.startswith(mn.EVAL_PREFIX)) + sorted(
+        k for k in series if _COMPONENT_RE.match(k) and k.startswith(mn.EVAL_PREFIX))
     if components:
         lines += ["## Reward components", ""]
         lines += _table(components, series, groups=False)
@@ -648,14 +651,14 @@ def _render_markdown(
                   "reward-model over-optimisation; docs/algorithms-preference.md)._", ""]
 
     health = [k for k in sorted(series) if _LOSS_RE.match(k) or _AGENT_LEN_RE.match(k) or _AGENT_STOP_RE.match(k)
-              or _EVAL_AGENT_LEN_RE.match(k) or k == "adv/zero_std_frac"]
+              or _EVAL_AGENT_LEN_RE.match(k) or k == mn.ADV_ZERO_STD_FRAC]
     if health:
         lines += ["## Training health", ""]
         lines += _table(health, series, groups=False)
         lines += ["", "_Best is the minimum for losses and KL; lengths, entropy, gradient norms and shares have no "
                   "best. `stop_frac` is the share of completions that ended with EOS (the rest hit "
                   "`rollout.max_new_tokens`)._", ""]
-        if not any(_LOSS_RE.match(k) and k.endswith("/kl") for k in series):
+        if not any(_LOSS_RE.match(k) and k.endswith(mn.SEP + mn.KL) for k in series):
             lines += ["_No KL was measured: `algorithm.kl_coef` is 0, so no reference model is built (set it > 0 to "
                       "penalise and plot the KL to the initial policy)._", ""]
 

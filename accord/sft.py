@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from accord import metric_names as mn
 from accord.config import Config, ConfigError, save_config
 from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env
@@ -412,9 +413,9 @@ def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]
         for pol, _ in policies.values():
             pol.model.train()
     records = [per[0] for per in played.results]
-    out = {"sft/eval/team/reward": sum(r["team"] for r in records) / len(records)}
+    out = {mn.sft_key(mn.EVAL_TEAM_REWARD): sum(r["team"] for r in records) / len(records)}
     if "success" in records[0]:
-        out["sft/eval/success"] = sum(r["success"] for r in records) / len(records)
+        out[mn.sft_key(mn.EVAL_SUCCESS)] = sum(r["success"] for r in records) / len(records)
     return out
 
 
@@ -462,7 +463,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
             log.write(json.dumps({"step": step, **metrics}) + "\n")
             log.flush()
 
-        before = {f"sft/{n}/eval_nll": mean_nll(p, held[n], micro) for n, (p, _) in policies.items() if held[n]}
+        before = {mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
+                  for n, (p, _) in policies.items() if held[n]}
         record(0, before)
         batches = {n: _batches(len(data[n]), s.batch_size, policy_seed(cfg.run.seed, i))
                    for i, n in enumerate(policies)}
@@ -478,34 +480,35 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                 batch = [data[name][i] for i in next(batches[name])]
                 tokens += sum(len(e.prompt_ids) + len(e.completion_ids) for e in batch)
                 for key, v in sft_step(pol, batch, micro, cfg.training.max_grad_norm, step).items():
-                    metrics[f"sft/{name}/{key}"] = v
+                    metrics[mn.sft_policy_key(name, key)] = v
             elapsed = time.perf_counter() - t
             tokens_total, train_s = tokens_total + tokens, train_s + elapsed
-            metrics.update({"time/step": elapsed, "perf/tokens": tokens, "perf/tokens_per_s": tokens / elapsed})
+            metrics.update({mn.TIME_STEP: elapsed, mn.PERF_TOKENS: tokens, mn.PERF_TOKENS_PER_S: tokens / elapsed})
             if step == last:
-                metrics.update({f"sft/{n}/eval_nll": mean_nll(p, held[n], micro)
+                metrics.update({mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
                                 for n, (p, _) in policies.items() if held[n]})
                 if held_rows:
                     t = time.perf_counter()
                     played = held_out_play(cfg, policies, held_rows)
-                    metrics.update({**played, "time/eval": time.perf_counter() - t})
+                    metrics.update({**played, mn.TIME_EVAL: time.perf_counter() - t})
                     logger.info("sft: held-out greedy play of %d instances: %s", len(held_rows), ", ".join(
-                        f"{k.removeprefix('sft/eval/')} {v:.3f}" for k, v in played.items()))
+                        f"{k.removeprefix(mn.SFT_EVAL_PREFIX)} {v:.3f}" for k, v in played.items()))
             record(step, metrics)
             if step % every == 0 or step == last:
                 logger.info("sft step %d/%d: %s (%.2fs, %.0f tokens/s)", step, last, ", ".join(
                     f"{k.split('/')[1]} loss {v:.4f}" for k, v in metrics.items() if k.endswith("/loss")),
                     elapsed, tokens / elapsed)
-        after = {k: v for k, v in metrics.items() if k.endswith("/eval_nll") or k.startswith("sft/eval/")}
+        after = {k: v for k, v in metrics.items()
+                 if k.endswith(mn.SEP + mn.EVAL_NLL) or k.startswith(mn.SFT_EVAL_PREFIX)}
         summary.update({"tokens": tokens_total, "train_s": round(train_s, 2),
                         "tokens_per_s": round(tokens_total / max(train_s, 1e-9), 1)})
         logger.info("sft: %d steps, %d prompt+completion tokens in %.1fs (%.0f tokens/s)", last, tokens_total,
                     train_s, tokens_total / max(train_s, 1e-9))
     for name, (pol, _) in policies.items():
         pol.export(out / name)
-        if before.get(f"sft/{name}/eval_nll") is not None:
-            logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[f"sft/{name}/eval_nll"],
-                        after[f"sft/{name}/eval_nll"])
+        nll = mn.sft_policy_key(name, mn.EVAL_NLL)
+        if before.get(nll) is not None:
+            logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[nll], after[nll])
     if final.exists():   # an empty directory (checked above)
         final.rmdir()
     os.replace(out, final)

@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from accord import metric_names as mn
 from accord.algorithms.advantages import group_advantages
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.algorithms.schedule import AlternationSchedule
@@ -87,16 +88,17 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
         for line in status.splitlines():
             key, _, value = line.partition(":")
             if key in ("VmHWM", "VmRSS"):
-                out["mem/peak_rss_mb" if key == "VmHWM" else "mem/rss_mb"] = int(value.split()[0]) / 1024
+                out[mn.MEM_PEAK_RSS_MB if key == "VmHWM" else mn.MEM_RSS_MB] = int(value.split()[0]) / 1024
     except OSError:
         import resource  # ru_maxrss: KiB on Linux, bytes on macOS; a high-water mark since start
 
         scale = 1024 * 1024 if sys.platform == "darwin" else 1024
-        out["mem/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+        out[mn.MEM_PEAK_RSS_MB] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
         peak_is_per_step = False
-    out["mem/peak_is_per_step"] = float(peak_is_per_step)
+    out[mn.MEM_PEAK_IS_PER_STEP] = float(peak_is_per_step)
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # summed over this process's GPUs
-        out["mem/cuda_peak_mb"] = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())) / 2**20
+        out[mn.MEM_CUDA_PEAK_MB] = sum(torch.cuda.max_memory_allocated(i)
+                                       for i in range(torch.cuda.device_count())) / 2**20
     return out
 
 
@@ -220,9 +222,9 @@ class Trainer:
             samples, rows = samples + more, rows + more_rows
             groups = self._groups(samples)
         kept, dropped = keep_informative(samples, groups, target)
-        acc.add("rollout/flat_groups_dropped", dropped)
-        acc.add("rollout/extra_rounds", rounds)
-        acc.add("rollout/informative_groups", len(set(self._groups(kept))))
+        acc.add(mn.ROLLOUT_FLAT_GROUPS_DROPPED, dropped)
+        acc.add(mn.ROLLOUT_EXTRA_ROUNDS, rounds)
+        acc.add(mn.ROLLOUT_INFORMATIVE_GROUPS, len(set(self._groups(kept))))
         return kept, rows
 
     def _collect(self, step: int, rows: list[dict], acc: MetricAccumulator, phase) -> list:
@@ -250,21 +252,21 @@ class Trainer:
             self._policy_gradient(samples, rows, step, acc, times)
         elapsed = time.perf_counter() - t_step
         for name, seconds in times.items():
-            acc.add(f"time/{name}", seconds)
-        acc.add("time/step", elapsed)
+            acc.add(mn.time_key(name), seconds)
+        acc.add(mn.TIME_STEP, elapsed)
         means = acc.mean()
-        gen_time = means.get("time/gen", means.get("time/rollout", 0.0))
-        acc.add("perf/gen_tokens_per_s", self.run.generate.tokens / max(gen_time, 1e-9))
-        acc.add("perf/completions_per_s", len(samples) / elapsed)
-        acc.add("perf/samples", len(samples))
-        acc.add("perf/gen_tokens", self.run.generate.tokens)
+        gen_time = means.get(mn.TIME_GEN, means.get(mn.TIME_ROLLOUT, 0.0))
+        acc.add(mn.PERF_GEN_TOKENS_PER_S, self.run.generate.tokens / max(gen_time, 1e-9))
+        acc.add(mn.PERF_COMPLETIONS_PER_S, len(samples) / elapsed)
+        acc.add(mn.PERF_SAMPLES, len(samples))
+        acc.add(mn.PERF_GEN_TOKENS, self.run.generate.tokens)
         for key, v in memory_metrics(per_step_peak).items():
             acc.add(key, v)
         for s in samples:
-            acc.add(f"agent/{s.agent}/reward", s.ret)
-            acc.add(f"agent/{s.agent}/completion_len", len(s.completion_ids))
-            acc.add(f"agent/{s.agent}/stop_frac", float(s.finish_reason == "stop"))
-            acc.add("adv/abs_mean", abs(s.advantage))
+            acc.add(mn.agent_key(s.agent, mn.AGENT_REWARD), s.ret)
+            acc.add(mn.agent_key(s.agent, mn.AGENT_COMPLETION_LEN), len(s.completion_ids))
+            acc.add(mn.agent_key(s.agent, mn.AGENT_STOP_FRAC), float(s.finish_reason == "stop"))
+            acc.add(mn.ADV_ABS_MEAN, abs(s.advantage))
         table = [{"prompt": s.prompt_text, "agent": s.agent, "completion": s.completion_text, "reward": s.reward,
                   "return": s.ret, "advantage": s.advantage, "group": s.group, "turn": s.turn,
                   "instance": rows[s.instance].get("id", s.instance), "finish_reason": s.finish_reason,
@@ -318,7 +320,7 @@ class Trainer:
         # groups whose members all have the same return carry no learning signal (every advantage 0)
         flat = flat_groups(samples, groups)
         for g in set(groups):
-            acc.add("adv/zero_std_frac", float(g in flat))
+            acc.add(mn.ADV_ZERO_STD_FRAC, float(g in flat))
 
     def _overlong(self, samples: list, acc: MetricAccumulator) -> None:
         """DAPO's soft overlong penalty (``algorithm.overlong``) added to each sample's return."""
@@ -327,7 +329,7 @@ class Trainer:
             p = overlong_penalty(len(s.completion_ids), (s.sampling or default).max_new_tokens, o.window, o.penalty)
             s.ret += p
             s.extra["overlong"] = p
-            acc.add("rollout/overlong_penalty", p)
+            acc.add(mn.ROLLOUT_OVERLONG_PENALTY, p)
 
     def trained_agents(self) -> list[str]:
         """The agents whose samples this step's update uses: the trainable ones, or the one whose turn it is."""
@@ -340,10 +342,10 @@ class Trainer:
         train = [s for s in samples if s.agent in trained]
         if self.cfg.algorithm.overlong.mask_truncated:
             kept = [s for s in train if s.finish_reason != "length"]
-            acc.add("rollout/truncated_masked", (len(train) - len(kept)) / max(1, len(train)))
+            acc.add(mn.ROLLOUT_TRUNCATED_MASKED, (len(train) - len(kept)) / max(1, len(train)))
             train = kept
         if self.schedule is not None:
-            acc.add("schedule/active_agent", self.agents.index(self.schedule.active))
+            acc.add(mn.SCHEDULE_ACTIVE_AGENT, self.agents.index(self.schedule.active))
             self.schedule.advance()
         jobs = {}
         for pname, pol in self.policies.items():
@@ -352,7 +354,7 @@ class Trainer:
                 jobs[pname] = submit(pol, "update", mine, step)
         for pname, stats in zip(jobs, gather(list(jobs.values()))):
             for key, v in stats.items():
-                acc.add(key if key.startswith("mem/") else f"loss/{pname}/{key}", v)
+                acc.add(mn.update_key(pname, key), v)
 
     def _kl_reward_penalty(self, samples: list, acc: MetricAccumulator) -> None:
         """``kl_estimator: k1``: subtract ``kl_coef`` x the sample's summed log-ratio to the reference
@@ -364,7 +366,7 @@ class Trainer:
             mine = [s for s in samples if s.policy == pname]
             for s, (kl, _) in zip(mine, kls):
                 s.ret -= coef * kl
-            acc.add(f"loss/{pname}/kl", sum(kl for kl, _ in kls) / max(1, sum(n for _, n in kls)))
+            acc.add(mn.loss_key(pname, mn.KL), sum(kl for kl, _ in kls) / max(1, sum(n for _, n in kls)))
 
     @contextmanager
     def _phase(self, times: dict[str, float], name: str):
@@ -420,7 +422,7 @@ class Trainer:
                     before = self.evaluate(step=0)
                     self._callback("on_evaluate", 0, dict(before))
                     self.sinks.log(0, before)
-                    logger.info("eval before training: team reward %.4f", before["eval/team/reward"])
+                    logger.info("eval before training: team reward %.4f", before[mn.EVAL_TEAM_REWARD])
                 for step in range(self.start_step, end):
                     if stop.requested:
                         break
@@ -477,7 +479,7 @@ class Trainer:
             state["alternation"] = self.schedule.state()
         tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
         if metrics is not None:
-            metrics["time/checkpoint"] = time.perf_counter() - t
+            metrics[mn.TIME_CHECKPOINT] = time.perf_counter() - t
             self.sinks.log(n, metrics)
         self.sinks.flush()
         path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from accord import metric_names as mn
 from accord.algorithms.actor_critic import explained_variance, gae, next_indices, normalize_per_group
 from accord.algorithms.losses import KL_REWARD_ESTIMATORS
 from accord.algorithms.preference import bradley_terry, dpo_margins, joint_dpo, select_pairs
@@ -192,7 +193,7 @@ class Critics:
             for i, v in zip(idx, model.scores([inputs[i] for i in idx])):
                 samples[i].extra[VALUE] = v
             if idx:
-                acc.add(f"critic/{name}/truncated_frac", sum(cut[i] for i in idx) / len(idx))
+                acc.add(mn.critic_key(name, mn.TRUNCATED_FRAC), sum(cut[i] for i in idx) / len(idx))
         self._cache = (samples, inputs)
 
     def update(self, trainer, samples: list[Sample], step: int, acc: MetricAccumulator) -> None:
@@ -206,10 +207,10 @@ class Critics:
                     jobs[name] = submit(pol, "run", head_update, mine, step)
             for name, stats in zip(jobs, gather(list(jobs.values()))):
                 for key, v in stats.items():
-                    if key in ("value_loss", "value_clip_frac"):
-                        acc.add(f"critic/{name}/{key}", v)
+                    if key in (mn.VALUE_LOSS, mn.VALUE_CLIP_FRAC):
+                        acc.add(mn.critic_key(name, key), v)
                     else:
-                        acc.add(key if key.startswith("mem/") else f"loss/{name}/{key}", v)
+                        acc.add(mn.update_key(name, key), v)
             return
         trainer._update(samples, step, acc)
         cached, inputs = self._cache
@@ -223,9 +224,9 @@ class Critics:
                                      [samples[i].extra[TARGET] for i in idx], coef=critic.value_coef,
                                      clip=critic.value_clip, epochs=algo.ppo_epochs,
                                      mini_batches=min(tr.num_mini_batches, len(idx)), step=step)
-            acc.add(f"critic/{name}/value_loss", stats["value_loss"])
-            acc.add(f"critic/{name}/value_clip_frac", stats["clip_frac"])
-            acc.add(f"critic/{name}/grad_norm", stats["grad_norm"])
+            acc.add(mn.critic_key(name, mn.VALUE_LOSS), stats[mn.VALUE_LOSS])
+            acc.add(mn.critic_key(name, mn.VALUE_CLIP_FRAC), stats[mn.CLIP_FRAC])
+            acc.add(mn.critic_key(name, mn.GRAD_NORM), stats[mn.GRAD_NORM])
 
     def save(self, directory: Path) -> None:
         if self.kind == "head":
@@ -315,10 +316,10 @@ def actor_critic_step(trainer, step: int, rows: list[dict], acc: MetricAccumulat
         for name, mine in by_critic.items():
             v = torch.tensor([s.extra[VALUE] for s in mine])
             g = torch.tensor([s.extra[TARGET] for s in mine])
-            acc.add(f"critic/{name}/value_mean", float(v.mean()))
+            acc.add(mn.critic_key(name, mn.VALUE_MEAN), float(v.mean()))
             ev = explained_variance(v, g)
             if ev is not None:
-                acc.add(f"critic/{name}/explained_variance", ev)
+                acc.add(mn.critic_key(name, mn.EXPLAINED_VARIANCE), ev)
     with trainer._phase(times, "update"):
         critics.update(trainer, samples, step, acc)
     return samples
@@ -374,10 +375,11 @@ class PairBuffer:
                                                   reference=True):
                 for i, v in zip(idx, values):
                     self.ref[i] = v
-        acc.add("pref/pairs", len(self.pairs))
-        acc.add("pref/prompts_with_pairs", len({p[0] for p in self.pairs}) / max(1, len({s.instance for s in samples})))
+        acc.add(mn.PREF_PAIRS, len(self.pairs))
+        acc.add(mn.PREF_PROMPTS_WITH_PAIRS,
+                len({p[0] for p in self.pairs}) / max(1, len({s.instance for s in samples})))
         if self.pairs:
-            acc.add("pref/reward_gap", sum(p[3] - p[4] for p in self.pairs) / len(self.pairs))
+            acc.add(mn.PREF_REWARD_GAP, sum(p[3] - p[4] for p in self.pairs) / len(self.pairs))
 
     def state(self) -> dict:
         from dataclasses import asdict
@@ -426,9 +428,9 @@ def preference_update(trainer, buf: PairBuffer, step: int, acc: MetricAccumulato
     if not buf.pairs:
         logger.warning("step %d: no preference pair in this round (every prompt's candidates have equal team rewards, "
                        "or gaps below preference.min_gap): the update is skipped", step)
-        acc.add("pref/skipped", 1.0)
+        acc.add(mn.PREF_SKIPPED, 1.0)
         return
-    acc.add("pref/skipped", 0.0)
+    acc.add(mn.PREF_SKIPPED, 0.0)
     n_mb = min(cfg.training.num_mini_batches, len(buf.pairs))
     for epoch in range(cfg.algorithm.ppo_epochs):
         for mb in range(n_mb):
@@ -455,14 +457,14 @@ def preference_update(trainer, buf: PairBuffer, step: int, acc: MetricAccumulato
                     for i in buf.members.get((p[0], p[2], a), []):
                         weights[i] -= g
             if epoch == 0:
-                acc.add("pref/loss", float(loss), len(pairs))
-                acc.add("pref/accuracy", stats["accuracy"], len(pairs))
-                acc.add("pref/margin", stats["margin"], len(pairs))
+                acc.add(mn.PREF_LOSS, float(loss), len(pairs))
+                acc.add(mn.PREF_ACCURACY, stats["accuracy"], len(pairs))
+                acc.add(mn.PREF_MARGIN, stats["margin"], len(pairs))
             order = sorted(weights)
             for pname, _, result in _per_policy(trainer, [buf.samples[i] for i in order], order, weighted_logprob_update,
                                                 weights=[weights[i] for i in order], step=step):
                 for key, v in result.items():
-                    acc.add(f"loss/{pname}/{key}", v)
+                    acc.add(mn.loss_key(pname, key), v)
 
 
 def madpo_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float]) -> list[Sample]:
@@ -475,7 +477,7 @@ def madpo_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, tim
         audit(trainer, step, samples, rows, acc, times)
         with trainer._phase(times, "pairs"):
             buf.new_round(trainer, samples, step, acc)
-    acc.add("pref/round_step", buf.round_step)
+    acc.add(mn.PREF_ROUND_STEP, buf.round_step)
     with trainer._phase(times, "update"):
         preference_update(trainer, buf, step, acc)
     return samples
@@ -606,7 +608,7 @@ class RewardModel:
                       rm_text(it["prompts"], it["rejected"], self.run.agents)) for it in items]
         else:
             pairs = self._pairs_from_rollouts(trainer)
-        acc.add("rm/pairs", len(pairs))
+        acc.add(mn.RM_PAIRS, len(pairs))
         if not pairs:
             raise ConfigError("marlhf stage 1 found no preference pair: every prompt's candidates had equal team "
                               "rewards; raise reward_model.prompts or algorithm.num_generations, or give "
@@ -616,7 +618,7 @@ class RewardModel:
             (iw, cw), (il, cl) = self.model.encode(w), self.model.encode(l)
             encoded.append((iw, il))
             cut += cw + cl
-        acc.add("rm/truncated_frac", cut / (2 * len(pairs)))
+        acc.add(mn.RM_TRUNCATED_FRAC, cut / (2 * len(pairs)))
         rng = random.Random(reward_model_pair_seed(cfg.run.seed))
         order = list(range(len(encoded)))
         rng.shuffle(order)
@@ -639,13 +641,13 @@ class RewardModel:
                         accs.append((accuracy, len(part)))
                 model._step(step, "Bradley-Terry loss")
         self._freeze()
-        for key, values in (("rm/loss", losses), ("rm/train_accuracy", accs)):
+        for key, values in ((mn.RM_LOSS, losses), (mn.RM_TRAIN_ACCURACY, accs)):
             acc.add(key, sum(v * n for v, n in values) / max(1, sum(n for _, n in values)))
         check = held or train
         scores = model.scores([encoded[i][0] for i in check] + [encoded[i][1] for i in check])
         s = torch.tensor(scores)
-        acc.add("rm/accuracy", bradley_terry(s[:len(check)], s[len(check):])[1])
-        acc.add("rm/accuracy_pairs", len(check))
+        acc.add(mn.RM_ACCURACY, bradley_terry(s[:len(check)], s[len(check):])[1])
+        acc.add(mn.RM_ACCURACY_PAIRS, len(check))
         self.ready = True
         self.export(Path(self.run.run_dir) / "reward_model")
 
@@ -680,8 +682,8 @@ class RewardModel:
             for s in joint[key].values():
                 s.extra["task_reward"] = s.ret
                 s.ret = s.reward = float(score)
-        acc.add("rm/reward", sum(scores) / max(1, len(scores)))
-        acc.add("rm/truncated_frac", cut / max(1, len(keys)))
+        acc.add(mn.RM_REWARD, sum(scores) / max(1, len(scores)))
+        acc.add(mn.RM_TRUNCATED_FRAC, cut / max(1, len(keys)))
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow   # each about 10 s of CPU (see the module docstri
 
 from accord.config import config_from_dict
 from accord.sft import run_sft
-from accord.tracking.sinks import completions_path
+from accord.tracking.jsonl import completions_path
 from accord.trainer import Trainer
 
 EVAL = 128

@@ -24,7 +24,8 @@ from accord.config import (
     load_config,
     save_config,
 )
-from accord.tracking import read_metrics
+from accord.tracking import SINKS, read_metrics
+from accord.tracking.report_to import check_report_to
 from accord.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,11 +55,32 @@ def test_tensorboard_flag_is_a_deprecated_alias(tmp_path, caplog):
     assert again.logging.report_to == ["wandb", "tensorboard"] and again.logging.tensorboard is None
 
 
-def test_report_to_bad_names_are_config_errors():
-    with pytest.raises(ConfigError, match=r"'wandbb' is not a sink; did you mean 'wandb'\?"):
-        config_from_dict({"logging": {"report_to": ["wandbb"]}})
+def test_report_to_bad_lists_are_config_errors():
     with pytest.raises(ConfigError, match="more than once"):
         config_from_dict({"logging": {"report_to": ["mlflow", "mlflow"]}})
+    with pytest.raises(ConfigError, match="is not a sink name"):
+        config_from_dict({"logging": {"report_to": [3]}})
+
+
+def test_an_unknown_sink_is_one_line_naming_the_registered_ones_and_how_to_register():
+    cfg = config_from_dict({"logging": {"report_to": ["wandbb"]}})   # a name registered later may be valid
+    with pytest.raises(ConfigError) as err:
+        check_report_to(cfg.logging.report_to)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "logging.report_to: 'wandbb' is not a registered sink; did you mean 'wandb'?" in message
+    assert "registered: ['mlflow', 'tensorboard', 'wandb']" in message
+    assert "accord.tracking.register_sink" in message and "imports:" in message
+    with pytest.raises(ConfigError, match="'console' is not a sink of logging.report_to; set logging.console"):
+        check_report_to(["console"])
+    with pytest.raises(ConfigError, match="'jsonl' is not a sink of logging.report_to; RUN_DIR/metrics.jsonl"):
+        check_report_to(["jsonl"])
+
+
+def test_an_unknown_sink_stops_training_before_the_run_directory_is_made(tiny_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="'nosuch' is not a registered sink"):
+        train(config_from_dict(tiny_cfg(logging={"report_to": ["nosuch"]})))
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -136,6 +158,68 @@ def _finished_wandb_records(path: Path, timeout: float = 60.0) -> list:
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
             return records
         time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------- a sink of your own
+
+_USER_SINK = """
+from pathlib import Path
+
+from accord.tracking import register_sink
+
+BUILT = []
+
+
+@register_sink("recorder")
+class Recorder:
+    @classmethod
+    def from_run(cls, cfg, run_dir, *, start_step):
+        sink = cls(cfg.run.name, Path(run_dir), start_step)
+        BUILT.append(sink)
+        return sink
+
+    def __init__(self, name, run_dir, start_step):
+        self.built_with = (name, run_dir, start_step)
+        self.steps, self.tables, self.closed = {}, {}, False
+
+    def log(self, step, metrics):
+        self.steps[step] = dict(metrics)
+
+    def log_completions(self, step, rows):
+        self.tables[step] = list(rows)
+
+    def close(self):
+        self.closed = True
+"""
+
+
+@pytest.fixture
+def user_sink_module(tmp_path, monkeypatch):
+    """A module of the user's, listed under imports:, that registers the sink ``recorder``."""
+    (tmp_path / "my_sinks.py").write_text(_USER_SINK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_sinks"
+    SINKS.pop("recorder", None)
+    sys.modules.pop("my_sinks", None)
+
+
+def test_a_registered_sink_named_in_report_to_receives_the_run(tiny_cfg, tmp_path, user_sink_module):
+    data = tiny_cfg(run={"steps": 2, "eval_after": True}, task={"name": "letters", "eval_size": 2},
+                    imports=[user_sink_module], logging={"report_to": ["recorder"], "completions_every": 1})
+    data["logging"].pop("tensorboard")
+    cfg = config_from_dict(data)
+    run_dir = train(cfg)
+    metrics = read_metrics(run_dir)
+    (sink,) = sys.modules[user_sink_module].BUILT
+    assert sink.built_with == (cfg.run.name, run_dir, 0) and sink.closed
+    assert sorted(sink.steps) == [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        _assert_same_metrics(m, sink.steps[m["step"]], m["step"])
+    assert "eval/team/reward" in sink.steps[2]
+    for step in (1, 2):
+        rows = [json.loads(line) for line in (run_dir / "completions" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert [r["completion"] for r in sink.tables[step]] == [r["completion"] for r in rows]
+    assert not (run_dir / "tb").exists()  # only the sinks report_to names
 
 
 # --------------------------------------------------------------------------- W&B

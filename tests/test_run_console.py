@@ -74,13 +74,13 @@ def test_terminal_run_logs_through_the_bars_console(tmp_path):
     assert proc.wait(timeout=60) == 0
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))  # colours, cursor
     assert "held-out team reward (sampled at temperature 1)" in text and "train" in text and "2/2" in text
-    assert "INFO" in text and "accord.tracking.sinks: step 1/2" not in text  # rich's handler; no repeated step line
+    assert "INFO" in text and "accord.tracking.console: step 1/2" not in text  # rich's handler; no repeated step line
     assert " INFO accord" not in text  # not the plain stderr format
 
 
 def test_heartbeat_when_not_a_terminal(caplog):
     console = Console(file=io.StringIO(), force_terminal=False)
-    with caplog.at_level(logging.INFO, logger="accord.tracking.sinks"):
+    with caplog.at_level(logging.INFO, logger="accord.tracking.console"):
         sink = ConsoleSink(total_steps=3, console=console, heartbeat_s=0.2)
         sink.set_activity("gen")
         time.sleep(0.7)
@@ -98,7 +98,7 @@ def test_heartbeat_when_not_a_terminal(caplog):
 def test_no_heartbeat_and_no_repeated_line_in_a_terminal(caplog):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120)
-    with caplog.at_level(logging.INFO, logger="accord.tracking.sinks"):
+    with caplog.at_level(logging.INFO, logger="accord.tracking.console"):
         sink = ConsoleSink(total_steps=2, console=console, heartbeat_s=0.1)
         time.sleep(0.3)
         sink.log(1, {"team/reward": 0.25})

@@ -25,7 +25,7 @@ from accord.tracking import (
     read_metrics,
     register_sink,
 )
-from accord.tracking import sinks as sinks_mod
+from accord.tracking import jsonl as jsonl_mod
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def _write_steps(run_dir: Path, steps) -> None:
 
 
 def test_stdlib_logging_not_shadowed():
-    assert sinks_mod.logging is logging
+    assert jsonl_mod.logging is logging
     assert alog.__name__ == "accord.tracking"
 
 
@@ -104,7 +104,7 @@ def test_resume_truncates_metrics_and_completions(tmp_path):
 
 
 def test_duplicate_step_warns(tmp_path, caplog):
-    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.tracking.sinks"):
+    with JsonlSink(tmp_path) as sink, caplog.at_level(logging.WARNING, logger="accord.tracking.jsonl"):
         sink.log(3, {"a": 1.0})
         sink.log(3, {"a": 1.0})
     assert "duplicate" in caplog.text
@@ -153,7 +153,7 @@ def test_console_sink_non_tty_capture(caplog):
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=False, width=120)
     assert not console.is_terminal
-    with caplog.at_level(logging.INFO, logger="accord.tracking.sinks"):
+    with caplog.at_level(logging.INFO, logger="accord.tracking.console"):
         sink = ConsoleSink(total_steps=5, keys=("team/reward", "agent/alice/reward"), every=2, console=console)
         for s in range(1, 6):
             sink.log(s, {"team/reward": (s - 1) / 4})
@@ -236,6 +236,63 @@ def test_make_sinks_and_registry(tmp_path):
     multi.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3, 4]
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_run_sinks_builds_each_sink_from_the_config(tmp_path):
+    from accord.config import config_from_dict
+    from accord.tracking.report_to import run_sinks
+
+    cfg = config_from_dict({"run": {"steps": 10}, "logging": {"report_to": ["tensorboard"], "console": True}})
+    _write_steps(tmp_path, range(6))
+    multi = run_sinks(cfg, tmp_path, start_step=3)
+    assert [type(s) for s in multi.sinks] == [JsonlSink, TensorBoardSink, ConsoleSink]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]   # resume after step 3: cut back
+    assert multi.sinks[2].start_step == 3 and multi.sinks[2].total_steps == 10
+    multi.close()
+    cfg = config_from_dict({"logging": {"report_to": [], "console": False}})
+    assert [type(s) for s in run_sinks(cfg, tmp_path).sinks] == [JsonlSink]
+
+
+def test_run_sinks_closes_what_it_built_when_a_sink_fails(tmp_path):
+    from accord.config import config_from_dict
+    from accord.tracking.report_to import run_sinks
+
+    built = []
+
+    @register_sink("test_not_a_sink")
+    class NotASink:
+        @classmethod
+        def from_run(cls, cfg, run_dir, *, start_step):
+            return object()
+
+    @register_sink("test_recorder")
+    class Recorder(_Recorder):
+        @classmethod
+        def from_run(cls, cfg, run_dir, *, start_step):
+            built.append(cls())
+            return built[-1]
+
+    try:
+        cfg = config_from_dict({"logging": {"report_to": ["test_recorder", "test_not_a_sink"], "console": False}})
+        with pytest.raises(TypeError, match="from_run must return a sink with log.*, got 'object'"):
+            run_sinks(cfg, tmp_path)
+        assert built[0].calls == [("close",)]
+        assert not (tmp_path / "metrics.jsonl").exists()   # the report_to sinks are built first
+    finally:
+        SINKS.pop("test_not_a_sink")
+        SINKS.pop("test_recorder")
+
+
+def test_a_registered_class_without_from_run_is_a_config_error():
+    from accord.config import ConfigError
+    from accord.tracking.report_to import check_report_to
+
+    register_sink("test_no_factory")(_Recorder)
+    try:
+        with pytest.raises(ConfigError, match=r"sink 'test_no_factory' \(.*_Recorder\) has no from_run"):
+            check_report_to(["test_no_factory"])
+    finally:
+        SINKS.pop("test_no_factory")
 
 
 def test_metric_accumulator():

@@ -53,6 +53,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from accord import metric_names as mn
 from accord.config import ConfigError
 from accord.seeding import credit_seed
 
@@ -206,15 +207,15 @@ def counterfactual_credit(agents: Sequence[str], k: int, recorded: Sequence[Sequ
         sum_it += gc.sum_it
         for i in range(n):
             sum_phi_t[i] += gc.sum_phi_t[i]
-    metrics: dict[str, list[float]] = {"credit/evaluations": [float(len(requests))]}
+    metrics: dict[str, list[float]] = {mn.CREDIT_EVALUATIONS: [float(len(requests))]}
     for i, a in enumerate(agents):
-        metrics[f"credit/{a}/mean"] = [c[i] for group in credits for c in group]
+        metrics[mn.credit_key(a, mn.CREDIT_MEAN)] = [c[i] for group in credits for c in group]
     if sum_tt > 0:
-        metrics["credit/interaction_share"] = [sum_it / sum_tt]
+        metrics[mn.CREDIT_INTERACTION_SHARE] = [sum_it / sum_tt]
         for i, a in enumerate(agents):
             share = sum_phi_t[i] / sum_tt
-            metrics[f"credit/{a}/variance_share"] = [share]
-            metrics[f"credit/{a}/free_rider"] = [min(1.0, max(0.0, 1.0 - n * share))]
+            metrics[mn.credit_key(a, mn.CREDIT_VARIANCE_SHARE)] = [share]
+            metrics[mn.credit_key(a, mn.CREDIT_FREE_RIDER)] = [min(1.0, max(0.0, 1.0 - n * share))]
     return CreditStep(credits, metrics)
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from accord import metric_names as mn
+
 
 def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
                    top_p: float | torch.Tensor = 1.0, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -242,8 +244,8 @@ def _clip_stats(per_token: torch.Tensor, ratio: torch.Tensor, x: SurrogateInputs
     """Masked sums of the surrogate, the share of clipped tokens (their gradient is zero) and the ratio."""
     with torch.no_grad():
         clipped = ((ratio < 1.0 - x.epsilon) & (x.advantages < 0)) | ((ratio > 1.0 + x.epsilon_high) & (x.advantages > 0))
-        return {"pg": (per_token * x.mask).sum(), "clip_frac": clipped.to(x.mask.dtype).mul(x.mask).sum(),
-                "ratio": (ratio * x.mask).sum()}
+        return {mn.PG: (per_token * x.mask).sum(), mn.CLIP_FRAC: clipped.to(x.mask.dtype).mul(x.mask).sum(),
+                mn.RATIO: (ratio * x.mask).sum()}
 
 
 def clipped_surrogate(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -286,9 +288,9 @@ def clipped_is_reinforce(x: SurrogateInputs) -> tuple[torch.Tensor, dict[str, to
     weight = ratio.detach().clamp(max=1.0 + x.epsilon_high)
     per_token = -weight * x.advantages * x.logp
     with torch.no_grad():
-        stats = {"pg": (per_token * x.mask).sum(),
-                 "clip_frac": (ratio > 1.0 + x.epsilon_high).to(x.mask.dtype).mul(x.mask).sum(),
-                 "ratio": (ratio * x.mask).sum()}
+        stats = {mn.PG: (per_token * x.mask).sum(),
+                 mn.CLIP_FRAC: (ratio > 1.0 + x.epsilon_high).to(x.mask.dtype).mul(x.mask).sum(),
+                 mn.RATIO: (ratio * x.mask).sum()}
     return per_token, stats
 
 
@@ -382,5 +384,5 @@ def policy_loss(
         raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {list(LOSS_AGGS)}")
     if kl is not None:
         with torch.no_grad():
-            stats["kl"] = (kl * mask).sum()
+            stats[mn.KL] = (kl * mask).sum()
     return total, stats

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from accord import metric_names as mn
 from accord.config import ConfigError
 from accord.envs.protocol import Env, is_env
 from accord.rollout.base import Generate, Phase, RolloutResult, register_rollout
@@ -75,15 +76,15 @@ def sample_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete:
                 ep.apply(actions, res)
                 for a, s in pending[e].items():   # every agent that has acted earns this step's reward
                     s.reward += float(res.team_reward) if reward_mode == "team" else float(res.local_rewards[a])
-                metrics.setdefault(f"turn/{t}/reward", []).append(float(res.team_reward))
-                metrics.setdefault("team/reward", []).append(float(res.team_reward))
+                metrics.setdefault(mn.turn_key(t), []).append(float(res.team_reward))
+                metrics.setdefault(mn.TEAM_REWARD, []).append(float(res.team_reward))
         for ep in episodes:
             if not ep.done:
                 ep.turn += 1
     for e, ep in enumerate(episodes):
-        metrics.setdefault("team/return", []).append(ep.team_return)
-        metrics.setdefault("team/success", []).append(float(ep.success))
-        metrics.setdefault("episode/turns", []).append(max(len(h) for h in ep.history.values()))
+        metrics.setdefault(mn.TEAM_RETURN, []).append(ep.team_return)
+        metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(ep.success))
+        metrics.setdefault(mn.EPISODE_TURNS, []).append(max(len(h) for h in ep.history.values()))
     for s in samples:
         s.ret = s.reward
         s.extra["episode_return"] = episodes[s.extra["episode"]].team_return

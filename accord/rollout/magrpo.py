@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from accord import metric_names as mn
 from accord.algorithms.advantages import cross_marginals
 from accord.algorithms.credit import counterfactual_credit, credit_rng
 from accord.audit import AuditRecorder
@@ -181,7 +182,7 @@ class JointRollout(Rollout):
             joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode,
                                         recorder=self.recorder)
             returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
-        metrics: dict[str, list[float]] = {"team/reward": list(joint.rewards)}
+        metrics: dict[str, list[float]] = {mn.TEAM_REWARD: list(joint.rewards)}
         if algo.credit == "counterfactual":
             with phase("credit"):
                 returns, credit_metrics = self.counterfactual(rows, texts, prompt_texts, joint, k, step)
@@ -194,11 +195,11 @@ class JointRollout(Rollout):
         if self.recorder is not None:
             self.mark_for_audit(samples, rows, joint)
         for key, value in joint.component_means().items():
-            metrics[f"reward/{key}"] = [value]
+            metrics[mn.component_key(key)] = [value]
         by_inst: dict[int, list[float]] = {}
         for b, r in zip(joint.instance, joint.rewards):
             by_inst.setdefault(b, []).append(r)
-        metrics["team/reward_best"] = [max(rs) for rs in by_inst.values()]
+        metrics[mn.TEAM_REWARD_BEST] = [max(rs) for rs in by_inst.values()]
         return RolloutResult(samples, metrics)
 
     def mark_for_audit(self, samples: list[Sample], rows: list[dict], joint: JointBatch) -> None:
@@ -265,7 +266,7 @@ class JointRollout(Rollout):
                 if ok is not None:
                     rec["success"] = float(ok[idx])
                 for a in self.agents:
-                    rec[f"agent/{a}/completion_len"] = len(gens[a][b][j].ids)
+                    rec[mn.agent_key(a, mn.AGENT_COMPLETION_LEN)] = len(gens[a][b][j].ids)
                 per.append(rec)
             results.append(per)
         table = joint_completion_rows(rows, self.agents, prompt_texts, gens, texts, joint) if n == 1 else []

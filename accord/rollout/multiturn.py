@@ -46,6 +46,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from accord import metric_names as mn
 from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
@@ -196,14 +197,14 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
         for node in frontier:
             all_nodes.append(node)
             for j, child in enumerate(node.children):
-                metrics.setdefault(f"turn/{t}/reward", []).append(node.team[j])
+                metrics.setdefault(mn.turn_key(t), []).append(node.team[j])
                 stop = early_stop_reward is not None and node.team[j] >= early_stop_reward
                 if child is None or child.ep.done or stop or t + 1 >= turns:
                     node.children[j] = None
                     if child is not None:
-                        metrics.setdefault("team/success", []).append(float(child.ep.success))
-                        metrics.setdefault("team/return", []).append(child.ep.team_return)
-                        metrics.setdefault("episode/turns", []).append(t + 1)
+                        metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(child.ep.success))
+                        metrics.setdefault(mn.TEAM_RETURN, []).append(child.ep.team_return)
+                        metrics.setdefault(mn.EPISODE_TURNS, []).append(t + 1)
                 else:
                     nxt.append(child)
         frontier = nxt
@@ -248,7 +249,7 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
                 s.extra.update(sample=s_idx, joint=n_idx * len(node.samples[a]) + s_idx if mode == "aligned" else None)
                 samples.append(s)
             gid += 1
-        metrics.setdefault("team/reward", []).extend(node.team)
+        metrics.setdefault(mn.TEAM_REWARD, []).extend(node.team)
     return samples, metrics
 
 
@@ -280,7 +281,7 @@ def _tree_credit(nodes: list[_Node], agents: Sequence[str], k: int, simultaneous
                                    lambda reqs: [replay(full[g], c) for g, c in reqs], orderings=orderings, rng=rng)
     for node, credits in zip(full, result.credits):
         node.rewards = [{a: credits[j][i] for i, a in enumerate(agents)} for j in range(len(node.joint))]
-    result.metrics["credit/skipped_groups"] = [float(len(nodes) - len(full))]
+    result.metrics[mn.CREDIT_SKIPPED_GROUPS] = [float(len(nodes) - len(full))]
     return result.metrics
 
 
@@ -427,19 +428,19 @@ def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: 
                     if recorder is not None:
                         recorder.score(f"a{gid}/{c}", {a: comp.text}, {a: stepped}, r)
                         samples[-1].extra["audit_keys"] = [f"a{gid}/{c}"]
-                    metrics.setdefault(f"turn/{t}/reward", []).append(r)
-                    metrics.setdefault("team/reward", []).append(float(res.team_reward))
-                    metrics.setdefault(f"agent/{a}/team_reward", []).append(float(res.team_reward))
-                    metrics.setdefault(f"agent/{a}/local_reward", []).append(float(res.local_rewards[a]))
+                    metrics.setdefault(mn.turn_key(t), []).append(r)
+                    metrics.setdefault(mn.TEAM_REWARD, []).append(float(res.team_reward))
+                    metrics.setdefault(mn.agent_key(a, mn.AGENT_TEAM_REWARD), []).append(float(res.team_reward))
+                    metrics.setdefault(mn.agent_key(a, mn.AGENT_LOCAL_REWARD), []).append(float(res.local_rewards[a]))
                     if r > best_r:
                         best_r, best_child = r, child
                 best_child.turn = t + 1 if a == agents[-1] else t
                 episodes[b] = best_child
                 gid += 1
     for ep in episodes:
-        metrics.setdefault("team/return", []).append(ep.team_return)
-        metrics.setdefault("team/success", []).append(float(ep.success))
-        metrics.setdefault("episode/turns", []).append(sum(len(h) for h in ep.history.values()) / len(agents))
+        metrics.setdefault(mn.TEAM_RETURN, []).append(ep.team_return)
+        metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(ep.success))
+        metrics.setdefault(mn.EPISODE_TURNS, []).append(sum(len(h) for h in ep.history.values()) / len(agents))
     return samples, metrics, episodes
 
 
@@ -491,7 +492,7 @@ class _EpisodeRollout(Rollout):
                 rec = {"team": ep.team_return, "success": float(ep.success),
                        "turns": max(len(h) for h in ep.history.values())}
                 for a in self.agents:
-                    rec[f"agent/{a}/local_return"] = ep.local_return.get(a, 0.0)
+                    rec[mn.agent_key(a, mn.AGENT_LOCAL_RETURN)] = ep.local_return.get(a, 0.0)
                 per.append(rec)
             results.append(per)
         table = episode_completion_rows(rows, episodes) if n == 1 else []

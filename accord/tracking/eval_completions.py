@@ -18,13 +18,16 @@ later steps, as it does with the training completions.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from accord.tracking.sinks import EVAL_COMPLETIONS_DIRNAME, _atomic_write_text, _check_step, _json_default
+from accord.tracking.registry import _atomic_write_text, _check_step, _json_default
 
 __all__ = ["EVAL_COMPLETIONS_DIRNAME", "eval_completions_path", "write_eval_completions", "joint_completion_rows",
            "episode_completion_rows"]
+
+EVAL_COMPLETIONS_DIRNAME = "eval_completions"
 
 
 def eval_completions_path(run_dir: str | Path, step: int) -> Path:

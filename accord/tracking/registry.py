@@ -1,0 +1,233 @@
+"""The sink registry: the :class:`MetricsSink` protocol, :func:`register_sink`, :class:`MultiSink` and the
+checks and file helpers the sinks share.
+
+A sink receives every step's metrics (``log``) and the completion tables (``log_completions``) of a run,
+and is closed at its end. Each sink class is registered under the name ``logging.report_to`` lists, and
+builds itself for a run with the classmethod ``from_run(cfg, run_dir, *, start_step)``::
+
+    import logging
+
+    from accord.tracking import register_sink
+
+    @register_sink("loglines")
+    class LogLinesSink:
+        @classmethod
+        def from_run(cls, cfg, run_dir, *, start_step):
+            return cls()
+
+        def log(self, step, metrics):
+            logging.getLogger("loglines").info("step %d: %s", step, metrics)
+
+        def log_completions(self, step, rows):
+            pass
+
+        def close(self):
+            pass
+
+``cfg`` is the run's resolved :class:`accord.config.Config` (``cfg.logging`` for the sink's settings,
+``cfg.to_dict()`` to record it), ``run_dir`` the run directory and ``start_step`` the number of steps
+already done: 0 for a new run, ``k`` when resuming after step ``k`` (a sink that keeps a file cuts it back
+to step ``k``). A sink whose package is optional names the modules it imports in ``packages`` and the
+command that installs them in ``install``; a missing one is then an error before any model loads. The
+built-in sinks: ``jsonl`` and ``console`` (always built, ``logging.console``), ``tensorboard``, ``wandb``
+and ``mlflow``.
+
+Step convention: ``step`` n is logged after n updates (step 0: before training, e.g. the first
+evaluation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import numbers
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from accord.config import ConfigError
+
+__all__ = ["SINKS", "MetricsSink", "MultiSink", "check_packages", "register_sink"]
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Anything that accepts per-step metrics and completion tables."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def log_completions(self, step: int, rows: list[dict]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+SINKS: dict[str, type] = {}
+"""Registry of sink classes by name: the built-in ``jsonl``, ``console``, ``tensorboard``, ``wandb`` and
+``mlflow``, and those added with :func:`register_sink`."""
+
+_T = TypeVar("_T", bound=type)
+
+
+def register_sink(name: str) -> Callable[[_T], _T]:
+    """Class decorator adding a sink class to :data:`SINKS` under ``name``, the name ``logging.report_to``
+    lists (the class builds itself for a run with ``from_run(cfg, run_dir, *, start_step)``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a sink's name must be a non-empty string, got {name!r}")
+
+    def decorator(cls: _T) -> _T:
+        if name in SINKS and SINKS[name] is not cls:
+            raise ValueError(
+                f"a sink named {name!r} is already registered ({SINKS[name].__qualname__}); "
+                "pick a different name for the new sink"
+            )
+        SINKS[name] = cls
+        return cls
+
+    return decorator
+
+
+def check_packages(name: str, sink: type) -> None:
+    """The modules a sink class names in ``packages`` can be imported; else a one-line :class:`ConfigError`
+    with its ``install`` command."""
+    missing = [m for m in getattr(sink, "packages", ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        install = getattr(sink, "install", None) or f"pip install {' '.join(missing)}"
+        raise ConfigError(f"logging.report_to includes {name!r}, but {' and '.join(missing)} is not installed; "
+                          f"{install}, or remove {name!r} from logging.report_to")
+
+
+# --------------------------------------------------------------------------- shared checks and helpers
+
+# Column order of the completion tables (text summary, W&B and MLflow tables); extra keys follow.
+_COMPLETION_COLUMNS = ("prompt", "agent", "completion", "reward", "advantage", "group", "turn")
+
+
+def _completion_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Completion table columns: the usual ones first, then any other keys in order of appearance."""
+    columns = [c for c in _COMPLETION_COLUMNS if any(c in row for row in rows)]
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    return columns
+
+
+def _check_step(step: Any, name: str = "step") -> int:
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(step).__name__} ({step!r}); pass a non-negative integer")
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"{name} must be >= 0, got {step}")
+    return step
+
+
+def _to_number(key: str, value: Any) -> float | int:
+    """Convert a metric value (python/numpy/torch scalar) to a JSON-friendly number."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"metric {key!r} has a non-scalar value of type {type(value).__name__}; "
+            "log a python float (e.g. tensor.item()) instead"
+        ) from err
+
+
+def _clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | int]:
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> float, got {type(metrics).__name__}")
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metric names must be str, got {key!r} ({type(key).__name__})")
+        if key == "step":
+            raise ValueError("'step' is reserved in metrics; pass the step as the `step` argument instead")
+        out[key] = _to_number(key, value)
+    return out
+
+
+def _json_default(obj: Any) -> Any:
+    """JSON fallback for numpy / torch values inside completion rows."""
+    if hasattr(obj, "tolist"):  # numpy arrays + scalars, torch tensors
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(
+        f"completion row value of type {type(obj).__name__} is not JSON serializable; "
+        "convert it to str / float / list before calling log_completions"
+    )
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory + os.replace."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+# --------------------------------------------------------------------------- base and fan-out
+
+
+class _SinkBase:
+    """Context-manager support shared by the built-in sinks."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class MultiSink(_SinkBase):
+    """Fans every call out to a list of sinks, in order.
+
+    :meth:`close` closes every sink even if some fail; the last error is
+    re-raised (earlier ones are chained as its context).
+    """
+
+    def __init__(self, sinks: Iterable[MetricsSink]) -> None:
+        self.sinks: list[MetricsSink] = list(sinks)
+        for sink in self.sinks:
+            if not isinstance(sink, MetricsSink):
+                raise TypeError(
+                    f"{type(sink).__name__} is not a MetricsSink; it needs log(), log_completions() and close()"
+                )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def log_completions(self, step: int, rows: list[dict]) -> None:
+        for sink in self.sinks:
+            sink.log_completions(step, rows)
+
+    def set_activity(self, text: str) -> None:
+        """Pass what the run is doing now to the sinks that show it (the console's heartbeat)."""
+        for sink in self.sinks:
+            if callable(getattr(sink, "set_activity", None)):
+                sink.set_activity(text)
+
+    def flush(self) -> None:
+        """Flush the sinks that buffer (TensorBoard), e.g. before a checkpoint is committed."""
+        for sink in self.sinks:
+            if callable(getattr(sink, "flush", None)):
+                sink.flush()
+
+    def close(self) -> None:
+        with contextlib.ExitStack() as stack:
+            for sink in reversed(self.sinks):  # ExitStack unwinds LIFO -> closes in list order
+                stack.callback(sink.close)
