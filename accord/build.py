@@ -28,11 +28,13 @@ from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, prune_checkpoints,
                                resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
+from accord.config_rules import warn_ignored
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.registry import TaskBuilder, as_env, import_modules
 from accord.envs.centralized import centralize
 from accord.envs.protocol import task_instances
+from accord.envs.single_turn import SingleTurnEnv
 from accord.generation.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import build_policy
@@ -189,14 +191,15 @@ def build_task(cfg: Config):
 
 def check_run(cfg: Config, env) -> dict[str, int]:
     """Rules across config sections and the environment (the rollout's own come with it): registered
-    estimators, the agents against the environment's roles, the advantage settings. Returns the number
-    of agents per policy."""
+    estimators, the agents against the environment's roles, the advantage settings; then a warning for each
+    setting the run does not read (:mod:`accord.config_rules`). Returns the number of agents per policy."""
     check_registered(cfg)   # (build_env checked it too; check_run holds every cross-section rule)
     cfg.resolve_agents(tuple(env.agents))
     for name in {cfg.algorithm.advantage, *(a.advantage for a in cfg.agents if a.advantage)}:
         check_advantage_config(name, cfg.algorithm.normalize_std)
     note_dapo_recipe(cfg)
     check_steps(cfg, env)   # iac, maac, madpo, marlhf
+    warn_ignored(cfg, single_turn=isinstance(env, SingleTurnEnv))
     per_policy: dict[str, int] = defaultdict(int)
     for a in cfg.agents:
         per_policy[a.policy] += 1

@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from accord.config import Config, ConfigError
+from accord.config_rules import warn_ignored
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +388,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
     task = build_task(cfg)
     multi = is_env(task)
     cfg.resolve_agents(tuple(task.agents))
+    warn_ignored(cfg, single_turn=not multi)
     turns = (cfg.rollout.max_turns or task.max_turns) if multi else 1
     agents_of: dict[str, list[str]] = {}
     for a in cfg.agents:

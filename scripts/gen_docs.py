@@ -28,6 +28,7 @@ def _cell(text: str) -> str:
 
 def config_page() -> str:
     from accord.config import describe
+    from accord.config_rules import rules_table
 
     lines = ["# Config reference", "",
              "Every key of a run's YAML file, with its default and what it does; generated from the schema's help",
@@ -41,6 +42,19 @@ def config_page() -> str:
             section = head
             lines += ["", f"## `{section}`", "", "| key | default | what it does |", "|---|---|---|"]
         lines.append(f"| `{key}` | `{_cell(repr(default))}` | {_cell(text)} |")
+    lines += ["", "## Settings with no effect", "",
+              "Some keys are read only by one algorithm, baseline, specialization or task form. When a run is built",
+              "(`accord train`, `accord eval`, `accord compare`) or planned (`accord plan`), every key the config sets",
+              "to a value other than its default that the run does not read gets one warning, naming the key, its",
+              "value, why it does nothing here and the fix, e.g.", "",
+              "```text",
+              "algorithm.alpha=0.7 has no effect under algorithm.name=magrpo (it weighs the team reward in AT-GRPO's",
+              "candidate reward, alpha * team + local); remove it or set algorithm.name=atgrpo",
+              "```", "",
+              "It is a warning, not an error: one YAML file may serve several algorithms. The keys and when they have",
+              "no effect (`accord.config_rules.ignored_settings` returns the lines without logging them):", "",
+              "| keys | no effect when |", "|---|---|"]
+    lines += [f"| {_cell(keys)} | {_cell(when)} |" for keys, when in rules_table()]
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
 
 
