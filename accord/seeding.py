@@ -76,7 +76,7 @@ import random
 import zlib
 from typing import Iterator
 
-STREAM_STRIDE = 1_000_003          # s * this + an offset: the run's Python-side streams
+STREAM_STRIDE = 1_000_003          # s * this + an offset or index (epochs, steps, adapters, data-parallel prompts)
 SAMPLING_OFFSET = 7_000_003        # a policy's sampling stream: its seed + this
 LORA_GROUP_OFFSET = 9_000_011      # a LoRA group's mixed-generation stream: s + this
 CRITIC_OFFSET = 10_007             # critic models and value heads: s + this (+ critic index or crc32(agent))
