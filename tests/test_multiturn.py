@@ -350,4 +350,5 @@ def test_the_environment_is_resolved_once_per_run(tiny_cfg, monkeypatch, baselin
     trainer = Trainer(_cfg(tiny_cfg, algorithm={"name": "atgrpo", "baseline": baseline}))
     trainer.train()
     assert calls["envs"] >= 1 + 2 * 2 + 2, calls   # the run's own, then one per episode
-    assert calls["lookups"] == 1 and calls["imports"] == 1, calls
+    # imports: once for the sinks of logging.report_to (build_run), once for the task (the factory)
+    assert calls["lookups"] == 1 and calls["imports"] <= 2, calls
