@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "run_sft": "accord.sft",
     "run_compare": "accord.compare",
     "run_eval": "accord.evaluate",
+    # policies (the trainable units agents act with)
+    "Policy": "accord.policies",
     # tasks and environments
     "Env": "accord.envs.protocol",
     "StepResult": "accord.envs.protocol",

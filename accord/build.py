@@ -35,10 +35,11 @@ from accord.envs.registry import TaskBuilder, as_env, import_modules
 from accord.envs.centralized import centralize
 from accord.envs.protocol import task_instances
 from accord.envs.single_turn import SingleTurnEnv
-from accord.generation.agents import AgentGenerator
+from accord.policies.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
-from accord.policies import build_policy
-from accord.policies_lora import build_lora_policies
+from accord.policies import Policy
+from accord.policies.lora import build_lora_policies
+from accord.policies.model import build_policy
 from accord.rollout.base import Rollout, make_rollout, rollout_name
 from accord.rollout.sample import agent_sampling
 from accord.seeding import setup_process
@@ -57,7 +58,7 @@ class Run:
     agents: tuple[str, ...]
     agent_policy: dict[str, str]
     rollout: Rollout
-    policies: dict[str, Any]
+    policies: dict[str, Policy]           # name -> its policy (accord.policies.Policy: local, LoRA, ranks, Ray)
     generate: AgentGenerator
     train_rows: list[dict]
     eval_rows: list[dict]
@@ -137,7 +138,7 @@ def note_dapo_recipe(cfg: Config) -> None:
                        "set %s for it", ", ".join(off))
 
 
-def check_context(cfg: Config, policies: dict[str, Any]) -> None:
+def check_context(cfg: Config, policies: dict[str, Policy]) -> None:
     """Every agent's length cap leaves room for a prompt in its policy's model context (known once the
     policies are built)."""
     sampling = agent_sampling(cfg)
@@ -224,7 +225,7 @@ def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
     return train_rows, eval_rows
 
 
-def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, Any], Any]:
+def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, Policy], Any]:
     """The policies (and the backend that holds them, or None): one actor per policy (N with
     ``replicas: N``) with ``run.backend: ray``, N data-parallel ranks of a policy with ``replicas: N``
     (under torchrun, or ``replicas: 1`` in this process), one frozen base with an adapter per policy with ``specialization: lora``, else
@@ -264,7 +265,7 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
     return ckpt
 
 
-def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Any], parts: dict[str, Any] | None = None,
+def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Policy], parts: dict[str, Any] | None = None,
                allow_unverified: bool = False, verified: Path | None = None) -> dict | None:
     """Load the latest checkpoint into ``policies`` (and the run's ``parts``: critics, pair buffer, reward
     model); its trainer state (``step``: the step to continue from), or None without one. ``verified``: a

@@ -37,7 +37,9 @@ from accord.algorithms.actor_critic import value_loss
 from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss, tis_weights
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences, left_pad
-from accord.policies import TrainingError, lr_lambda, make_adamw, micro_batches, resolve_bf16, right_aligned
+from accord.devices import resolve_bf16
+from accord.policies.learner import lr_lambda, make_adamw, micro_batches, right_aligned
+from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
 
 logger = logging.getLogger(__name__)
@@ -324,7 +326,7 @@ def head_values(policy, samples) -> list[float]:
 
 def head_update(policy, samples, step: int) -> dict[str, float]:
     """``algorithm.ppo_epochs`` passes of the summed loss over this policy's samples: the policy loss on each
-    sample's advantage exactly as :meth:`accord.policies.Policy.update` computes it (``algorithm.loss`` with
+    sample's advantage exactly as :meth:`accord.policies.model.ModelPolicy.update` computes it (``algorithm.loss`` with
     its aggregation and length caps, the old log-probs, the sampler/learner mismatch correction) plus
     ``critic.value_coef`` x the mean (clipped) value loss of its agent's head against
     ``extra["value_target"]``; one backward through the shared trunk, the gradient of trunk and heads

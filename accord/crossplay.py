@@ -102,7 +102,7 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
     import math
 
     from accord.build import build_run
-    from accord.policies import build_policy
+    from accord.policies.model import build_policy
 
     paths = [Path(r) for r in runs]
     if not paths:
@@ -169,7 +169,7 @@ def _play_cells(run, sources: list[Source], agents: tuple[str, ...], rows: list[
                 temperature: float) -> dict:
     """Evaluate every distinct role -> (source, policy) assignment once; build matrices, swaps and gaps."""
     from accord.evaluate import play
-    from accord.generation.agents import AgentGenerator
+    from accord.policies.agents import AgentGenerator
 
     by_name = {s.name: s for s in sources}
     cache: dict[tuple, dict[str, list[float]]] = {}

@@ -22,6 +22,7 @@ drawn (which would have sampled other tokens anyway: the kernels differ).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -155,3 +156,58 @@ def restore_generator(gen: torch.Generator, state, saved_device: str | None, wha
 def cuda_bf16(device: torch.device) -> bool:
     """Whether a CUDA device computes in bf16 natively (compute capability >= 8: Ampere and later)."""
     return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+# --- bf16: whether this device has the units, and training.bf16 as a decision -------------------------
+
+
+def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has bf16 matrix instructions (AMX or AVX512-BF16 on x86, BF16 on Arm), from
+    torch's dispatch level or the flags of ``/proc/cpuinfo`` (``cpuinfo``: its text, for tests); None
+    when it cannot be told (no /proc)."""
+    if cpuinfo is None:
+        if torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX"):
+            return True
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> bool:
+    """``training.bf16`` as a decision for the policy's ``device`` (default the CPU): 'auto' is on exactly
+    where the device has bf16 (CUDA compute capability >= 8, or CPU bf16 matrix units); true on a device
+    without it is honoured with a warning."""
+    if device is not None and device.type == "cuda":
+        has = cuda_bf16(device)
+        if setting == "auto":
+            logger.info("training.bf16=auto: %s on %s (compute capability %s)", "bf16 autocast for updates" if has
+                        else "fp32 updates", device, ".".join(map(str, torch.cuda.get_device_capability(device))))
+            return has
+        if setting and not has:
+            logger.warning("training.bf16=true on %s (compute capability %s < 8): bf16 is emulated there and slow; "
+                           "set training.bf16=auto", device, torch.cuda.get_device_capability(device))
+        return bool(setting)
+    if setting == "auto":
+        use = cpu_bf16_units() is True
+        logger.info("training.bf16=auto: %s (torch CPU capability %s)", "bf16 autocast for updates" if use else
+                    "fp32 updates, no bf16 matrix units found", torch.backends.cpu.get_cpu_capability())
+        return use
+    if setting:
+        warn_if_no_bf16_units()
+    return bool(setting)
+
+
+def warn_if_no_bf16_units() -> None:
+    """training.bf16 on a CPU without bf16 matrix units: matmuls fall back to slow emulation."""
+    if cpu_bf16_units() is False:
+        logger.warning(
+            "training.bf16=true on a CPU without bf16 matrix units (no amx_bf16, avx512_bf16 or bf16 flag; torch "
+            "reports %s): bf16 matmuls run 10-100x slower than fp32 here; set training.bf16=false",
+            torch.backends.cpu.get_cpu_capability())

@@ -89,7 +89,7 @@ def _export_full(cfg: Config, names: list[str], ckpt: Path, out: Path) -> None:
 def _export_lora(cfg: Config, names: list[str], ckpt: Path, out: Path, final_out: Path) -> None:
     """Each adapter in the PEFT format, and the base model once, under ``base``."""
     from accord.models import load_model_and_tokenizer
-    from accord.policies_lora import build_lora_policies
+    from accord.policies.lora import build_lora_policies
 
     if "base" in names:
         raise ConfigError("a LoRA policy named 'base' clashes with the exported base model's directory OUT/base; "

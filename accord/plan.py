@@ -167,7 +167,7 @@ def _meta_model(config):
 
 def lora_parameters(model, cfg: Config) -> int:
     """Parameters of one adapter: r x (in + out) per adapted linear layer."""
-    from accord.policies_lora import default_target_modules
+    from accord.policies.lora import default_target_modules
 
     targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
     total = 0
@@ -180,7 +180,7 @@ def lora_parameters(model, cfg: Config) -> int:
 def lora_input_width(model, cfg: Config) -> int:
     """Sum of the input widths of the adapted linear layers (all layers): what LoRA's per-projection copies
     of the activations scale with."""
-    from accord.policies_lora import default_target_modules
+    from accord.policies.lora import default_target_modules
 
     targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
     return sum(m.in_features for name, m in model.named_modules()
@@ -347,7 +347,7 @@ def _bf16_guess(setting, device: str) -> bool:
 
             return cuda_bf16(torch.device(device))
         return True  # the papers' GPUs (A100, H100) have bf16
-    from accord.policies import cpu_bf16_units
+    from accord.devices import cpu_bf16_units
 
     return cpu_bf16_units() is True
 

@@ -7,7 +7,7 @@ Demonstrations are (agent, chat prompt, completion) triples from one of two sour
   agents in turn order, ``rollout.max_turns`` and ``rollout.history_turns``), with the oracle's answer
   as every agent's action; each agent's prompt is built by the rollout's own
   :meth:`~accord.rollout.multiturn.Episode.messages` and encoded by the policy's own
-  :meth:`~accord.policies.Policy.encode_chat`, so SFT trains on the very token ids RL will show.
+  :meth:`~accord.policies.model.ModelPolicy.encode_chat`, so SFT trains on the very token ids RL will show.
   Single-turn tasks give ``task.prompt(agent, row)`` per instance. A share ``sft.noise`` of the
   training answers is deliberately imperfect (suboptimal or wrong, see the oracles' docstring), so RL
   has room to improve; the episode goes on from the state the imperfect answer leaves, so later
@@ -27,7 +27,7 @@ load back as an accord policy -- TRL would need its own dataset formatting and m
 each of these. ``trl`` is not installed in accord's environment either.
 
 Output, under ``sft.output_dir`` (default ``RUN_DIR/sft``): one Hugging Face model directory per policy
-(``<policy>/``, written by :meth:`Policy.export`), ``demos.jsonl`` (the training demonstrations, in the
+(``<policy>/``, written by :meth:`ModelPolicy.export`), ``demos.jsonl`` (the training demonstrations, in the
 JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``, written into a
 temporary sibling and renamed into place when complete (an existing non-empty one is never overwritten). An RL run
 starts from it by naming the directory as the policy's model: ``policies.<name>.model=RUN_DIR/sft/<name>``
@@ -58,7 +58,7 @@ from accord.config import Config, ConfigError, save_config
 from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env
 from accord.generation.hf import left_pad
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.multiturn import start_episodes
 from accord.seeding import epoch_order_seed, eval_seed, held_out_demo_seed, policy_seed, setup_process
 
@@ -251,7 +251,7 @@ class Encoded:
     completion_ids: list[int]
 
 
-def _eos_id(policy: Policy) -> int:
+def _eos_id(policy: ModelPolicy) -> int:
     """The first token generation stops on (generation_config's EOS, else the tokenizer's)."""
     eos = policy.model.generation_config.eos_token_id
     if isinstance(eos, (list, tuple)):
@@ -263,7 +263,7 @@ def _eos_id(policy: Policy) -> int:
     return int(eos)
 
 
-def encode_demos(policy: Policy, demos: list[Demo], max_new_tokens: int) -> list[Encoded]:
+def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) -> list[Encoded]:
     """Token ids as the rollout makes them: ``encode_chat`` of the messages, then the completion's tokens
     and the EOS token (generated completions end with it too)."""
     eos = _eos_id(policy)
@@ -278,7 +278,7 @@ def encode_demos(policy: Policy, demos: list[Demo], max_new_tokens: int) -> list
     return out
 
 
-def nll_sums(policy: Policy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
+def nll_sums(policy: ModelPolicy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
     """Summed negative log-likelihood (temperature 1) of the completion tokens of ``batch``, and their count.
     The batch is built on the CPU and moved once to the policy's device."""
     c = max(len(e.completion_ids) for e in batch)
@@ -299,7 +299,7 @@ def nll_sums(policy: Policy, batch: list[Encoded]) -> tuple[torch.Tensor, int]:
 
 
 @torch.no_grad()
-def mean_nll(policy: Policy, data: list[Encoded], micro: int) -> float:
+def mean_nll(policy: ModelPolicy, data: list[Encoded], micro: int) -> float:
     """Per-token NLL of ``data`` under the policy (eval mode: no dropout)."""
     policy.model.eval()
     total, n = 0.0, 0
@@ -310,9 +310,9 @@ def mean_nll(policy: Policy, data: list[Encoded], micro: int) -> float:
     return total / max(1, n)
 
 
-def sft_step(policy: Policy, batch: list[Encoded], micro: int, max_grad_norm: float | None, step: int) -> dict:
+def sft_step(policy: ModelPolicy, batch: list[Encoded], micro: int, max_grad_norm: float | None, step: int) -> dict:
     """One optimizer step on the token-mean NLL of ``batch`` (gradients accumulated over micro-batches)."""
-    from accord.policies import TrainingError
+    from accord.policies.protocol import TrainingError
 
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
@@ -345,7 +345,7 @@ def sft_devices(cfg: Config) -> dict[str, torch.device]:
     return devices
 
 
-def _policies(cfg: Config) -> dict[str, tuple[Policy, tuple[str, ...]]]:
+def _policies(cfg: Config) -> dict[str, tuple[ModelPolicy, tuple[str, ...]]]:
     """Policy name -> (a full policy on its device, the agents it learns from). Under lora: one ``base`` for
     all agents. Held-out play generates with the hf backend (a vLLM engine per policy is not worth starting
     for a few greedy episodes, and it would need a GPU per policy)."""
@@ -360,7 +360,7 @@ def _policies(cfg: Config) -> dict[str, tuple[Policy, tuple[str, ...]]]:
     out = {}
     for i, name in enumerate(sorted(by_policy)):
         pcfg = cfg.policies[name] if name in cfg.policies else cfg.policies[cfg.agents[0].policy]
-        pol = Policy(name, dataclasses.replace(pcfg, lr=None), training, algo, rollout, s.steps,
+        pol = ModelPolicy(name, dataclasses.replace(pcfg, lr=None), training, algo, rollout, s.steps,
                      seed=policy_seed(cfg.run.seed, i), device=devices[name])
         out[name] = (pol, tuple(by_policy[name]))
     return out
@@ -389,13 +389,13 @@ def step_counts(cfg: Config, sizes: dict[str, int]) -> dict[str, int]:
     return {name: max(1, math.ceil(s.epochs * n / min(s.batch_size, n))) for name, n in sizes.items()}
 
 
-def held_out_play(cfg: Config, policies: dict[str, tuple[Policy, tuple[str, ...]]], rows: list[dict]) -> dict:
+def held_out_play(cfg: Config, policies: dict[str, tuple[ModelPolicy, tuple[str, ...]]], rows: list[dict]) -> dict:
     """Play ``rows`` once each, greedily, with the fine-tuned policies, as ``accord train`` evaluates: the mean
     team reward (return) and, where the task has a success check, the success rate."""
     import functools
 
     from accord.build import EnvFactory
-    from accord.generation.agents import AgentGenerator
+    from accord.policies.agents import AgentGenerator
     from accord.rollout import make_rollout, rollout_name
 
     make_env = EnvFactory(cfg)

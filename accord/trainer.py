@@ -21,7 +21,7 @@ timed into ``time/<phase>``:
 4. ``eval`` (:func:`accord.evaluate.evaluate_run`), ``log`` and ``checkpoint``.
 
 The trainer knows neither the environment nor the generation backend: it sees the rollout interface
-and the policy interface (:class:`accord.policies.Policy`, LoRA adapters, Ray proxies).
+and the policy interface (:class:`accord.policies.Policy`: whole models, LoRA adapters, data-parallel ranks, Ray proxies).
 """
 
 from __future__ import annotations

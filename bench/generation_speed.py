@@ -65,7 +65,7 @@ def default_job_requests(model: str) -> dict:
     from accord.build import build_env, check_run, split_data
     from accord.config import load_config
     from accord.models import load_model_and_tokenizer
-    from accord.policies import Policy
+    from accord.policies.model import ModelPolicy
     from accord.seeding import epoch_order_seed, policy_seed, sampling_stream_seed
 
     cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}",
@@ -78,12 +78,12 @@ def default_job_requests(model: str) -> dict:
     rows = [train_rows[perm[i]] for i in range(cfg.rollout.batch_size)]
     _, tokenizer = load_model_and_tokenizer(model)
     r, k = cfg.rollout, cfg.algorithm.num_generations
-    # Policy.encode_chat without loading a second model: it reads only these attributes
+    # ModelPolicy.encode_chat without loading a second model: it reads only these attributes
     policy = SimpleNamespace(tokenizer=tokenizer, rollout=r, name="main", context_len=None)
     prompts = []
     for agent in cfg.agents:  # the rollout's order: agent, text, sample (accord.rollout.magrpo)
         for row in rows:
-            prompts += [Policy.encode_chat(policy, env.prompt(agent.name, row))] * k
+            prompts += [ModelPolicy.encode_chat(policy, env.prompt(agent.name, row))] * k
     return {"model": model, "prompts": prompts, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
             "top_k": r.top_k, "top_p": r.top_p, "seed": sampling_stream_seed(policy_seed(cfg.run.seed, 0))}
 

@@ -16,7 +16,8 @@ import time
 import torch
 
 from accord.config import Config, PolicyConfig, RolloutConfig
-from accord.policies_lora import build_lora_policies, generate_by_policy
+from accord.policies.agents import generate_by_policy
+from accord.policies.lora import build_lora_policies
 
 
 def bench_generation(model: str = "smollm2-135m", *, prompts_per_adapter: int = 32, adapters: int = 2,

@@ -4,7 +4,7 @@
     python bench/tis_cost.py                         # SmolLM2-135M, 4 prompts x K=4, fp32, ppo_epochs 1 and 2
     python bench/tis_cost.py --model tiny-qwen2 --rounds 5
 
-One :meth:`accord.policies.Policy.update` over ``--prompts`` x ``--k`` samples (random token ids: prompts of
+One :meth:`accord.policies.model.ModelPolicy.update` over ``--prompts`` x ``--k`` samples (random token ids: prompts of
 about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, advantages +-1, stored sampling log-probs a
 little off the learner's so that the weights are not all 1) with ``algorithm.tis`` ``off`` and ``truncate``,
 for one epoch (fresh samples: the learner's old log-probs are the current forward's, so the correction only
@@ -24,7 +24,7 @@ import time
 import torch
 
 from accord.config import config_from_dict
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 
 
@@ -73,7 +73,7 @@ def main() -> None:
             cfg = config_from_dict({"policies": {"main": {"model": args.model}},
                                     "algorithm": {"tis": tis, "ppo_epochs": epochs},
                                     "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6, "bf16": False}})
-            pols[tis] = Policy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
+            pols[tis] = ModelPolicy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
                                total_optimizer_steps=100, seed=0)
         make_ids(pols["off"].model.config.vocab_size)
         # stored log-probs: the learner's own, perturbed (a sampler that differs a little)

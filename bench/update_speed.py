@@ -4,7 +4,7 @@
     python bench/update_speed.py                     # SmolLM2-135M, 4 prompts x K=4, fp32 and bf16 autocast
     python bench/update_speed.py --precision fp32 --prompt-tokens 500
 
-One :meth:`accord.policies.Policy.update` over ``--prompts`` x ``--k`` samples (random token ids:
+One :meth:`accord.policies.model.ModelPolicy.update` over ``--prompts`` x ``--k`` samples (random token ids:
 prompts of about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, advantages +-1) in
 micro-batches of ``--micro-batch-size``, with prompt sharing on (the default) and off. The two
 paths compute the same loss and gradients (``tests/test_generation.py``); this measures the time.
@@ -21,7 +21,7 @@ import time
 import torch
 
 from accord.config import config_from_dict
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 
 
@@ -61,7 +61,7 @@ def main() -> None:
         cfg = config_from_dict({"policies": {"main": {"model": args.model}},
                                 "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6,
                                              "bf16": precision == "bf16"}})
-        pol = Policy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
+        pol = ModelPolicy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
                      total_optimizer_steps=100, seed=0)
         pol.update(samples(), 0)  # warm-up
         best = {"shared": float("inf"), "full": float("inf")}

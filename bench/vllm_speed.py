@@ -17,7 +17,7 @@ import time
 import torch
 
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 
 
@@ -35,7 +35,7 @@ def bench(model: str = "smollm2-135m", *, prompts: int = 32, max_new_tokens: int
     for backend in ("hf", "vllm"):
         r = RolloutConfig(max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.9, generation_batch_size=prompts,
                           generation_backend=backend, vllm_kwargs=kwargs)
-        pol = Policy("main", PolicyConfig(model=model, model_kwargs=dict(model_kwargs or {})), TrainingConfig(),
+        pol = ModelPolicy("main", PolicyConfig(model=model, model_kwargs=dict(model_kwargs or {})), TrainingConfig(),
                      AlgorithmConfig(), r, 1, seed=0)
         ids = [pol.encode_chat([{"role": "user", "content": t}]) for t in texts]
         t = time.perf_counter()

@@ -9,7 +9,7 @@ import torch
 from accord.algorithms.losses import process_logits
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig, config_from_dict
 from accord.tracking import read_metrics
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 from accord.trainer import Trainer
 
@@ -40,7 +40,7 @@ def test_kl_with_truncated_sampling_stays_finite(tiny_cfg, rollout):
 
 
 def _policy(kl_coef=0.1, **rollout):
-    return Policy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 64, "num_layers": 2}),
+    return ModelPolicy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 64, "num_layers": 2}),
                   TrainingConfig(bf16=False), AlgorithmConfig(kl_coef=kl_coef), RolloutConfig(**rollout),
                   total_optimizer_steps=1, seed=0)
 

@@ -13,7 +13,8 @@ from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutCon
 from accord.envs.registry import register_task
 from accord.envs.synthetic.letters import LettersTask
 from accord.generation import generate
-from accord.policies import Policy, dropout_in_training
+from accord.policies.learner import dropout_in_training
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample, Sampling
 from accord.tracking import read_metrics
 from accord.trainer import Trainer
@@ -27,7 +28,7 @@ def _agents(e=None, o=None):
 
 
 def _policy(**algo):
-    return Policy("p", PolicyConfig(**TINY), TrainingConfig(bf16=False), AlgorithmConfig(**algo),
+    return ModelPolicy("p", PolicyConfig(**TINY), TrainingConfig(bf16=False), AlgorithmConfig(**algo),
                   RolloutConfig(temperature=1.0, max_new_tokens=16), total_optimizer_steps=4, seed=0)
 
 
@@ -117,7 +118,7 @@ def test_agents_with_their_own_sampling_train_together(tiny_cfg, specialization)
 
 def test_tis_auto_is_off_for_one_fp32_computation_and_on_where_they_differ(caplog):
     assert _policy().tis_mode == "off"
-    bf16 = Policy("p", PolicyConfig(**TINY), TrainingConfig(bf16=True), AlgorithmConfig(), RolloutConfig(),
+    bf16 = ModelPolicy("p", PolicyConfig(**TINY), TrainingConfig(bf16=True), AlgorithmConfig(), RolloutConfig(),
                   total_optimizer_steps=1, seed=0)
     assert bf16.tis_mode == "truncate" and "bf16" in bf16.sampler_mismatch()
     assert _policy(tis="mask").tis_mode == "mask" and _policy(tis="off").tis_mode == "off"

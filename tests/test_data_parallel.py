@@ -159,7 +159,7 @@ def test_replicas_with_vllm_generation(tiny_cfg, tmp_path):
 
 def test_one_rank_updates_like_a_plain_policy(tiny_cfg, tmp_path):
     """Same samples, same update: a world-of-one rank (no collectives) equals a plain Policy bit for bit."""
-    from accord.policies import build_policy
+    from accord.policies.model import build_policy
 
     cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, "r", {"main": {**TINY}}))
     plain = build_policy(cfg, "main", 0, 4)
@@ -205,7 +205,7 @@ def test_two_ray_ranks_match_one_rank(ray_session, tiny_cfg, tmp_path):
 
 
 def _local_weights_initial(tiny_cfg, tmp_path) -> dict:
-    from accord.policies import build_policy
+    from accord.policies.model import build_policy
 
     cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, "init", {"main": {**TINY}}))
     return {f"main/{k}": v.detach() for k, v in build_policy(cfg, "main", 0, 4).model.named_parameters()}

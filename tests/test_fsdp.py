@@ -171,7 +171,7 @@ def test_fsdp_resume_is_exact_and_checkpoint_loads_without_fsdp(ray_session, tin
     assert strip(m_full) == strip(read_metrics(tmp_path / "cut"))
     assert all(torch.equal(w_full[k], w_cut[k]) for k in w_full)
 
-    from accord.policies import build_policy
+    from accord.policies.model import build_policy
 
     cfg = config_from_dict(_cfg(tiny_cfg, tmp_path, "plain", {"main": {**TINY}}))
     plain = build_policy(cfg, "main", 0, 6)
@@ -235,7 +235,7 @@ def test_gpu_fsdp_resume_matches_an_uninterrupted_run(ray_session_gpu, tiny_cfg,
     to lr on an element whose gradient nearly cancels, so the check is relative: the two runs' weights differ by
     under 1 % of how far training moved them (a resume that lost the AdamW moments, the schedule or a shard
     moves every element's second step differently)."""
-    from accord.policies import build_policy
+    from accord.policies.model import build_policy
 
     _gpus(2)
 

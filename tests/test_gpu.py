@@ -183,11 +183,11 @@ def _engine_tensor(engine, name: str, rows: int | None = None) -> torch.Tensor:
 
 
 def _vllm_policy(model: str, lr: float, *, model_kwargs=None, utilization=0.3, **rollout):
-    from accord.policies import Policy
+    from accord.policies.model import ModelPolicy
 
     kw = {"max_new_tokens": 24, "temperature": 1.0, "generation_backend": "vllm",
           "vllm_gpu_memory_utilization": utilization, "vllm_kwargs": {"max_model_len": 1024}, **rollout}
-    return Policy("main", PolicyConfig(model=model, model_kwargs=model_kwargs), TrainingConfig(lr=lr, bf16=False),
+    return ModelPolicy("main", PolicyConfig(model=model, model_kwargs=model_kwargs), TrainingConfig(lr=lr, bf16=False),
                   AlgorithmConfig(), RolloutConfig(**kw), 10, seed=0, device=torch.device("cuda:0"))
 
 
@@ -288,7 +288,7 @@ def test_gpu_vllm_lora_adapters_sync_and_sleep():
     """Two LoRA adapters on one engine (fp32, level-1 sleep: the base stays): each adapter's sampled log-probs
     are the learner's; after an update of adapter a the engine serves the updated adapter."""
     pytest.importorskip("vllm")
-    from accord.policies_lora import build_lora_policies
+    from accord.policies.lora import build_lora_policies
 
     cfg = Config(specialization="lora", policies={n: PolicyConfig(model="tiny-qwen2", model_kwargs=VLLM_TINY)
                                                   for n in "ab"},

@@ -16,7 +16,8 @@ from accord.config import (
 )
 from accord.tracking import read_metrics
 from accord.models import load_model_and_tokenizer
-from accord.policies_lora import LoraPolicy, build_lora_policies, generate_by_policy
+from accord.policies.agents import generate_by_policy
+from accord.policies.lora import LoraPolicy, build_lora_policies
 from accord.rollout.sample import Sample
 from accord.trainer import Trainer, train
 

@@ -8,7 +8,7 @@ import torch
 
 from accord.config import ConfigError, config_from_dict
 from accord.tracking import read_metrics
-from accord.policies import enable_gradient_checkpointing, micro_batches
+from accord.policies.learner import enable_gradient_checkpointing, micro_batches
 from accord.rollout.sample import Sample
 from accord.trainer import Trainer, memory_metrics, reset_peak_memory
 
@@ -176,7 +176,7 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_gradients(tiny_cfg):
 
 
 def test_bf16_unit_detection_reads_cpu_flags():
-    from accord.policies import cpu_bf16_units
+    from accord.devices import cpu_bf16_units
 
     assert cpu_bf16_units("processor : 0\nflags : fpu sse avx2 avx512f amx_bf16 amx_tile\n") is True
     assert cpu_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16\n") is True
@@ -185,7 +185,7 @@ def test_bf16_unit_detection_reads_cpu_flags():
 
 
 def test_bf16_auto_follows_the_cpu_and_config_takes_true_false_auto(monkeypatch):
-    import accord.policies as policies
+    import accord.devices as devices
     from accord.config import ConfigError, config_from_dict
 
     assert config_from_dict({}).training.bf16 == "auto"
@@ -194,7 +194,7 @@ def test_bf16_auto_follows_the_cpu_and_config_takes_true_false_auto(monkeypatch)
     with pytest.raises(ConfigError, match="training.bf16='maybe' must be true, false or auto"):
         config_from_dict({"training": {"bf16": "maybe"}})
     for units, expected in ((True, True), (False, False), (None, False)):
-        monkeypatch.setattr(policies, "cpu_bf16_units", lambda units=units: units)
-        assert policies.resolve_bf16("auto") is expected
-        assert policies.resolve_bf16(False) is False
-    assert policies.resolve_bf16(True) is True        # honoured (with a warning where the units are missing)
+        monkeypatch.setattr(devices, "cpu_bf16_units", lambda units=units: units)
+        assert devices.resolve_bf16("auto") is expected
+        assert devices.resolve_bf16(False) is False
+    assert devices.resolve_bf16(True) is True        # honoured (with a warning where the units are missing)

@@ -5,7 +5,7 @@ import pytest
 from accord.config import config_from_dict
 from accord.models import load_model_and_tokenizer
 from accord.plan import GIB, format_plan, make_plan, present_devices
-from accord.policies_lora import build_lora_policies
+from accord.policies.lora import build_lora_policies
 
 
 def _lora(tiny_cfg):

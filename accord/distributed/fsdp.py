@@ -47,7 +47,7 @@ from safetensors.torch import save_model
 from accord.config import Config, ConfigError
 from accord.devices import policy_setting, restore_generator
 from accord.distributed.ranks import DataParallelPolicy, part
-from accord.policies import micro_batches
+from accord.policies.learner import micro_batches
 from accord.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class FsdpPolicy(DataParallelPolicy):
             return init_device_mesh(self.device.type, (self.world,))
         return DeviceMesh.from_group(self.group, self.device.type)
 
-    # --- placement (called by Policy.__init__) -----------------------------------------------------
+    # --- placement (called by ModelPolicy.__init__) -----------------------------------------------------
     def _place_model(self, model):
         self._ref_source = None
         if self.algo.kl_coef > 0:  # the reference: the initial weights, sharded separately
@@ -176,6 +176,10 @@ class FsdpPolicy(DataParallelPolicy):
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
         with gathered(self.model, self.ref_model):
             return super().kl_rewards(samples)
+
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        with gathered(self.model):
+            return super().logprobs(samples)
 
     # --- update hooks ------------------------------------------------------------------------------
     def _can_share_prompts(self, model) -> bool:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from accord.devices import make_generator
 from accord.generation import Generation
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 from accord.seeding import row_stream_seed
 
@@ -34,13 +34,13 @@ def part(n: int, rank: int, world: int) -> slice:
     return slice(start, start + q + (rank < r))
 
 
-class DataParallelPolicy(Policy):
+class DataParallelPolicy(ModelPolicy):
     """One rank of a data-parallel policy (see the module docstring). ``group``: the process group of the
     policy's ranks for tensors (None: the default group); ``object_group``: a gloo group of the same ranks
     for Python objects. With ``world == 1`` no collective runs."""
 
     def __init__(self, *args: Any, rank: int, world: int, group=None, object_group=None, **kwargs: Any):
-        # set first: FsdpPolicy shards the model on the group while Policy.__init__ places it
+        # set first: FsdpPolicy shards the model on the group while ModelPolicy.__init__ places it
         self.rank, self.world, self.group, self.object_group = rank, world, group, object_group
         super().__init__(*args, **kwargs)
 
@@ -75,7 +75,11 @@ class DataParallelPolicy(Policy):
         mine = samples[part(len(samples), self.rank, self.world)]
         return self._gather(super().kl_rewards(mine) if mine else [])
 
-    # --- update hooks (see Policy.update) ------------------------------------------------------
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        mine = samples[part(len(samples), self.rank, self.world)]
+        return self._gather(super().logprobs(mine) if mine else [])
+
+    # --- update hooks (see ModelPolicy.update) ------------------------------------------------------
     def _local_samples(self, mini_batch: list[Sample]) -> list[Sample]:
         return mini_batch[part(len(mini_batch), self.rank, self.world)]
 

@@ -2,7 +2,7 @@
 
 Layout. The trainer (the Ray *driver*) keeps the task, the rollout logic, advantages, logging and the
 run directory. Every policy becomes a :class:`PolicyWorker` actor that builds the policy exactly as the
-local backend does (:func:`accord.policies.build_policy`, same seed) and runs its ``generate``,
+local backend does (:func:`accord.policies.model.build_policy`, same seed) and runs its ``generate``,
 ``update``, ``seed_stream``, ``save``, ``load`` and ``export``. The driver holds a
 :class:`RemotePolicy` per actor: the same interface as :class:`~accord.policies.Policy`, with the
 tokenizer fetched once from the actor so that ``encode_chat`` and ``decode`` run in the driver (token
@@ -57,7 +57,7 @@ import torch
 
 from accord.config import Config, ConfigError, RayConfig
 from accord.devices import check_ray_devices
-from accord.policies import Policy
+from accord.policies.model import ModelPolicy
 from accord.seeding import policy_seed, setup_process
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class PolicyWorker:
 
     def __init__(self, threads: int):
         setup_process(None, threads)
-        self.policy: Policy | None = None
+        self.policy: ModelPolicy | None = None
 
     def ready(self) -> dict:
         import ray
@@ -157,7 +157,7 @@ class PolicyWorker:
 
         from accord.devices import actor_device, policy_setting
         from accord.envs.registry import import_modules
-        from accord.policies import build_policy
+        from accord.policies.model import build_policy
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
@@ -216,16 +216,17 @@ class PolicyWorker:
 
 
 class RemotePolicy:
-    """Driver-side stand-in for a :class:`~accord.policies.Policy` that lives in a Ray actor."""
+    """Driver-side stand-in for a :class:`~accord.policies.Policy` that lives in a Ray actor (implements that interface)."""
 
-    # prompt handling runs here, with the tokenizer fetched from the actor: the same code as Policy's
-    encode_chat = Policy.encode_chat
-    decode = Policy.decode
+    # prompt handling runs here, with the tokenizer fetched from the actor: the same code as ModelPolicy's
+    encode_chat = ModelPolicy.encode_chat
+    decode = ModelPolicy.decode
 
     def __init__(self, name: str, actor: Any, cfg: Config, info: dict):
         self.name, self.actor = name, actor
         self.cfg, self.training, self.algo, self.rollout = cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout
         self.tokenizer, self.context_len = info["tokenizer"], info["context_len"]
+        self.device = torch.device(info["device"])   # in the actor's process
         self.info = info
 
     def __repr__(self) -> str:
@@ -256,6 +257,12 @@ class RemotePolicy:
 
     def kl_rewards(self, samples: list) -> list[tuple[float, int]]:
         return self.kl_rewards_async(samples).result()
+
+    def logprobs_async(self, samples: list) -> RayFuture:
+        return self._send("logprobs", samples)
+
+    def logprobs(self, samples: list) -> list[list[float]]:
+        return self.logprobs_async(samples).result()
 
     def run_async(self, fn, *args: Any, **kwargs: Any) -> RayFuture:
         return self._send("run", fn, *args, **kwargs)

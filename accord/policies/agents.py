@@ -1,4 +1,4 @@
-"""Generation for agents: the ``generate`` function that rollouts receive.
+"""Generation for agents: the ``generate`` function that rollouts receive, over a run's policies.
 
 :class:`AgentGenerator` maps each (agent, chat) request to the policy acting for that agent and makes
 one generate call per policy for all of them (one call for all adapters of a LoRA base with
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from accord.policies_lora import generate_by_policy
+from accord.generation import Generation
+from accord.policies.lora import LoraGroup
+from accord.policies.protocol import Policy
 from accord.rollout.sample import Completion, Sampling
 
 
@@ -21,7 +23,7 @@ class AgentGenerator:
     """``generate(requests, n, greedy, temperature=None, stream=None)`` over a run's policies; ``sampling``:
     each agent's settings (:func:`accord.rollout.sample.agent_sampling`; None: the rollout config's)."""
 
-    def __init__(self, policies: dict, agent_policy: dict[str, str], sampling: dict[str, Sampling] | None = None):
+    def __init__(self, policies: dict[str, Policy], agent_policy: dict[str, str], sampling: dict[str, Sampling] | None = None):
         self.policies, self.agent_policy = policies, agent_policy
         self.sampling = sampling
         self.tokens = 0   # generated tokens since the last reset (the trainer resets it every step)
@@ -60,3 +62,29 @@ class AgentGenerator:
             return [None] * len(requests)
         rows = [self.sampling[a] for a, _ in requests]
         return rows if temperature is None else [replace(s, temperature=temperature) for s in rows]
+
+
+def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
+                       stream: str | None = None, sampling: dict[str, list] | None = None
+                       ) -> dict[str, list[Generation]]:
+    """Completions of each policy's prompts: one call per plain policy, and one mixed-adapter call
+    for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
+    mixes adapters in the rollout (``mixed_generation``: hf; vLLM serves each adapter through the policy's
+    own ``generate`` and batches the requests itself). ``sampling``: per policy, each prompt's settings
+    (:class:`accord.rollout.sample.Sampling`; None: the rollout config's at ``temperature``)."""
+    out: dict[str, list[Generation]] = {}
+    groups: dict[int, dict[str, list[list[int]]]] = {}
+    sampling = sampling or {}
+    for pname, ps in prompts.items():
+        pol = policies[pname]
+        group = getattr(pol, "group", None)
+        if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.backend.mixed_generation:
+            groups.setdefault(id(group), {})[pname] = ps
+        else:
+            extra = {"sampling": sampling[pname]} if pname in sampling else {}
+            out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
+    for jobs in groups.values():
+        group = policies[next(iter(jobs))].group
+        rows = {p: sampling[p] for p in jobs} if all(p in sampling for p in jobs) else None
+        out.update(group.generate_mixed(jobs, greedy=greedy, temperature=temperature, stream=stream, sampling=rows))
+    return {p: out[p] for p in prompts}

@@ -1,4 +1,6 @@
-"""A policy: model + tokenizer + optimizer + LR schedule, its log-probs, update and state.
+"""A whole model as a policy (:class:`ModelPolicy`): model + tokenizer + optimizer + LR schedule, its log-probs,
+update and state. It implements :class:`accord.policies.protocol.Policy`; LoRA adapters
+(:mod:`accord.policies.lora`) and data-parallel ranks (:mod:`accord.distributed.ranks`) subclass it.
 
 Weights are fp32 (master weights); ``training.bf16`` runs forward/backward under bf16 autocast.
 The KL reference, when ``algorithm.kl_coef > 0``, is a frozen copy of the initial weights; the KL uses
@@ -7,14 +9,14 @@ its and the policy's untruncated distributions at the sampling temperature (no t
 Each sample's log-probs are recomputed with its own sampling settings (``Sample.sampling``: its agent's
 temperature, top-k and top-p), so agents with different settings can share a policy and a batch.
 
-Old log-probs and the sampler/learner correction (``algorithm.tis``, :meth:`Policy.update`). The ratio of
+Old log-probs and the sampler/learner correction (``algorithm.tis``, :meth:`ModelPolicy.update`). The ratio of
 the loss is taken to the *learner's* log-probs before the update: with one epoch and one mini-batch those
 are the current log-probs (detached; no extra forward), otherwise, where the sampler may differ from the
 learner, one no-grad forward over the batch before the first optimizer step computes them. With the
 correction on, each token's policy-gradient term is weighted by ``r = pi_learner / pi_sampler`` (the
 learner's old log-prob over the stored sampling one) truncated at ``algorithm.tis_cap`` (or set to 0
 beyond it: ``mask``); ``auto`` turns it on exactly where the two computations differ
-(:meth:`Policy.sampler_mismatch`).
+(:meth:`ModelPolicy.sampler_mismatch`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import contextlib
 import copy
 import inspect
 import logging
-import math
 from pathlib import Path
 
 import torch
@@ -33,13 +34,16 @@ from transformers import DynamicCache
 from accord import metric_names as mn
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
                                       policy_loss, process_logits, tis_weights)
-from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
-from accord.devices import cuda_bf16, make_generator, restore_generator
+from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
+from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
+                                    micro_batches, right_aligned)
+from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
 
@@ -49,157 +53,16 @@ logger = logging.getLogger(__name__)
 _EVERY_EPOCH = (mn.ENTROPY, mn.LOGP_DIFF, mn.TIS_WEIGHT, mn.TIS_CAPPED, mn.MISMATCH_KL)
 
 
-class TrainingError(RuntimeError):
-    """The update cannot go on (non-finite loss or gradient); the message names step and policy."""
-
-
-class PromptTooLongError(ValueError):
-    """A prompt does not fit the configured or model context."""
-
-
-def lr_lambda(warmup: int, total: int, schedule: str):
-    """Multiplier of the base LR at optimizer step ``s``: linear warm-up, then constant/linear/cosine."""
-
-    def f(s: int) -> float:
-        if warmup and s < warmup:
-            return (s + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (s - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
-
-def make_adamw(params: list[torch.nn.Parameter], lr: float, training: TrainingConfig) -> torch.optim.AdamW:
-    """AdamW over the fp32 master weights: torch's fused kernel where it covers the parameters' device
-    (CPU from torch 2.4), else the foreach one (slower; docs/performance.md, *Measured numbers*)."""
-    kwargs = dict(lr=lr, betas=training.betas, weight_decay=training.weight_decay, eps=training.eps)
-    try:
-        return torch.optim.AdamW(params, fused=True, **kwargs)
-    except RuntimeError as err:  # torch < 2.4 on CPU, or a device without the fused kernel
-        logger.debug("fused AdamW unavailable (%s); using foreach", err)
-        return torch.optim.AdamW(params, foreach=True, **kwargs)
-
-
-def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
-    """Split a mini-batch (in order) into micro-batches of ``size`` sequences, or, with ``max_tokens``,
-    into runs whose padded size (sequences x longest prompt+completion) stays within ``max_tokens``;
-    a sequence longer than the budget runs alone. The loss does not depend on the split: it is
-    normalised by the whole mini-batch's token and sequence counts."""
-    if max_tokens is None:
-        return [samples[i:i + size] for i in range(0, len(samples), size)]
-    out: list[list[Sample]] = []
-    cur: list[Sample] = []
-    width = 0
-    for s in samples:
-        n = len(s.prompt_ids) + len(s.completion_ids)
-        if cur and (len(cur) + 1) * max(width, n) > max_tokens:
-            out.append(cur)
-            cur, width = [], 0
-        cur.append(s)
-        width = max(width, n)
-    if cur:
-        out.append(cur)
-    return out
-
-
-def dropout_in_training(model) -> bool:
-    """Whether the model's forward in training mode drops activations (an ``nn.Dropout`` with p > 0, e.g. LoRA's,
-    or an attention dropout in its config): the learner's log-probs then differ from the sampler's."""
-    config = getattr(model, "config", None)
-    if config is not None and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
-        return True
-    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
-
-
-def right_aligned(rows: list, width: int, device=None) -> torch.Tensor:
-    """(len(rows), width) float tensor with each row's values at its right end (zeros before them)."""
-    out = torch.zeros((len(rows), width))
-    for i, values in enumerate(rows):
-        if len(values):
-            out[i, width - len(values):] = torch.as_tensor(values, dtype=out.dtype)
-    return out if device is None else out.to(device)
-
-
-def enable_gradient_checkpointing(model) -> None:
-    """HF gradient checkpointing, non-reentrant: correct when the inputs need no grad (frozen
-    embeddings under LoRA), and active only in training mode (generation is unaffected)."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"training.gradient_checkpointing=true: {type(model).__name__} does not support gradient "
-                         "checkpointing; set it to false")
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU has bf16 matrix instructions (AMX or AVX512-BF16 on x86, BF16 on Arm), from
-    torch's dispatch level or the flags of ``/proc/cpuinfo`` (``cpuinfo``: its text, for tests); None
-    when it cannot be told (no /proc)."""
-    if cpuinfo is None:
-        if torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX"):
-            return True
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    flags = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags.update(value.split())
-    return bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
-
-
-def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> bool:
-    """``training.bf16`` as a decision for the policy's ``device`` (default the CPU): 'auto' is on exactly
-    where the device has bf16 (CUDA compute capability >= 8, or CPU bf16 matrix units); true on a device
-    without it is honoured with a warning."""
-    if device is not None and device.type == "cuda":
-        has = cuda_bf16(device)
-        if setting == "auto":
-            logger.info("training.bf16=auto: %s on %s (compute capability %s)", "bf16 autocast for updates" if has
-                        else "fp32 updates", device, ".".join(map(str, torch.cuda.get_device_capability(device))))
-            return has
-        if setting and not has:
-            logger.warning("training.bf16=true on %s (compute capability %s < 8): bf16 is emulated there and slow; "
-                           "set training.bf16=auto", device, torch.cuda.get_device_capability(device))
-        return bool(setting)
-    if setting == "auto":
-        use = cpu_bf16_units() is True
-        logger.info("training.bf16=auto: %s (torch CPU capability %s)", "bf16 autocast for updates" if use else
-                    "fp32 updates, no bf16 matrix units found", torch.backends.cpu.get_cpu_capability())
-        return use
-    if setting:
-        warn_if_no_bf16_units()
-    return bool(setting)
-
-
-def warn_if_no_bf16_units() -> None:
-    """training.bf16 on a CPU without bf16 matrix units: matmuls fall back to slow emulation."""
-    if cpu_bf16_units() is False:
-        logger.warning(
-            "training.bf16=true on a CPU without bf16 matrix units (no amx_bf16, avx512_bf16 or bf16 flag; torch "
-            "reports %s): bf16 matmuls run 10-100x slower than fp32 here; set training.bf16=false",
-            torch.backends.cpu.get_cpu_capability())
-
-
-class Policy:
-    """One trainable model used by one or more agents."""
+class ModelPolicy:
+    """One trainable model used by one or more agents (full fine-tuning)."""
 
     def __init__(self, name: str, cfg: PolicyConfig, training: TrainingConfig, algo: AlgorithmConfig,
                  rollout: RolloutConfig, total_optimizer_steps: int, seed: int, device: torch.device | None = None):
-        self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
+        self._settings(name, cfg, training, algo, rollout)
         self.device = torch.device("cpu") if device is None else torch.device(device)
         # loaded (and a tiny model initialised) on the CPU, then moved: the same weights on every device
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
         self.model = self._place_model(self.model)
-        self.generator = make_generator(self.device, sampling_stream_seed(seed))
-        self._streams: dict[str, torch.Generator] = {}
         self.backend = make_backend(rollout)   # rollout.generation_backend; see accord.generation.backends
         self._adapter: str | None = None       # the LoRA adapter a backend selects (LoraPolicy: its name)
         if training.gradient_checkpointing:
@@ -208,13 +71,24 @@ class Policy:
         self.ref_model = None
         if algo.kl_coef > 0:
             self.ref_model = self._reference_model()
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_adamw(self.params, cfg.lr or training.lr, training)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
+        self._start_learner([p for p in self.model.parameters() if p.requires_grad], total_optimizer_steps, seed)
         self.bf16 = resolve_bf16(training.bf16, self.device)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.context_len = getattr(self.model.config, "max_position_embeddings", None)
+
+    def _settings(self, name: str, cfg: PolicyConfig, training: TrainingConfig, algo: AlgorithmConfig,
+                  rollout: RolloutConfig) -> None:
+        self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
+
+    def _start_learner(self, params: list[torch.nn.Parameter], total_optimizer_steps: int, seed: int) -> None:
+        """The policy's own sampling stream, and an AdamW with its LR schedule over ``params`` (what this policy
+        trains: the whole model, or one adapter)."""
+        self.generator = make_generator(self.device, sampling_stream_seed(seed))
+        self._streams: dict[str, torch.Generator] = {}
+        self.params = params
+        self.optimizer = make_adamw(self.params, self.cfg.lr or self.training.lr, self.training)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(
+            self.training.warmup_steps, total_optimizer_steps, self.training.schedule))
 
     # --- prompts -------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, str]], max_new_tokens: int | None = None) -> list[int]:
@@ -401,6 +275,17 @@ class Policy:
         the sampling temperature: truncated like the sampler, the reference would give -inf to every
         token the moved policy samples outside the reference's own top-k / top-p set."""
         return self._forward_completion(self.ref_model, batch, want_entropy=False, untruncated=True)[0]
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Each sample's completion-token log-probs under the current weights, with its own sampling settings
+        (the computation the update's ratio uses; eval mode is not set, so active dropout applies as in the update)."""
+        out: list[list[float]] = []
+        for micro in micro_batches(samples, self.training.micro_batch_size, self.training.micro_batch_tokens):
+            logp, _, mask = self._forward_completion(self.model, micro, want_entropy=False)
+            c = mask.size(1)
+            out.extend(logp[i, c - len(s.completion_ids):].float().tolist() for i, s in enumerate(micro))
+        return out
 
     @torch.no_grad()
     def kl_rewards(self, samples: list[Sample]) -> list[tuple[float, int]]:
@@ -639,10 +524,10 @@ class Policy:
         self.tokenizer.save_pretrained(directory)
 
 
-def build_policy(cfg, name: str, index: int, total_optimizer_steps: int, device=None) -> Policy:
+def build_policy(cfg, name: str, index: int, total_optimizer_steps: int, device=None) -> ModelPolicy:
     """Policy ``name`` of a config; ``index`` is its position among the sorted policy names (its seed:
     :func:`accord.seeding.policy_seed`); ``device`` where its model lives (default the CPU; see
     :mod:`accord.devices`). The Ray backend calls this inside each policy's actor, so both backends build the
     same."""
-    return Policy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
+    return ModelPolicy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
                   seed=policy_seed(cfg.run.seed, index), device=device)

@@ -8,9 +8,8 @@ saved in checkpoints (a checkpoint records the base's spec and refuses another o
 
 Classes. :class:`LoraGroup` owns the PEFT model, the tokenizer and the random stream of mixed
 generation calls. :class:`LoraPolicy` presents one adapter with the interface the trainer uses for a
-:class:`~accord.policies.Policy` (``encode_chat``, ``decode``, ``generate``, ``update``, ``save``,
-``load``, ``export``, ``seed_stream``, ``name``, ``tokenizer``, ``model``); it reuses ``Policy``'s
-update loop with three differences:
+:class:`~accord.policies.protocol.Policy` as a subclass of :class:`~accord.policies.model.ModelPolicy`, sharing
+its set-up of the optimizer, schedule and random streams and its update loop, with three differences:
 
 - the adapter is made active before its forward/backward; only its own parameters are in its
   optimizer (one AdamW and LR schedule per adapter, exactly as separate policies would have);
@@ -20,14 +19,14 @@ update loop with three differences:
   ``export`` writes the PEFT format (``save_pretrained`` of the one adapter plus the tokenizer),
   loadable with ``PeftModel.from_pretrained(base_model, directory)``.
 
-Generation. :func:`generate_by_policy` (what the trainer calls) issues ONE generate call for all
+Generation. :func:`accord.policies.agents.generate_by_policy` (what the trainer calls) issues ONE generate call for all
 adapters of a group when ``lora.mixed_generation`` is on: PEFT's per-row ``adapter_names`` forward
 argument (passed as :func:`accord.generation.generate`'s ``row_args``) routes each row of the batch
 through its own adapter (PEFT allows this only in eval mode, which accord's generation sets). The
 call draws from the group's random stream. With ``mixed_generation: false`` each adapter generates
 its own prompts in its own call, from its own stream. The two paths give identical tokens row for
 row whenever the random numbers line up (greedy decoding, or the same stream over the same batch
-shape); ``tests/test_lora.py`` checks both.
+shape); the LoRA tests check both.
 
 ``bench/lora_generation.py MODEL [THREADS]`` times the two modes and the bare base; ``bench/README.md``
 has its results. Where accord's direct decoding step applies (:mod:`accord.generation.fast_decode`: plain
@@ -56,12 +55,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
-from accord.devices import make_generator, restore_generator
+from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
-from accord.policies import Policy, enable_gradient_checkpointing, lr_lambda, make_adamw, resolve_bf16
-from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, sampling_stream_seed, seeded_torch
+from accord.policies.learner import enable_gradient_checkpointing
+from accord.policies.model import ModelPolicy
+from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, seeded_torch
 
 logger = logging.getLogger(__name__)
 
@@ -194,23 +194,18 @@ class LoraGroup:
                                            temperature=temperature, generator=gen, sampling=sampling)
 
 
-class LoraPolicy(Policy):
+class LoraPolicy(ModelPolicy):
     """One adapter of a :class:`LoraGroup`, with its own optimizer, schedule and random streams."""
 
     def __init__(self, name: str, group: LoraGroup, cfg: PolicyConfig, training, algo, rollout,
                  total_optimizer_steps: int, seed: int):
-        self.name, self.cfg, self.training, self.algo, self.rollout = name, cfg, training, algo, rollout
+        self._settings(name, cfg, training, algo, rollout)
         self.group, self.bf16, self.device = group, group.bf16, group.device
         self.model, self.tokenizer = group.model, group.tokenizer
-        self.generator = make_generator(self.device, sampling_stream_seed(seed))
-        self._streams: dict[str, torch.Generator] = {}
         self.backend, self._adapter = group.backend, name
         self.ref_model = None  # the reference is the base with adapters disabled
         self.named_params = group.adapter_parameters(name)
-        self.params = list(self.named_params.values())
-        self.optimizer = make_adamw(self.params, cfg.lr or training.lr, training)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(training.warmup_steps, total_optimizer_steps, training.schedule))
+        self._start_learner(list(self.named_params.values()), total_optimizer_steps, seed)
         self._keep_arg = group.keep_arg
         self.context_len = group.context_len
 
@@ -246,6 +241,10 @@ class LoraPolicy(Policy):
     def kl_rewards(self, samples) -> list[tuple[float, int]]:
         self.group.activate(self.name)
         return super().kl_rewards(samples)
+
+    def logprobs(self, samples) -> list[list[float]]:
+        self.group.activate(self.name)
+        return super().logprobs(samples)
 
     # --- state -----------------------------------------------------------------------------------
     def _base_record(self) -> dict:
@@ -309,29 +308,3 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                              total_optimizer_steps, policy_seed(seed, i))
             for i, name in enumerate(names)}
-
-
-def generate_by_policy(policies: dict, prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
-                       stream: str | None = None, sampling: dict[str, list] | None = None
-                       ) -> dict[str, list[Generation]]:
-    """Completions of each policy's prompts: one call per plain policy, and one mixed-adapter call
-    for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
-    mixes adapters in the rollout (``mixed_generation``: hf; vLLM serves each adapter through the policy's
-    own ``generate`` and batches the requests itself). ``sampling``: per policy, each prompt's settings
-    (:class:`accord.rollout.sample.Sampling`; None: the rollout config's at ``temperature``)."""
-    out: dict[str, list[Generation]] = {}
-    groups: dict[int, dict[str, list[list[int]]]] = {}
-    sampling = sampling or {}
-    for pname, ps in prompts.items():
-        pol = policies[pname]
-        group = getattr(pol, "group", None)
-        if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.backend.mixed_generation:
-            groups.setdefault(id(group), {})[pname] = ps
-        else:
-            extra = {"sampling": sampling[pname]} if pname in sampling else {}
-            out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
-    for jobs in groups.values():
-        group = policies[next(iter(jobs))].group
-        rows = {p: sampling[p] for p in jobs} if all(p in sampling for p in jobs) else None
-        out.update(group.generate_mixed(jobs, greedy=greedy, temperature=temperature, stream=stream, sampling=rows))
-    return {p: out[p] for p in prompts}

@@ -1,0 +1,95 @@
+"""What every learner of the package shares: the AdamW over fp32 master weights, the LR schedule, the split of a
+mini-batch into micro-batches, and the model switches an update needs (gradient checkpointing, whether dropout is
+active). :class:`accord.policies.model.ModelPolicy`, :class:`accord.policies.lora.LoraPolicy` and the value heads of
+:mod:`accord.critics` use them, so an optimizer or schedule setting means the same thing everywhere."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from accord.config import ConfigError, TrainingConfig
+from accord.rollout.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def lr_lambda(warmup: int, total: int, schedule: str):
+    """Multiplier of the base LR at optimizer step ``s``: linear warm-up, then constant/linear/cosine."""
+
+    def f(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def make_adamw(params: list[torch.nn.Parameter], lr: float, training: TrainingConfig) -> torch.optim.AdamW:
+    """AdamW over the fp32 master weights: torch's fused kernel where it covers the parameters' device
+    (CPU from torch 2.4), else the foreach one (slower; docs/performance.md, *Measured numbers*)."""
+    kwargs = dict(lr=lr, betas=training.betas, weight_decay=training.weight_decay, eps=training.eps)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except RuntimeError as err:  # torch < 2.4 on CPU, or a device without the fused kernel
+        logger.debug("fused AdamW unavailable (%s); using foreach", err)
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
+
+
+def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
+    """Split a mini-batch (in order) into micro-batches of ``size`` sequences, or, with ``max_tokens``,
+    into runs whose padded size (sequences x longest prompt+completion) stays within ``max_tokens``;
+    a sequence longer than the budget runs alone. The loss does not depend on the split: it is
+    normalised by the whole mini-batch's token and sequence counts."""
+    if max_tokens is None:
+        return [samples[i:i + size] for i in range(0, len(samples), size)]
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    width = 0
+    for s in samples:
+        n = len(s.prompt_ids) + len(s.completion_ids)
+        if cur and (len(cur) + 1) * max(width, n) > max_tokens:
+            out.append(cur)
+            cur, width = [], 0
+        cur.append(s)
+        width = max(width, n)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def dropout_in_training(model) -> bool:
+    """Whether the model's forward in training mode drops activations (an ``nn.Dropout`` with p > 0, e.g. LoRA's,
+    or an attention dropout in its config): the learner's log-probs then differ from the sampler's."""
+    config = getattr(model, "config", None)
+    if config is not None and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def right_aligned(rows: list, width: int, device=None) -> torch.Tensor:
+    """(len(rows), width) float tensor with each row's values at its right end (zeros before them)."""
+    out = torch.zeros((len(rows), width))
+    for i, values in enumerate(rows):
+        if len(values):
+            out[i, width - len(values):] = torch.as_tensor(values, dtype=out.dtype)
+    return out if device is None else out.to(device)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """HF gradient checkpointing, non-reentrant: correct when the inputs need no grad (frozen
+    embeddings under LoRA), and active only in training mode (generation is unaffected)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"training.gradient_checkpointing=true: {type(model).__name__} does not support gradient "
+                         "checkpointing; set it to false")
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 (the old name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
