@@ -3,11 +3,11 @@
 :func:`build_run` does everything a run needs before its first step, in this order: import the modules
 under ``imports:`` and check ``logging.report_to`` against the sink registry, claim the run directory
 (fail fast, before any model loads), seed, build the environment (:func:`build_env`), check
-the config against it (:func:`check_run`, the one place for rules across config sections and the
-environment; rules within one section are checked when the config is built, see :mod:`accord.config`),
-split the data, build the rollout (which checks its own settings, see :mod:`accord.rollout.base`), the
-policies (locally, as LoRA adapters of one base, or in Ray actors) and the generator, then resume.
-The :class:`~accord.trainer.Trainer` runs the loop over these parts; ``accord eval`` evaluates them
+the config against it (:func:`check_run`, the one place for the rules that need the environment; the
+rules of the config alone are checked when it is built; the tiers and where each rule lives:
+:mod:`accord.config.rules`), split the data, build the rollout (which checks the environment's kind, see
+:mod:`accord.rollout.base`), the policies (locally, as LoRA adapters of one base, or in Ray actors) and the
+generator, then resume. The :class:`~accord.trainer.Trainer` runs the loop over these parts; ``accord eval`` evaluates them
 (:mod:`accord.evaluate`).
 """
 
@@ -28,6 +28,7 @@ from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, prune_checkpoints,
                                resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
+from accord.config.rules import EnvInfo, check_rollout
 from accord.config_rules import warn_ignored
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
@@ -43,7 +44,7 @@ from accord.policies.model import build_policy
 from accord.rollout.base import Rollout, make_rollout, rollout_name
 from accord.rollout.sample import agent_sampling
 from accord.seeding import setup_process
-from accord.trainer_steps import build_parts, check_run as check_steps
+from accord.trainer_steps import build_parts, check_files
 
 logger = logging.getLogger(__name__)
 
@@ -190,16 +191,26 @@ def build_task(cfg: Config):
     return env.task if isinstance(env, SingleTurnEnv) else env
 
 
+def env_info(env) -> EnvInfo:
+    """What the config's rollout rules read of ``env`` (:class:`accord.config.rules.EnvInfo`)."""
+    return EnvInfo(name=str(getattr(env, "name", type(env).__name__)), agents=tuple(env.agents),
+                   single_turn=isinstance(env, SingleTurnEnv), max_turns=int(getattr(env, "max_turns", 0) or 0),
+                   simultaneous=bool(getattr(env, "simultaneous", False)))
+
+
 def check_run(cfg: Config, env) -> dict[str, int]:
-    """Rules across config sections and the environment (the rollout's own come with it): registered
-    estimators, the agents against the environment's roles, the advantage settings; then a warning for each
-    setting the run does not read (:mod:`accord.config_rules`). Returns the number of agents per policy."""
-    check_registered(cfg)   # (build_env checked it too; check_run holds every cross-section rule)
-    cfg.resolve_agents(tuple(env.agents))
+    """Every rule of a run that needs the environment but no model, in one place (``accord train``, ``accord
+    eval``, ``accord plan``, ``accord compare``'s preflight and the Python API come through here): the
+    registered names, the rollout tier (:func:`accord.config.rules.check_rollout`: the agents against the
+    environment's, sizes, the rollout's rules), the advantage settings, marlhf's files; then a warning for
+    each setting the run does not read (:mod:`accord.config_rules`). Returns the number of agents per policy.
+    The tiers and where each rule lives: :mod:`accord.config.rules`."""
+    check_registered(cfg)   # (build_env checked it too; check_run holds every rule a run is checked with)
+    check_rollout(cfg, env_info(env))
     for name in {cfg.algorithm.advantage, *(a.advantage for a in cfg.agents if a.advantage)}:
         check_advantage_config(name, cfg.algorithm.normalize_std)
     note_dapo_recipe(cfg)
-    check_steps(cfg, env)   # iac, maac, madpo, marlhf
+    check_files(cfg)   # marlhf's preferences and reward model
     warn_ignored(cfg, single_turn=isinstance(env, SingleTurnEnv))
     per_policy: dict[str, int] = defaultdict(int)
     for a in cfg.agents:

@@ -40,7 +40,7 @@ _USER_ERRORS = {
     "accord.envs.registry": ("TaskError",),
     "accord.envs.external.base": ("ReplayError", "TextObservationError"),
     "accord.envs.check": ("EnvCheckError",),
-    "accord.rollout.multiturn": ("TreeTooLargeError",),
+    "accord.config.rules": ("TreeTooLargeError",),
     "accord.models.common": ("ModelNotFoundError",),
     "accord.policies": ("PromptTooLongError",),
     "accord.tracking.jsonl": ("MetricsFileError",),

@@ -10,7 +10,8 @@ on a CPU and the other way round.
 
 Under ``run.backend: ray`` a policy's device is resolved inside its actor (:func:`actor_device`): Ray
 sets the actor's ``CUDA_VISIBLE_DEVICES`` to the GPUs it reserved, so the first of them is ``cuda:0``
-there; the driver only checks that a policy asking for CUDA reserves a GPU (:func:`check_ray_devices`).
+there; the driver only checks that a policy asking for CUDA reserves a GPU
+(:func:`accord.config.rules.check_ray_devices`).
 
 Random streams. A CPU generator's state (Mersenne Twister) and a CUDA generator's (Philox seed and
 offset) cannot be converted into each other. A stream saved on one device type and loaded on the
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from accord.config import ConfigError, check_device_setting
+from accord.config.rules import check_ray_devices, policy_setting  # noqa: F401  (the config's device rules)
 from accord.seeding import restored_stream_seed
 
 logger = logging.getLogger(__name__)
@@ -53,12 +55,6 @@ def resolve_device(setting: str, key: str, *, cuda_count: int | None = None) -> 
         raise ConfigError(f"{key}={setting}, but this process sees {cuda_count} GPU(s) (available: {have}); set "
                           f"{key} to one of them (check CUDA_VISIBLE_DEVICES)")
     return torch.device(f"cuda:{index}")
-
-
-def policy_setting(cfg, name: str) -> tuple[str, str]:
-    """(setting, the config key it came from) of policy ``name``: its own ``device`` or ``run.device``."""
-    own = cfg.policies[name].device
-    return (own, f"policies.{name}.device") if own is not None else (cfg.run.device, "run.device")
 
 
 def policy_devices(cfg, names: list[str], *, cuda_count: int | None = None) -> dict[str, torch.device]:
@@ -108,21 +104,6 @@ def check_vllm_devices(cfg, devices: dict[str, torch.device]) -> None:
     if r.vllm_sleep in (1, 2) and not cuda:
         raise ConfigError(f"rollout.vllm_sleep={r.vllm_sleep} needs a CUDA engine, but every policy is on the CPU "
                           "(vLLM's CPU backend has no sleep mode); set rollout.vllm_sleep=auto or off")
-
-
-def check_ray_devices(cfg, requests: dict[str, tuple[float, float]]) -> None:
-    """run.backend=ray: a policy that asks for CUDA must reserve a GPU for its actor (checked on the driver,
-    which may have no GPU itself); ``requests`` are (CPUs, GPUs) per policy."""
-    for n, (_, gpus) in requests.items():
-        setting, key = policy_setting(cfg, n)
-        check_device_setting(key, setting)
-        if setting.startswith("cuda") and gpus <= 0:
-            raise ConfigError(f"{key}={setting}, but the Ray actor of policy {n!r} reserves no GPU; set "
-                              f"policies.{n}.num_gpus=1 (or ray.num_gpus_per_policy=1), or {key}=auto")
-        index = int(setting.partition(":")[2] or 0) if setting.startswith("cuda") else 0
-        if index and index >= max(1, int(gpus)):
-            raise ConfigError(f"{key}={setting}: inside its Ray actor policy {n!r} sees only the {max(1, int(gpus))} "
-                              f"GPU(s) it reserves, numbered from cuda:0; set {key}=cuda (or auto)")
 
 
 def actor_device(setting: str, key: str, gpu_ids: list) -> torch.device:

@@ -52,7 +52,6 @@ from pathlib import Path
 import torch
 
 from accord.config import Config, ConfigError
-from accord.config_rules import warn_ignored
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +220,7 @@ class PolicyPlan:
 
 def _step_shape(cfg: Config, agents_of: dict[str, list[str]], multi_turn: bool, turns: int, simultaneous: bool):
     """(samples per step per policy, rows of the largest generate call per policy, generations per step)."""
-    from accord.rollout.multiturn import tree_generations
+    from accord.config.rules import tree_generations
 
     b, k, algo = cfg.rollout.batch_size, cfg.algorithm.num_generations, cfg.algorithm
     n_agents = sum(len(a) for a in agents_of.values())
@@ -381,14 +380,15 @@ def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None)
 
 def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
     """The plan of a config as plain data (what :func:`format_plan` prints)."""
+    from accord.build import build_env, check_run
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
-    from accord.build import build_task
+    from accord.envs.single_turn import SingleTurnEnv
 
-    task = build_task(cfg)
+    env = build_env(cfg)
+    check_run(cfg, env)   # the rules a run is built with (as accord train), and the settings it would not read
+    task = env.task if isinstance(env, SingleTurnEnv) else env   # the task in the form it was written in
     multi = is_env(task)
-    cfg.resolve_agents(tuple(task.agents))
-    warn_ignored(cfg, single_turn=not multi)
     turns = (cfg.rollout.max_turns or task.max_turns) if multi else 1
     agents_of: dict[str, list[str]] = {}
     for a in cfg.agents:

@@ -19,7 +19,7 @@ completions table and the per-agent metrics the trainer logs for every algorithm
 
 The state these add to a run (critics, the pair buffer, the reward model) is built by :func:`build_parts`
 before a resume, and each part is saved in and loaded from every checkpoint (``extras/<part>``): resume is
-exact. :func:`check_run` holds the rules that need the environment.
+exact. :func:`check_files` checks the files marlhf reads.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_ref
                             weighted_logprob_update)
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
-from accord.rollout.base import uses_episodes
 from accord.rollout.sample import Sample, Sampling
 from accord.seeding import (critic_seed, pair_selection_seed, reward_model_pair_seed, reward_model_prompt_seed,
                              reward_model_seed)
@@ -73,24 +72,14 @@ def _driver_device(cfg: Config) -> torch.device:
     return resolve_device(cfg.run.device, "run.device")
 
 
-# --- rules that need the environment --------------------------------------------------------------------
+# --- rules that need files -----------------------------------------------------------------------------
 
 
-def check_run(cfg: Config, env) -> None:
-    """The environment-dependent rules of iac, maac, madpo and marlhf (after ``cfg.resolve_agents``)."""
-    from accord.envs.single_turn import SingleTurnEnv
-
+def check_files(cfg: Config) -> None:
+    """marlhf's files: ``reward_model.preferences`` (read and checked against the agents) and
+    ``reward_model.path`` (a reward model there), after ``cfg.resolve_agents``. The rules of iac, maac, madpo
+    and marlhf against the environment are :func:`accord.config.rules.check_rollout`'s."""
     algo = cfg.algorithm
-    if cfg.training.audit == "strict" and uses_episodes(algo.name, env):
-        raise ConfigError(f"training.audit=strict checks the scored joint actions MAGRPO's and AT-GRPO's rollouts "
-                          f"record; algorithm.name={algo.name} on the multi-turn {cfg.task.name!r} samples whole "
-                          "episodes and records none: set training.audit=off (or record), or use magrpo/atgrpo")
-    if cfg.training.audit == "record" and uses_episodes(algo.name, env):
-        logger.info("training.audit=record: algorithm.name=%s on the multi-turn %r samples whole episodes, which the "
-                    "audit does not record (docs/algorithms-actor-critic.md)", algo.name, cfg.task.name)
-    if algo.name == "marlhf" and not isinstance(env, SingleTurnEnv):
-        raise ConfigError(f"algorithm.name=marlhf needs a single-turn task (its reward model scores one joint action "
-                          f"of all agents); {cfg.task.name!r} is a multi-turn environment: use madpo, iac or maac")
     if algo.name == "marlhf" and cfg.reward_model.preferences:
         read_preferences(Path(cfg.reward_model.preferences), tuple(a.name for a in cfg.agents))
     path = cfg.reward_model.path

@@ -50,68 +50,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accord.config import Config, ConfigError
-from accord.devices import policy_devices, policy_setting, resolve_device
+from accord.config import Config
+from accord.config.rules import check_distributed, policy_setting, replicated
+from accord.devices import policy_devices, resolve_device
 from accord.distributed.ranks import TIMEOUT, DataParallelPolicy
 from accord.seeding import policy_seed, setup_process
 
 logger = logging.getLogger(__name__)
 
-def replicated(cfg: Config, names: list[str]) -> dict[str, int]:
-    """Replica count of every named policy that sets ``replicas``."""
-    return {n: cfg.policies[n].replicas for n in names if cfg.policies[n].replicas is not None}
-
-
 def check_replicas(cfg: Config, names: list[str], *, world: int, cuda_count: int | None = None,
                    cpu_count: int | None = None) -> dict[str, int]:
     """Refuse what data parallelism cannot do here, before any model loads: returns ``replicated``.
 
+    The rules are the config's distributed tier (:func:`accord.config.rules.check_distributed`), given this
+    machine's counts; then, with ``training.fsdp``, whether this torch can shard
+    (:func:`accord.distributed.fsdp.check_fsdp_support`).
     ``world``: processes launched (torchrun's WORLD_SIZE; 1 without torchrun), for run.backend=local.
     ``cuda_count`` / ``cpu_count``: this machine's GPUs and CPU cores (default: detected)."""
-    reps = replicated(cfg, names)
-    if not reps:
-        if world > 1 and cfg.run.backend == "local":
-            raise ConfigError(f"torchrun started {world} processes, but no policy sets replicas; set "
-                              f"policies.<name>.replicas={world} (or run without torchrun)")
-        return reps
-    if cfg.specialization == "lora":
-        raise ConfigError(f"policies {sorted(reps)} set replicas, but specialization=lora keeps every adapter on one "
-                          "base model, which data parallelism does not replicate; remove replicas or use "
-                          "specialization=separate")
-    if cfg.rollout.generation_backend == "vllm":
-        raise ConfigError(f"policies {sorted(reps)} set replicas, which rollout.generation_backend=vllm does not "
-                          "support; use generation_backend=hf or remove replicas")
-    if cfg.run.backend == "local":
-        most = max(reps.values())
-        if world == 1 and most > 1:
-            big = {n: k for n, k in reps.items() if k > 1}
-            raise ConfigError(f"policies {big} ask for {most} data-parallel ranks, but run.backend=local without "
-                              f"torchrun runs one process; launch `torchrun --nproc_per_node {most} -m accord.cli "
-                              "train CONFIG`, or set run.backend=ray (one actor per rank), or set replicas=1")
-        if most > world:
-            raise ConfigError(f"policies {reps} ask for up to {most} ranks, but torchrun started {world} processes; "
-                              f"launch with --nproc_per_node {most} or lower replicas")
-        if world > 1 and most < world:
-            raise ConfigError(f"torchrun started {world} processes, but no policy has replicas={world} (replicas: "
-                              f"{reps}), so processes {most}..{world - 1} would idle; launch with --nproc_per_node "
-                              f"{most} or raise a policy's replicas to {world}")
-        if cuda_count is None:
-            cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
-        for n, k in reps.items():
-            setting, key = policy_setting(cfg, n)
-            on_gpu = setting.startswith("cuda") or (setting == "auto" and cuda_count > 0)
-            if on_gpu and k > cuda_count:
-                raise ConfigError(f"policies.{n}.replicas={k} puts one rank per GPU, but this machine has {cuda_count} "
-                                  f"GPU(s) (available: {['cpu'] + [f'cuda:{i}' for i in range(cuda_count)]}); lower "
-                                  f"replicas to {cuda_count} or less, or set {key}=cpu")
-            if on_gpu and setting not in ("cuda", "auto"):
-                raise ConfigError(f"policies.{n}.replicas={k}: rank r of a data-parallel policy uses cuda:<local rank>, "
-                                  f"so {key}={setting} cannot hold; set {key}=cuda (or auto)")
-            if not on_gpu and k > cpus:
-                raise ConfigError(f"policies.{n}.replicas={k} runs {k} CPU ranks, but this machine has {cpus} CPU "
-                                  f"core(s); lower replicas to {cpus} or less")
-    if cfg.training.fsdp:
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    reps = check_distributed(cfg, names, world=world, cuda_count=cuda_count, cpu_count=cpus)
+    if reps and cfg.training.fsdp:
         from accord.distributed.fsdp import check_fsdp_support
 
         check_fsdp_support(cfg, sorted(reps), cuda_count=cuda_count)

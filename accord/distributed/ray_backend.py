@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from accord.config import Config, ConfigError, RayConfig
-from accord.devices import check_ray_devices
+from accord.config.rules import check_ray_devices
 from accord.policies.model import ModelPolicy
 from accord.seeding import policy_seed, setup_process
 

@@ -55,6 +55,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from accord.config import Config, ConfigError, LoraConfig, PolicyConfig
+from accord.config.rules import check_lora_policies
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
@@ -303,7 +304,7 @@ def build_lora_policies(cfg: Config, names: list[str], total_optimizer_steps: in
     """One :class:`LoraGroup` over the common base (on ``device``, default the CPU) and one
     :class:`LoraPolicy` per name (sorted)."""
     names = sorted(names)
-    cfg._check_lora_policies()
+    check_lora_policies(cfg)
     group = LoraGroup(names, cfg.policies[names[0]], cfg.lora, cfg.training, cfg.rollout, seed, device)
     return {name: LoraPolicy(name, group, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout,
                              total_optimizer_steps, policy_seed(seed, i))

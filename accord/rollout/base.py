@@ -21,8 +21,10 @@ name                      what it samples                                 module
                           K independent sampled episodes per instance
 ========================  ==============================================  ==============================
 
-Each implementation checks the config against the environment in :meth:`Rollout.check` (called when it
-is built, before any model loads). The baselines are options of these: ``independent`` credits each
+The config's rules against the environment (agents, sizes, a tree's size, AT-GRPO's turn-based
+environment, ...) are checked before a rollout is built, by :func:`accord.config.rules.check_rollout`
+(from :func:`accord.build.check_run`); :meth:`Rollout.check` checks only that the environment object is of
+the kind the rollout drives (called when it is built, before any model loads). The baselines are options of these: ``independent`` credits each
 agent's local reward (tree) or sets ``alpha = 0`` (AT-GRPO); ``centralized`` and ``single_agent`` change
 the environment (:func:`accord.build.build_env`), not the rollout.
 """
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from accord.config import Config, ConfigError
+from accord.config.rules import rollout_for
 from accord.envs.protocol import Messages
 from accord.rollout.sample import Sample
 
@@ -77,7 +80,8 @@ class Rollout:
         self.check()
 
     def check(self) -> None:
-        """Raise :class:`~accord.config.ConfigError` when the config does not fit this rollout and environment."""
+        """Raise :class:`~accord.config.ConfigError` when the environment object is not of the kind this rollout
+        drives (the config's rules against the environment: :func:`accord.config.rules.check_rollout`)."""
 
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         raise NotImplementedError
@@ -109,19 +113,16 @@ def uses_episodes(algorithm: str, env) -> bool:
     and preference trainers' rollout (:mod:`accord.rollout.episodes`)."""
     from accord.envs.single_turn import SingleTurnEnv
 
-    return algorithm in ("iac", "maac", "madpo") and not isinstance(env, SingleTurnEnv)
+    return rollout_for(algorithm, isinstance(env, SingleTurnEnv)) == "episodes"
 
 
 def rollout_name(cfg: Config, env) -> str:
-    """The rollout of an algorithm on an environment: AT-GRPO's, or MAGRPO's joint actions (a one-turn
-    single-turn task) or tree (a multi-turn environment)."""
+    """The rollout of an algorithm on an environment (:func:`accord.config.rules.rollout_for`): AT-GRPO's,
+    sampled episodes (actor-critic and preference learning on a multi-turn environment), or MAGRPO's joint
+    actions (a one-turn single-turn task) or tree (a multi-turn environment)."""
     from accord.envs.single_turn import SingleTurnEnv
 
-    if cfg.algorithm.name == "atgrpo":
-        return "atgrpo"
-    if uses_episodes(cfg.algorithm.name, env):   # actor-critic and preference learning: whole trajectories
-        return "episodes"
-    return "magrpo_joint" if isinstance(env, SingleTurnEnv) else "magrpo_tree"
+    return rollout_for(cfg.algorithm.name, isinstance(env, SingleTurnEnv))
 
 
 def make_rollout(name: str, cfg: Config, env, make_env, agents, agent_policy) -> Rollout:

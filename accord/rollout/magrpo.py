@@ -136,25 +136,10 @@ class JointRollout(Rollout):
     phases = ("gen", "reward")
 
     def check(self) -> None:
-        cfg, algo = self.cfg, self.cfg.algorithm
+        """A single-turn task (the config's rules against it: :func:`accord.config.rules.check_rollout`)."""
         if not isinstance(self.env, SingleTurnEnv):
             raise ConfigError(f"rollout {self.name!r} needs a single-turn task; {self.env.name!r} is a multi-turn "
                               "environment: use the magrpo_tree or atgrpo rollout")
-        if algo.baseline == "independent":
-            raise ConfigError(f"algorithm.baseline=independent needs per-agent local rewards; the single-turn task "
-                              f"{cfg.task.name!r} has only a team reward")
-        per_policy: dict[str, int] = {}
-        for a in self.agents:
-            per_policy[self.agent_policy[a]] = per_policy.get(self.agent_policy[a], 0) + 1
-        cfg.validate_sizes(per_policy)
-        if algo.credit == "counterfactual" and len(self.agents) < 2:
-            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; task "
-                              f"{cfg.task.name!r} has one agent ({self.agents[0]!r}): set algorithm.credit=team")
-        if algo.joint_mode == "cross" and algo.num_generations ** len(self.agents) > algo.max_cross_joint:
-            raise ConfigError(
-                f"cross mode makes K^N = {algo.num_generations}^{len(self.agents)} joint actions per instance, "
-                f"more than algorithm.max_cross_joint={algo.max_cross_joint}; lower algorithm.num_generations "
-                "or use joint_mode=aligned")
 
     def sample(self, rows: list[dict], generate: Generate, k: int, greedy: bool):
         """Every agent's prompt for every row, sampled ``k`` times: (prompt ids, prompt texts, completions,

@@ -50,6 +50,7 @@ from accord import metric_names as mn
 from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
+from accord.config.rules import TreeTooLargeError, check_tree_size, tree_generations  # noqa: F401
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
@@ -57,10 +58,6 @@ from accord.seeding import episode_seed, rollout_seed
 
 # complete(requests, n, greedy) -> for each (agent, messages) request, n completions
 CompleteFn = Callable[[list[tuple[str, Messages]], int, bool], list[list[Any]]]
-
-
-class TreeTooLargeError(ValueError):
-    """The MAGRPO tree would exceed the configured generation cap; raised before any generation."""
 
 
 @dataclass
@@ -121,38 +118,6 @@ def _sample(agent: str, policy: str, turn: int, group: int, instance: int, msgs:
 # --------------------------------------------------------------------------------------------------
 # MAGRPO tree
 # --------------------------------------------------------------------------------------------------
-
-def tree_generations(batch: int, n_agents: int, k: int, turns: int, mode: str) -> int:
-    """Completions a full MAGRPO tree samples per step (before episodes end early)."""
-    branching = k if mode == "aligned" else k ** n_agents
-    nodes = sum(branching ** t for t in range(turns))
-    return batch * n_agents * k * nodes
-
-
-def check_tree_size(batch: int, n_agents: int, k: int, turns: int, mode: str, cap: int) -> int:
-    """Refuse a tree past ``cap`` generations, naming which of K, N, T to lower and what it would give."""
-    total = tree_generations(batch, n_agents, k, turns, mode)
-    if total <= cap:
-        return total
-    options = []
-    for t in range(turns - 1, 0, -1):
-        if tree_generations(batch, n_agents, k, t, mode) <= cap:
-            options.append(f"rollout.max_turns={t} (T; gives {tree_generations(batch, n_agents, k, t, mode)})")
-            break
-    for kk in range(k - 1, 1, -1):
-        if tree_generations(batch, n_agents, kk, turns, mode) <= cap:
-            options.append(f"algorithm.num_generations={kk} (K; gives {tree_generations(batch, n_agents, kk, turns, mode)})")
-            break
-    if mode == "cross" and tree_generations(batch, n_agents, k, turns, "aligned") <= cap:
-        options.append("algorithm.joint_mode=aligned (K children per node instead of K^N)")
-    if n_agents > 1 and tree_generations(batch, n_agents - 1, k, turns, mode) <= cap:
-        options.append(f"fewer agents (N={n_agents - 1} gives {tree_generations(batch, n_agents - 1, k, turns, mode)})")
-    hint = "; ".join(options) if options else "lower algorithm.num_generations, rollout.max_turns or the number of agents"
-    raise TreeTooLargeError(
-        f"the MAGRPO tree samples {total} completions per step (batch {batch} x N {n_agents} agents x K {k} x "
-        f"nodes over T {turns} turns, {mode} mode), more than rollout.max_tree_generations={cap}. Lower one of: "
-        f"{hint}; or raise rollout.max_tree_generations")
-
 
 @dataclass
 class _Node:
@@ -505,17 +470,10 @@ class TreeRollout(_EpisodeRollout):
     agent's local reward instead of the team reward."""
 
     def check(self) -> None:
-        algo = self.cfg.algorithm
+        """An environment of the protocol (the config's rules against it, the tree's size among them:
+        :func:`accord.config.rules.check_rollout`)."""
         if not is_env(self.env) or getattr(self.env, "max_turns", 0) < 1:
             raise ConfigError(f"rollout {self.name!r} needs an environment of accord.envs.protocol")
-        if algo.joint_mode == "cross" and not self.env.simultaneous:
-            raise ConfigError("algorithm.joint_mode=cross needs a simultaneous environment (in a turn-based "
-                              "one later agents see earlier actions); use joint_mode=aligned")
-        if algo.credit == "counterfactual" and len(self.agents) < 2:
-            raise ConfigError(f"algorithm.credit=counterfactual splits the team reward among agents; "
-                              f"{self.env.name!r} has one agent: set algorithm.credit=team")
-        check_tree_size(self.cfg.rollout.batch_size, len(self.agents), algo.num_generations, self.turns,
-                        algo.joint_mode, self.cfg.rollout.max_tree_generations)
 
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         algo, r = self.cfg.algorithm, self.cfg.rollout
@@ -535,16 +493,6 @@ class TreeRollout(_EpisodeRollout):
 class ATGRPORollout(_EpisodeRollout):
     """AT-GRPO (:func:`atgrpo_rollout`) on a turn-based environment; ``baseline=independent`` sets ``alpha = 0``
     (each candidate rewarded by its agent's local reward only)."""
-
-    def check(self) -> None:
-        from accord.envs.single_turn import SingleTurnEnv
-
-        if isinstance(self.env, SingleTurnEnv):
-            raise ConfigError(f"algorithm.name=atgrpo needs a multi-turn environment; {self.cfg.task.name!r} is a "
-                              "single-turn task: use algorithm.name=magrpo (see `accord envs`)")
-        if self.env.simultaneous:
-            raise ConfigError(f"algorithm.name=atgrpo needs a turn-based environment; {self.env.name!r} is "
-                              "simultaneous (set its option simultaneous=false if it has one, or use magrpo)")
 
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         algo = self.cfg.algorithm

@@ -1,10 +1,11 @@
-"""Configuration: one dataclass per section, built from YAML plus dotted ``key=value`` overrides.
+"""The config schema: one dataclass per section, each with its help texts and its own rules.
 
-Every field carries help text in ``metadata["help"]``; invariants are checked when the config is
-built (``__post_init__`` of each section and :meth:`Config.validate` for the cross-section ones)
-and every error names the key and how to fix it.
-
-    cfg = load_config("examples/tiny.yaml", ["rollout.batch_size=8", "policies.main.lr=1e-4"])
+Every field carries help text in ``metadata["help"]`` (``accord train --help-config``, docs/reference/config.md).
+Each section's ``__post_init__`` checks the rules within that section (the *section* tier); :class:`Config`
+checks its own fields (``specialization``, ``imports``, each policy and the agents list) and then the rules
+between sections (:func:`accord.config.rules.check_config`, the *run* tier), so that no :class:`Config` is
+built invalid. The tiers that need more than the config are in :mod:`accord.config.rules` too. Building a
+config from YAML and overrides is :mod:`accord.config.loading`.
 """
 
 from __future__ import annotations
@@ -12,52 +13,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import math
 import os
 import posixpath
 import re
-import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, PAIR_SELECTIONS,
+                                SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice, _coerce, _f,
+                                _positive, _unknown_key, check_device_setting)
+from accord.config.rules import check_agents, check_config, check_sizes
 
 _logger = logging.getLogger(__name__)
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or inconsistent. The message says how to fix it."""
-
-
-def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = dataclasses.MISSING):
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(f"{section}.{name}={value!r} is not valid; choose one of {list(choices)}")
-
-
-def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
-    if value < minimum:
-        raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
-
-
-def check_device_setting(key: str, value: str | None) -> None:
-    """The syntax of a device setting (auto, cpu, cuda, cuda:N); whether it exists is checked at run time
-    (:mod:`accord.devices`), on the machine that loads the model."""
-    import re
-
-    if value is not None and (not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value)):
-        raise ConfigError(f"{key}={value!r} is not a device; use auto (CUDA if present, else CPU), cpu, cuda or "
-                          "cuda:N (N = GPU index, e.g. cuda:1)")
-
-
-MAX_SEED = 2**31 - 1
-VLLM_SLEEP = ("auto", "off", 1, 2)  # rollout.vllm_sleep
 
 
 def _run_name_problem(name: str) -> str | None:
@@ -201,17 +170,6 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         _positive("task", "eval_size", self.eval_size, 0)
-
-
-ADVANTAGES = ("mean", "rloo", "max", "raw")
-ALGORITHMS = ("magrpo", "atgrpo", "iac", "maac", "madpo", "marlhf")
-ACTOR_CRITIC = ("iac", "maac")                     # docs/algorithms-actor-critic.md
-PREFERENCE = ("madpo", "marlhf")                   # docs/algorithms-preference.md
-PAIR_SELECTIONS = ("reward_gap", "random", "all")   # accord.algorithms.preference.select_pairs
-SINGLE_SAMPLE_ALGORITHMS = ("iac", "maac", "marlhf")  # K = 1 allowed (marlhf: with an actor-critic stage)
-LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
-LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")   # built in (accord.algorithms.losses); ``clip`` = grpo
-TIS_MODES = ("auto", "off", "truncate", "mask")
 
 
 @dataclass
@@ -736,6 +694,8 @@ class RewardModelConfig:
         _choice("reward_model", "rl", self.rl, ("magrpo", "iac", "maac"))
         if self.max_tokens is not None:
             _positive("reward_model", "max_tokens", self.max_tokens, 8)
+
+
 def _default_seeds() -> list:
     return [0]
 
@@ -858,204 +818,29 @@ class Config:
                 raise ConfigError(f"imports: {module!r} is not a module name; list module names, e.g. imports: [my_tasks]")
         if not self.policies:
             raise ConfigError("policies is empty; define at least one, e.g. policies: {main: {model: tiny-qwen2}}")
+        self._check_policies()
         names = [a.name for a in self.agents]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"agents: duplicate agent names {sorted(dup)}; each agent needs a unique name")
-        for a in self.agents:
-            if a.policy not in self.policies:
-                raise ConfigError(
-                    f"agent {a.name!r} uses policy {a.policy!r}, which is not defined; defined policies: "
-                    f"{sorted(self.policies)}. Add policies.{a.policy}.model=... or set the agent's policy"
-                )
-        if self.agents:
-            used = {a.policy for a in self.agents}
-            unused = sorted(set(self.policies) - used)
-            if unused:
-                raise ConfigError(f"policies {unused} are used by no agent; remove them or assign them to an agent")
-            if self.specialization == "shared" and len(used) > 1:
-                raise ConfigError(
-                    f"specialization=shared trains one model, but agents use policies {sorted(used)}; "
-                    "map every agent to one policy or set specialization=separate"
-                )
-        if self.specialization == "lora":
-            self._check_lora_policies()
-        self._check_policies()
-        self._check_ray()
-        self._check_fsdp()
-        self._check_agents()
-        if self.rollout.drop_flat_groups and self.algorithm.norm_scope == "agent":
-            raise ConfigError("rollout.drop_flat_groups=true drops advantage groups with equal returns, but "
-                              "algorithm.norm_scope=agent pools all of an agent's samples of a step into one group; "
-                              "use norm_scope=group or prompt, or drop_flat_groups=false")
-        self._check_actor_critic_and_preference()
-
-    def _check_actor_critic_and_preference(self) -> None:
-        """Combinations of iac, maac, madpo and marlhf with the other sections that do not apply."""
-        algo = self.algorithm
-        if algo.name not in ACTOR_CRITIC + PREFERENCE:
-            return
-        stage = self.reward_model.rl if algo.name == "marlhf" else algo.name
-        if algo.name == "marlhf" and stage == "magrpo" and algo.num_generations < 2:
-            raise ConfigError(f"algorithm.num_generations={algo.num_generations}: marlhf with reward_model.rl=magrpo "
-                              "needs K >= 2 samples per group; set algorithm.num_generations=4, or reward_model.rl=iac")
-        if algo.joint_mode == "cross":
-            raise ConfigError(f"algorithm.joint_mode=cross does not apply to algorithm.name={algo.name} (its critics, "
-                              "candidates and reward model see aligned joint actions, the j-th samples of all agents); "
-                              "set algorithm.joint_mode=aligned")
-        if stage == "maac" and self.critic.mode == "head":
-            raise ConfigError("critic.mode=head does not apply to maac: its critic is one centralised model over the "
-                              "joint history of all agents, not a head on one agent's policy; leave critic.mode null "
-                              "(or 'separate'), or use algorithm.name=iac for value heads")
-        if stage == "iac" and self.critic.mode in (None, "head") and self.critic.model is not None:
-            models = sorted({p.model for p in self.policies.values()})
-            if models != [self.critic.model] or self.critic.model_kwargs:
-                raise ConfigError(f"critic.mode=head (iac's default) puts each agent's value head on its own policy model {models} (its "
-                                  f"tokenizer), but critic.model={self.critic.model!r} names another; set "
-                                  "critic.mode=separate to train that model as the critic, or drop critic.model")
-        if stage in ACTOR_CRITIC and self.critic.value_at == "completion" and algo.num_generations < 2:
-            raise ConfigError(f"critic.value_at=completion makes the advantage Q minus the mean Q of a prompt's K "
-                              f"samples, but algorithm.num_generations={algo.num_generations}; set num_generations "
-                              ">= 2 or critic.value_at=prompt")
-        if algo.name == "madpo" and algo.kl_coef > 0:
-            raise ConfigError(f"algorithm.kl_coef={algo.kl_coef} does not apply to madpo (DPO's margins already hold "
-                              "the policy to its reference: preference.reference_free=false); set kl_coef=0")
-        replicated = sorted(n for n, p in self.policies.items() if p.replicas is not None)
-        if replicated or self.training.fsdp:
-            raise ConfigError(f"algorithm.name={algo.name} does not support data-parallel policies (policies "
-                              f"{replicated} set replicas{', training.fsdp=true' if self.training.fsdp else ''}): its "
-                              "critics and pair buffers live in one process; drop policies.<name>.replicas and "
-                              "training.fsdp, or use magrpo/atgrpo")
-        if self.rollout.generation_backend == "vllm":
-            raise ConfigError(f"algorithm.name={algo.name} is not supported with rollout.generation_backend=vllm yet "
-                              "(its reference and value forwards run on the learner); use generation_backend=hf")
-        # main's group-relative controls: each needs a step these algorithms do not run
-        if algo.credit != "team":
-            raise ConfigError(f"algorithm.credit={algo.credit} splits MAGRPO's team return among agents; it does not "
-                              f"apply to algorithm.name={algo.name} (critics, pairs or a reward model assign credit "
-                              "there); set algorithm.credit=team")
-        if self.rollout.drop_flat_groups:
-            raise ConfigError(f"rollout.drop_flat_groups drops advantage groups of equal returns (magrpo, atgrpo); "
-                              f"algorithm.name={algo.name} has no such groups (madpo already skips tied candidates); "
-                              "set rollout.drop_flat_groups=false")
-        if algo.name != "marlhf" or stage != "magrpo":   # marlhf's magrpo stage runs MAGRPO's own phases
-            if algo.overlong.window or algo.overlong.mask_truncated:
-                raise ConfigError(f"algorithm.overlong (DAPO's length shaping) is applied by MAGRPO's and AT-GRPO's "
-                                  f"step, not by algorithm.name={algo.name}; set algorithm.overlong.window=0 and "
-                                  "mask_truncated=false")
-        if algo.name == "madpo":
-            if algo.loss not in ("grpo", "clip"):
-                raise ConfigError(f"algorithm.loss={algo.loss} is a policy-gradient loss; madpo trains on the joint DPO "
-                                  "loss (preference.*): leave algorithm.loss at grpo")
-            if algo.tis not in ("auto", "off"):
-                raise ConfigError(f"algorithm.tis={algo.tis} corrects policy-gradient ratios; madpo's DPO margins use "
-                                  "the learner's own log-probs: set algorithm.tis=auto")
-
-    def _check_actor_critic_and_preference_agents(self) -> None:
-        """Per-agent settings iac, maac, madpo and marlhf's actor-critic stage do not apply (again once the task
-        has filled ``agents``)."""
-        algo = self.algorithm
-        if algo.name not in ACTOR_CRITIC + PREFERENCE:
-            return
-        own = [a.name for a in self.agents if a.advantage]
-        if own:
-            raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo); "
-                              f"algorithm.name={algo.name} takes its advantages from critics or preference pairs: "
-                              "drop agents[].advantage")
-        if algo.name == "marlhf" and self.reward_model.rl == "magrpo":
-            return   # MAGRPO's update: frozen and alternating agents apply
-        frozen = [a.name for a in self.agents if not a.trainable]
-        if frozen or algo.alternate_every:
-            what = f"agents {frozen} set trainable=false" if frozen else f"algorithm.alternate_every={algo.alternate_every}"
-            raise ConfigError(f"{what}, but algorithm.name={algo.name} updates every agent each step (its value heads "
-                              "and DPO update run per policy); train all agents, or use magrpo, atgrpo or marlhf with "
-                              "reward_model.rl=magrpo")
-
-    def _check_agents(self) -> None:
-        """Frozen agents, the alternation schedule and per-agent length caps (again once the task has filled
-        ``agents``: see :meth:`resolve_agents`)."""
-        self._check_actor_critic_and_preference_agents()
-        window = self.algorithm.overlong.window
-        for a in self.agents:
-            cap = a.sampling.max_new_tokens or self.rollout.max_new_tokens
-            if window and window >= cap:
-                key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens
-                       else "rollout.max_new_tokens")
-                raise ConfigError(f"algorithm.overlong.window={window} is not shorter than {key}={cap}, the length cap "
-                                  "it ends at; give a window below the cap (DAPO: a quarter of it)")
-        if not self.agents:
-            return
-        trained = [a.name for a in self.agents if a.trainable]
-        if not trained:
-            raise ConfigError(f"every agent ({[a.name for a in self.agents]}) has trainable=false, so nothing would be "
-                              "trained; set trainable=true for at least one agent (or evaluate with `accord eval`)")
-        by_policy: dict[str, set[bool]] = {}
-        for a in self.agents:
-            by_policy.setdefault(a.policy, set()).add(a.trainable)
-        for policy, flags in sorted(by_policy.items()):
-            if len(flags) > 1:
-                frozen = [a.name for a in self.agents if a.policy == policy and not a.trainable]
-                trained_here = [a.name for a in self.agents if a.policy == policy and a.trainable]
-                raise ConfigError(f"policy {policy!r} acts for frozen agents {frozen} and trained agents "
-                                  f"{trained_here}: training it would change the frozen ones too; give the frozen "
-                                  "agents a policy of their own (specialization=separate or lora)")
-        if self.algorithm.alternate_every and len(trained) < 2:
-            raise ConfigError(f"algorithm.alternate_every={self.algorithm.alternate_every} trains agents in turns, but "
-                              f"only {trained} is trainable; set alternate_every=0 or make another agent trainable")
-
-    def _check_fsdp(self) -> None:
-        """training.fsdp shards a policy across its replicas: every policy needs at least two."""
-        if not self.training.fsdp:
-            return
-        few = {n: p.replicas for n, p in sorted(self.policies.items()) if (p.replicas or 1) < 2}
-        if few:
-            raise ConfigError(f"training.fsdp=true shards each policy across its data-parallel ranks, but policies "
-                              f"{few} (name: replicas) have fewer than 2; set policies.<name>.replicas=2 or more for "
-                              "every policy, or training.fsdp=false")
-        if self.specialization == "lora":
-            raise ConfigError("training.fsdp=true does not support specialization=lora (replicas do not either); use "
-                              "specialization=separate or shared, or training.fsdp=false")
-        if self.rollout.generation_backend == "vllm":
-            raise ConfigError("training.fsdp=true does not support rollout.generation_backend=vllm (vLLM would need "
-                              "the whole model per rank); use generation_backend=hf or training.fsdp=false")
+        check_config(self)   # the rules between sections (the run tier)
 
     def _check_policies(self) -> None:
-        """Per-policy learning rates are > 0; a model name is not a misspelt built-in; model_kwargs fit the tiny
-        model they configure."""
+        """Each policy's own rules, named by its key: learning rate > 0, a model name that is not a misspelt
+        built-in, model_kwargs that fit the tiny model they configure, Ray resources >= 0."""
         for name, p in self.policies.items():
             if p.lr is not None and p.lr <= 0:
                 raise ConfigError(f"policies.{name}.lr={p.lr} must be > 0 (or null to use training.lr)")
             check_model_name(f"policies.{name}.model", p.model)
             if p.model_kwargs:
                 _check_model_kwargs(f"policies.{name}", p.model, p.model_kwargs)
-
-    def _check_ray(self) -> None:
-        """run.backend=ray: per-policy resources are >= 0; LoRA adapters share one process."""
-        for name, p in self.policies.items():
             for key in ("num_cpus", "num_gpus"):
                 if getattr(p, key) is not None:
                     _positive(f"policies.{name}", key, getattr(p, key), 0)
-        if self.run.backend == "ray" and self.specialization == "lora":
-            raise ConfigError("run.backend=ray places one actor per policy, but specialization=lora keeps all adapters "
-                              "on one shared base model in one process; use run.backend=local with lora, or "
-                              "specialization=separate on Ray")
-
-    def _check_lora_policies(self) -> None:
-        """specialization=lora: every policy is an adapter over one common base model."""
-        bases = {(p.model, repr(sorted(p.model_kwargs.items()))) for p in self.policies.values()}
-        if len(bases) > 1:
-            desc = ", ".join(f"{n}: {p.model!r}" + (f" {p.model_kwargs}" if p.model_kwargs else "")
-                             for n, p in sorted(self.policies.items()))
-            raise ConfigError(
-                f"specialization=lora trains one LoRA adapter per policy over one shared base model, but the "
-                f"policies name different base models ({desc}); give every policy the same model (and "
-                "model_kwargs), or set specialization=separate for different models")
-        for name in self.policies:
-            if not name.replace("_", "").replace("-", "").isalnum():
-                raise ConfigError(f"policy name {name!r} cannot name a LoRA adapter; use letters, digits, '_' or '-'")
 
     def resolve_agents(self, task_agents: tuple[str, ...]) -> None:
-        """Fill or check ``agents`` against the task's agent names (called once the task is known)."""
+        """Fill or check ``agents`` against the task's agent names (called once the task is known; the rollout
+        tier, :func:`accord.config.rules.check_rollout`, starts with it), then the run tier's agent rules again."""
         if not self.agents:
             if self.specialization == "shared":
                 (policy,) = self.policies if len(self.policies) == 1 else ("main",)
@@ -1078,7 +863,7 @@ class Config:
                 base = self.policies[extra[0]] if extra else next(iter(self.policies.values()))
                 self.policies = {n: self.policies.get(n, dataclasses.replace(base)) for n in task_agents}
                 self.agents = [AgentConfig(name=n, policy=n) for n in task_agents]
-            self._check_agents()
+            check_agents(self)
             return
         names = [a.name for a in self.agents]
         if sorted(names) != sorted(task_agents):
@@ -1088,19 +873,12 @@ class Config:
             )
         order = {n: i for i, n in enumerate(task_agents)}
         self.agents.sort(key=lambda a: order[a.name])
-        self._check_agents()
+        check_agents(self)
 
     def validate_sizes(self, num_agents_per_policy: dict[str, int]) -> None:
-        """Check that each policy's samples split evenly into mini-batches."""
-        k = self.algorithm.num_generations
-        for policy, n_agents in num_agents_per_policy.items():
-            n = self.rollout.batch_size * k * n_agents
-            if n % self.training.num_mini_batches:
-                raise ConfigError(
-                    f"policy {policy!r} gets {n} samples per step (batch_size {self.rollout.batch_size} x K {k} x "
-                    f"{n_agents} agents), not divisible by training.num_mini_batches={self.training.num_mini_batches}; "
-                    "choose a divisor"
-                )
+        """Check that each policy's samples split evenly into mini-batches (:func:`accord.config.rules.check_sizes`,
+        a part of the rollout tier)."""
+        check_sizes(self, num_agents_per_policy)
 
     @property
     def run_dir(self) -> Path:
@@ -1108,9 +886,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return _to_plain(self)
-
-
-# --- building from plain data -------------------------------------------------------------
 
 
 def _to_plain(obj: Any) -> Any:
@@ -1121,159 +896,6 @@ def _to_plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_to_plain(v) for v in obj]
     return obj
-
-
-_NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
-
-
-def _unknown_key(path: str, key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
-    if not path:  # a nested key given at the top level (steps=5 for run.steps=5): exact names first
-        hint = _nested_hint(key, exact=True) or hint or _nested_hint(key, exact=False)
-    where = path or "the top level"
-    return ConfigError(f"unknown config key {(path + '.' if path else '') + key!r}; {hint}valid keys at {where}: {valid}")
-
-
-def _nested_hint(key: str, exact: bool) -> str:
-    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``."""
-    leaves: dict[str, list[str]] = {}
-    for dotted, _, _ in describe():
-        if "." in dotted:
-            leaves.setdefault(dotted.rsplit(".", 1)[1], []).append(dotted)
-    close = [key] if key in leaves else [] if exact else difflib.get_close_matches(key, list(leaves), n=1)
-    if not close:
-        return ""
-    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:6]) + "? "
-
-
-def _coerce(path: str, value: Any, tp: Any) -> Any:
-    """Coerce a YAML/CLI value to the annotated type, or raise a ConfigError naming the key."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        for option in inner[:-1]:  # the first type that takes the value (bool | str: 'true' is True)
-            try:
-                return _coerce(path, value, option)
-            except ConfigError:
-                pass
-        return _coerce(path, value, inner[-1])
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-    elif tp is int:
-        number = None
-        if isinstance(value, int) and not isinstance(value, bool):
-            number = value
-        elif isinstance(value, float) and value.is_integer():
-            number = int(value)
-        elif isinstance(value, str):
-            try:
-                number = int(value)
-            except ValueError:
-                pass
-        if number is not None:
-            return number
-    elif tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is not None:
-            if not math.isfinite(number):
-                raise ConfigError(f"{path}={value!r} is not a finite number; give a finite value")
-            return number
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif tp in (dict, list, tuple) or origin in (dict, list, tuple):
-        base = origin or tp
-        if isinstance(value, (list, tuple)) and base in (list, tuple):
-            return base(value)
-        if isinstance(value, dict) and base is dict:
-            return value
-    else:
-        return value
-    name = getattr(tp, '__name__', tp)
-    raise ConfigError(f"{path}={value!r} is not a valid {name}; give a value of type {name}")
-
-
-def _build(cls: type, data: Any, path: str) -> Any:
-    if data is None:
-        data = {}
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        example = f"{path}.{dataclasses.fields(cls)[0].name}=..." if path else "run.steps=5"
-        raise ConfigError(f"{path or 'config'} must be a mapping of keys to values, got {data!r}; set its keys "
-                          f"(e.g. {example}) or write it as a YAML mapping")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise _unknown_key(path, str(key), list(fields))
-        sub = f"{path}.{key}" if path else key
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, sub)
-        elif key in _NESTED and cls is Config:
-            item = _NESTED[key]
-            if key == "policies":
-                if not isinstance(value, dict):
-                    raise ConfigError("policies must be a mapping name -> {model: ...}")
-                kwargs[key] = {str(k): _build(item, v, f"policies.{k}") for k, v in value.items()}
-            else:
-                if not isinstance(value, list):
-                    raise ConfigError("agents must be a list of {name: ..., policy: ...}")
-                kwargs[key] = [_build(item, v, f"agents.{i}") for i, v in enumerate(value)]
-        else:
-            kwargs[key] = _coerce(sub, value, tp)
-    missing = [f.name for f in fields.values() if f.name not in kwargs and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}")
-    obj = cls(**kwargs)  # __post_init__ first: its messages know each key's own minimum
-    for key, value in kwargs.items():
-        is_int = hints[key] is int or int in typing.get_args(hints[key])
-        if is_int and isinstance(value, int) and value < 0:
-            raise ConfigError(f"{path}.{key}={value} is negative; every integer key is a size, count or seed: "
-                              "give a value >= 0")
-    return obj
-
-
-def config_from_dict(data: dict) -> Config:
-    """Build and validate a :class:`Config` from nested plain data."""
-    _check_finite(data, "")
-    return _build(Config, data, "")
-
-
-def _check_finite(node: Any, path: str) -> None:
-    """NaN or infinity anywhere (task options and model_kwargs included) is an error naming its key."""
-    if isinstance(node, float) and not math.isfinite(node):
-        raise ConfigError(f"{path or 'config'}={node!r} is not a finite number; give a finite value")
-    if isinstance(node, dict):
-        for key, value in node.items():
-            _check_finite(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            _check_finite(value, f"{path}.{i}")
-
-
-BUILTIN_MODELS = ("smollm2-135m", "tiny-qwen2", "tiny-llama", "tiny-qwen3")
-"""The model names accord knows without a directory or the Hub (:mod:`accord.models.loading` builds them; kept
-here so that a config is checked before torch is imported)."""
 
 
 def check_model_name(key: str, spec: str) -> None:
@@ -1310,178 +932,3 @@ def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
     problem = tiny_shape_problem(**{k: kwargs[k] for k in ("hidden_size", "num_heads", "vocab_size") if k in kwargs})
     if problem:
         raise ConfigError(f"{path}.model_kwargs: {problem}")
-
-
-MAX_CONFIG_VALUES = 100_000
-"""A config holds at most this many values once YAML aliases are expanded: a few nested anchors (an "alias
-bomb") would otherwise expand to billions and hang every walk over the config."""
-
-
-class _DuplicateKey(yaml.YAMLError):
-    """A mapping names one key twice (PyYAML would keep the last silently)."""
-
-    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
-        super().__init__(f"key {key!r} appears twice (line {first.line + 1} and line {again.line + 1})")
-        self.key, self.first, self.again = key, first, again
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping: a second ``run:`` section would
-    otherwise replace the first without a word. Keys merged in with ``<<: *anchor`` may be overridden."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Mark] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node.start_mark)
-                except TypeError:  # an unhashable key: PyYAML's own error follows
-                    continue
-                if first is not key_node.start_mark:
-                    raise _DuplicateKey(key, first, key_node.start_mark)
-        return super().construct_mapping(node, deep)
-
-
-def _load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that refuses duplicate keys (see :class:`_ConfigLoader`)."""
-    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-def _check_size(data: Any, what: str) -> None:
-    """At most :data:`MAX_CONFIG_VALUES` values with aliases expanded; counted with an early stop, so an
-    alias bomb is refused in bounded time."""
-    stack, count = [data], 0
-    while stack:
-        node = stack.pop()
-        count += 1
-        if count > MAX_CONFIG_VALUES:
-            raise ConfigError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
-                              "nested into each other, an alias bomb?); write the values out instead of nesting "
-                              "aliases")
-        if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, (list, tuple)):
-            stack.extend(node)
-
-
-def apply_override(data: dict, dotted: str) -> None:
-    """Apply one ``a.b.c=value`` override to nested plain data (value parsed as YAML)."""
-    if "=" not in dotted:
-        raise ConfigError(f"override {dotted!r} must look like key.sub=value, e.g. rollout.batch_size=8")
-    key, raw = dotted.split("=", 1)
-    try:
-        value = _load_yaml(raw) if raw.strip() else ""
-    except _DuplicateKey as err:
-        raise ConfigError(f"override {dotted!r}: {err}; give each key once") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
-                          "fix the brackets, e.g. key=[1, 2] or key='text'") from err
-    _check_size(value, f"override {key!r}")
-    parts = key.strip().split(".")
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        prefix = ".".join(parts[: i + 1])
-        if isinstance(node, list):
-            node = node[_list_index(node, part, prefix)]
-            continue
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
-                              f"set {'.'.join(parts[:i])}=VALUE, or check the key")
-        if part not in node or node[part] is None:
-            node[part] = {}
-        node = node[part]
-    last = parts[-1]
-    if isinstance(node, list):
-        node[_list_index(node, last, key)] = value
-    elif isinstance(node, dict):
-        node[last] = value
-    else:
-        raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:-1])} is {node!r}, not a section with keys; "
-                          f"set {'.'.join(parts[:-1])}=VALUE, or check the key")
-
-
-def _list_index(node: list, part: str, path: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items")
-    return int(part)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
-    data: dict = {}
-    if path is not None:
-        data = read_yaml(Path(path))
-    for item in overrides:
-        apply_override(data, item)
-    return config_from_dict(data)
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error in one line: its problem and, where known, line and column (1-based)."""
-    mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return where + problem
-
-
-def read_yaml(p: Path) -> dict:
-    """A config file's top-level mapping, or a one-line ConfigError naming the file, the problem and the fix."""
-    if p.is_dir():
-        raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file (to continue a run: "
-                          f"accord train --resume {p})")
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {p} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
-                          f"{err.start}); save it as UTF-8") from err
-    except OSError as err:
-        raise ConfigError(f"config file {p} cannot be read ({err.strerror}); check its permissions") from err
-    try:
-        loaded = _load_yaml(text)
-    except _DuplicateKey as err:
-        raise ConfigError(f"config file {p}: {err}; the second would replace the first: merge them into one "
-                          f"{err.key!r} (YAML keeps only one value per key)") from err
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
-    _check_size(loaded, f"config file {p}")
-    if loaded is None:
-        raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "
-                          "defaults")
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{p} must hold a YAML mapping at the top level")
-    return loaded
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config atomically (temp file, fsync, rename): a crash never leaves half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted key, default, help) for every field, for docs and ``accord train --help-config``."""
-    out = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        tp = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.extend(describe(tp, key + "."))
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((key, _to_plain(default), f.metadata.get("help", "")))
-    for name, item in (("policies.<name>.", PolicyConfig), ("agents.<i>.", AgentConfig)):
-        if cls is Config:
-            out.extend(describe(item, name))
-    return out

@@ -1,0 +1,136 @@
+"""What every module of :mod:`accord.config` shares: :class:`ConfigError`, the names and constants the schema
+and the rules check against, and the value helpers (a field with help text, a choice, a minimum, a device
+setting, the coercion of a YAML/CLI value to a field's type).
+
+A leaf of the package: it imports no other accord module, so that :mod:`accord.config.schema` and
+:mod:`accord.config.rules` can both use it without importing each other in a circle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import types
+import typing
+from dataclasses import field
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or inconsistent. The message says how to fix it."""
+
+
+def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = dataclasses.MISSING):
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{section}.{name}={value!r} is not valid; choose one of {list(choices)}")
+
+
+def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
+    if value < minimum:
+        raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
+
+
+def check_device_setting(key: str, value: str | None) -> None:
+    """The syntax of a device setting (auto, cpu, cuda, cuda:N); whether it exists is checked at run time
+    (:mod:`accord.devices`), on the machine that loads the model."""
+    if value is not None and (not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value)):
+        raise ConfigError(f"{key}={value!r} is not a device; use auto (CUDA if present, else CPU), cpu, cuda or "
+                          "cuda:N (N = GPU index, e.g. cuda:1)")
+
+
+MAX_SEED = 2**31 - 1
+VLLM_SLEEP = ("auto", "off", 1, 2)  # rollout.vllm_sleep
+ADVANTAGES = ("mean", "rloo", "max", "raw")
+ALGORITHMS = ("magrpo", "atgrpo", "iac", "maac", "madpo", "marlhf")
+ACTOR_CRITIC = ("iac", "maac")                     # docs/algorithms-actor-critic.md
+PREFERENCE = ("madpo", "marlhf")                   # docs/algorithms-preference.md
+PAIR_SELECTIONS = ("reward_gap", "random", "all")   # accord.algorithms.preference.select_pairs
+SINGLE_SAMPLE_ALGORITHMS = ("iac", "maac", "marlhf")  # K = 1 allowed (marlhf: with an actor-critic stage)
+LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_sum", "seq_sum_norm")
+LOSSES = ("grpo", "dapo", "dr_grpo", "gspo", "cispo")   # built in (accord.algorithms.losses); ``clip`` = grpo
+TIS_MODES = ("auto", "off", "truncate", "mask")
+BUILTIN_MODELS = ("smollm2-135m", "tiny-qwen2", "tiny-llama", "tiny-qwen3")
+"""The model names accord knows without a directory or the Hub (:mod:`accord.models.loading` builds them; kept
+here so that a config is checked before torch is imported)."""
+
+
+def _unknown_key(path: str, key: str, valid: list[str],
+                 nested_hint: Callable[[str, bool], str] | None = None) -> ConfigError:
+    """The error of an unknown key at ``path`` with the closest valid one; at the top level ``nested_hint(key,
+    exact)`` names the nested keys it may mean (:func:`accord.config.loading._nested_hint`)."""
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
+    if not path and nested_hint is not None:  # a nested key at the top level (steps=5 for run.steps=5): exact first
+        hint = nested_hint(key, True) or hint or nested_hint(key, False)
+    where = path or "the top level"
+    return ConfigError(f"unknown config key {(path + '.' if path else '') + key!r}; {hint}valid keys at {where}: {valid}")
+
+
+def _coerce(path: str, value: Any, tp: Any) -> Any:
+    """Coerce a YAML/CLI value to the annotated type, or raise a ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        for option in inner[:-1]:  # the first type that takes the value (bool | str: 'true' is True)
+            try:
+                return _coerce(path, value, option)
+            except ConfigError:
+                pass
+        return _coerce(path, value, inner[-1])
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+    elif tp is int:
+        number = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str):
+            try:
+                number = int(value)
+            except ValueError:
+                pass
+        if number is not None:
+            return number
+    elif tp is float:
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{path}={value!r} is not a finite number; give a finite value")
+            return number
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif tp in (dict, list, tuple) or origin in (dict, list, tuple):
+        base = origin or tp
+        if isinstance(value, (list, tuple)) and base in (list, tuple):
+            return base(value)
+        if isinstance(value, dict) and base is dict:
+            return value
+    else:
+        return value
+    name = getattr(tp, '__name__', tp)
+    raise ConfigError(f"{path}={value!r} is not a valid {name}; give a value of type {name}")

@@ -1,0 +1,276 @@
+"""Building a :class:`~accord.config.schema.Config` from YAML and dotted ``key=value`` overrides, and back.
+
+    cfg = load_config("examples/tiny.yaml", ["rollout.batch_size=8", "policies.main.lr=1e-4"])
+
+:func:`read_yaml` reads a config file (UTF-8, valid YAML, no key twice in a mapping, at most
+:data:`MAX_CONFIG_VALUES` values with aliases expanded); :func:`apply_override` sets one dotted key;
+:func:`config_from_dict` coerces every value to its field's type (:func:`accord.config.base._coerce`), refuses
+unknown keys with the closest valid ones, and builds the sections, whose checks run as they are built
+(:mod:`accord.config.schema`, :mod:`accord.config.rules`). :func:`save_config` writes a resolved config;
+:func:`describe` lists every key with its default and help text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from accord.config.base import ConfigError, _coerce, _unknown_key
+from accord.config.schema import AgentConfig, Config, PolicyConfig, _to_plain
+
+_NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
+
+
+def _nested_hint(key: str, exact: bool) -> str:
+    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``."""
+    leaves: dict[str, list[str]] = {}
+    for dotted, _, _ in describe():
+        if "." in dotted:
+            leaves.setdefault(dotted.rsplit(".", 1)[1], []).append(dotted)
+    close = [key] if key in leaves else [] if exact else difflib.get_close_matches(key, list(leaves), n=1)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(k) for k in leaves[close[0]][:6]) + "? "
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, dict):
+        example = f"{path}.{dataclasses.fields(cls)[0].name}=..." if path else "run.steps=5"
+        raise ConfigError(f"{path or 'config'} must be a mapping of keys to values, got {data!r}; set its keys "
+                          f"(e.g. {example}) or write it as a YAML mapping")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key(path, str(key), list(fields), _nested_hint)
+        sub = f"{path}.{key}" if path else key
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub)
+        elif key in _NESTED and cls is Config:
+            item = _NESTED[key]
+            if key == "policies":
+                if not isinstance(value, dict):
+                    raise ConfigError("policies must be a mapping name -> {model: ...}")
+                kwargs[key] = {str(k): _build(item, v, f"policies.{k}") for k, v in value.items()}
+            else:
+                if not isinstance(value, list):
+                    raise ConfigError("agents must be a list of {name: ..., policy: ...}")
+                kwargs[key] = [_build(item, v, f"agents.{i}") for i, v in enumerate(value)]
+        else:
+            kwargs[key] = _coerce(sub, value, tp)
+    missing = [f.name for f in fields.values() if f.name not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}")
+    obj = cls(**kwargs)  # __post_init__ first: its messages know each key's own minimum
+    for key, value in kwargs.items():
+        is_int = hints[key] is int or int in typing.get_args(hints[key])
+        if is_int and isinstance(value, int) and value < 0:
+            raise ConfigError(f"{path}.{key}={value} is negative; every integer key is a size, count or seed: "
+                              "give a value >= 0")
+    return obj
+
+
+def config_from_dict(data: dict) -> Config:
+    """Build and validate a :class:`Config` from nested plain data."""
+    _check_finite(data, "")
+    return _build(Config, data, "")
+
+
+def _check_finite(node: Any, path: str) -> None:
+    """NaN or infinity anywhere (task options and model_kwargs included) is an error naming its key."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(f"{path or 'config'}={node!r} is not a finite number; give a finite value")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_finite(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            _check_finite(value, f"{path}.{i}")
+
+MAX_CONFIG_VALUES = 100_000
+"""A config holds at most this many values once YAML aliases are expanded: a few nested anchors (an "alias
+bomb") would otherwise expand to billions and hang every walk over the config."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping names one key twice (PyYAML would keep the last silently)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark):
+        super().__init__(f"key {key!r} appears twice (line {first.line + 1} and line {again.line + 1})")
+        self.key, self.first, self.again = key, first, again
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: a second ``run:`` section would
+    otherwise replace the first without a word. Keys merged in with ``<<: *anchor`` may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first is not key_node.start_mark:
+                    raise _DuplicateKey(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses duplicate keys (see :class:`_ConfigLoader`)."""
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _check_size(data: Any, what: str) -> None:
+    """At most :data:`MAX_CONFIG_VALUES` values with aliases expanded; counted with an early stop, so an
+    alias bomb is refused in bounded time."""
+    stack, count = [data], 0
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{what} expands to more than {MAX_CONFIG_VALUES} values (YAML anchors and aliases "
+                              "nested into each other, an alias bomb?); write the values out instead of nesting "
+                              "aliases")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+
+
+def apply_override(data: dict, dotted: str) -> None:
+    """Apply one ``a.b.c=value`` override to nested plain data (value parsed as YAML)."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like key.sub=value, e.g. rollout.batch_size=8")
+    key, raw = dotted.split("=", 1)
+    try:
+        value = _load_yaml(raw) if raw.strip() else ""
+    except _DuplicateKey as err:
+        raise ConfigError(f"override {dotted!r}: {err}; give each key once") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
+                          "fix the brackets, e.g. key=[1, 2] or key='text'") from err
+    _check_size(value, f"override {key!r}")
+    parts = key.strip().split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        prefix = ".".join(parts[: i + 1])
+        if isinstance(node, list):
+            node = node[_list_index(node, part, prefix)]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
+                              f"set {'.'.join(parts[:i])}=VALUE, or check the key")
+        if part not in node or node[part] is None:
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, key)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:-1])} is {node!r}, not a section with keys; "
+                          f"set {'.'.join(parts[:-1])}=VALUE, or check the key")
+
+
+def _list_index(node: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items")
+    return int(part)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
+    data: dict = {}
+    if path is not None:
+        data = read_yaml(Path(path))
+    for item in overrides:
+        apply_override(data, item)
+    return config_from_dict(data)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: its problem and, where known, line and column (1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return where + problem
+
+
+def read_yaml(p: Path) -> dict:
+    """A config file's top-level mapping, or a one-line ConfigError naming the file, the problem and the fix."""
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file (to continue a run: "
+                          f"accord train --resume {p})")
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                          f"{err.start}); save it as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"config file {p} cannot be read ({err.strerror}); check its permissions") from err
+    try:
+        loaded = _load_yaml(text)
+    except _DuplicateKey as err:
+        raise ConfigError(f"config file {p}: {err}; the second would replace the first: merge them into one "
+                          f"{err.key!r} (YAML keeps only one value per key)") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
+    _check_size(loaded, f"config file {p}")
+    if loaded is None:
+        raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "
+                          "defaults")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p} must hold a YAML mapping at the top level")
+    return loaded
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config atomically (temp file, fsync, rename): a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every field, for docs and ``accord train --help-config``."""
+    out = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.extend(describe(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out.append((key, _to_plain(default), f.metadata.get("help", "")))
+    for name, item in (("policies.<name>.", PolicyConfig), ("agents.<i>.", AgentConfig)):
+        if cls is Config:
+            out.extend(describe(item, name))
+    return out
