@@ -1,6 +1,6 @@
 """The README as a newcomer follows it: the YAML it shows is the file, its commands do not collide, and the
-example it calls the default job is that job. (Measured times live in docs/performance.md, checked by
-tests/docs/test_site.py; the README's Python examples run in tests/docs/test_python_blocks.py.)"""
+example it calls the default job is that job, its links resolve. (The README's Python examples run in
+tests/docs/test_python_blocks.py.)"""
 
 from __future__ import annotations
 
