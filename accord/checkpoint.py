@@ -223,7 +223,7 @@ def _hook(point: str) -> None:
     """Crash-test hook: ``ACCORD_TEST_CRASH_DELAY=<point>:<seconds>[,...]`` sleeps at ``point`` (``manifest``:
     files written, manifest not yet; ``commit``: manifest and the step's metrics written, not yet renamed;
     ``discard``: a pruned checkpoint renamed to ``.trash_*``, not yet deleted) so that a test's SIGKILL lands
-    inside that window (tests/test_crash_safety.py). Unset: does nothing."""
+    inside that window (tests/e2e/test_sigkill_resume.py). Unset: does nothing."""
     spec = os.environ.get("ACCORD_TEST_CRASH_DELAY")
     if spec:
         import time

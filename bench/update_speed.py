@@ -7,7 +7,7 @@
 One :meth:`accord.policies.model.ModelPolicy.update` over ``--prompts`` x ``--k`` samples (random token ids:
 prompts of about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, advantages +-1) in
 micro-batches of ``--micro-batch-size``, with prompt sharing on (the default) and off. The two
-paths compute the same loss and gradients (``tests/test_generation.py``); this measures the time.
+paths compute the same loss and gradients (``tests/generation/test_generation.py``); this measures the time.
 Best of ``--rounds`` updates per setting, run in alternating order. bf16 is only fast on CPUs with bf16
 matrix units (AMX, AVX512-BF16); elsewhere measure ``--precision fp32``.
 """

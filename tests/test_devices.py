@@ -128,7 +128,7 @@ def test_torchrun_sets_the_cuda_device_before_creating_nccl_groups(tiny_cfg, mon
     """torchrun process 1 of 2, a policy with 2 replicas on CUDA: the process's GPU (cuda:<local rank>) is made
     current before its NCCL group is created, and the group is bound to it (device_id). No GPU here: torch.cuda's
     device calls, the group constructor and the rank's build are recorded stand-ins (a real check needs two
-    GPUs: tests/test_gpu.py runs the CLI under torchrun with NCCL)."""
+    GPUs: tests/e2e/test_gpu.py runs the CLI under torchrun with NCCL)."""
     import accord.distributed.data_parallel as dp
 
     events = []

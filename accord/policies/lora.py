@@ -26,7 +26,7 @@ through its own adapter (PEFT allows this only in eval mode, which accord's gene
 call draws from the group's random stream. With ``mixed_generation: false`` each adapter generates
 its own prompts in its own call, from its own stream. The two paths give identical tokens row for
 row whenever the random numbers line up (greedy decoding, or the same stream over the same batch
-shape); the LoRA tests check both.
+shape); ``tests/policies/test_lora.py`` checks both.
 
 ``bench/lora_generation.py MODEL [THREADS]`` times the two modes and the bare base; ``bench/README.md``
 has its results. Where accord's direct decoding step applies (:mod:`accord.generation.fast_decode`: plain

@@ -17,24 +17,23 @@ inputs of the function under test from trusted code, has the candidate's process
 only, and decides every test in the caller's process or in a sandbox that runs trusted code only
 (:mod:`accord.sandbox.harness`).
 
-Layout: :mod:`~accord.sandbox.api` (the public API and statuses), :mod:`~accord.sandbox.harness`
-(test plans and verdicts), :mod:`~accord.sandbox.plain` (the plain-data decoder),
-:mod:`~accord.sandbox.isolation` (namespaces, the sandbox's root file system, uids, cgroups, the
-probe's result), :mod:`~accord.sandbox.supervise` (starting, watching and killing a run) and
-:mod:`~accord.sandbox.child` (the runner that executes inside the sandbox).
+Layout: :mod:`~accord.sandbox.api` (the public API and statuses), :mod:`~accord.sandbox.config`
+(the limits, :class:`SandboxConfig`), :mod:`~accord.sandbox.harness` (test plans and verdicts),
+:mod:`~accord.sandbox.plain` (the plain-data decoder), :mod:`~accord.sandbox.isolation` (namespaces, the
+sandbox's root file system, uids, cgroups, the probe's result), :mod:`~accord.sandbox.supervise` (starting,
+watching and killing a run) and :mod:`~accord.sandbox.child` (the runner that executes inside the sandbox).
 """
 
 from accord.sandbox.api import (
     STATUSES,
     ExecResult,
     Sandbox,
-    SandboxConfig,
-    SandboxConfigError,
     SandboxError,
     TestCaseResult,
     TestPlanError,
     TestRun,
 )
+from accord.sandbox.config import SandboxConfig, SandboxConfigError
 from accord.sandbox.harness import Statement, TestPlan
 from accord.sandbox.isolation import Isolation
 from accord.sandbox.supervise import PROCESS_MARKER, probe

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from accord.sandbox.config import SandboxConfig
 from accord.sandbox.isolation import UIDS, Cgroups, Isolation, Plan, Slot, candidate_plans, default_uid_base, \
     find_unshare, root_spec
 
@@ -433,8 +434,6 @@ _probed: tuple[Plan, Isolation, Cgroups] | None = None
 
 def _try_plan(plan: Plan, network: bool, cgroups: Cgroups | None) -> tuple[str | None, bool]:
     """Run the probe program under ``plan``: (None when it behaved, else what went wrong; seccomp ok)."""
-    from accord.sandbox.api import SandboxConfig  # the config type lives with the public API
-
     config = SandboxConfig(timeout_s=20, workers=1, network=network)
     runner = Runner(config, plan, cgroups)
     raw, control, _, _ = runner.execute("exec", _PROBE_CODE, probing=True)
