@@ -276,11 +276,12 @@ class Trainer:
         return acc.mean(), table
 
     def _policy_gradient(self, samples: list, rows: list[dict], step: int, acc: MetricAccumulator,
-                         times: dict[str, float]) -> None:
+                         times: dict[str, float], *, audited: bool = False) -> None:
         """MAGRPO's and AT-GRPO's phases after the rollout (also marlhf's with ``reward_model.rl: magrpo``):
-        ``audit``, the overlong penalty, ``kl`` (a k1 penalty), ``adv``, ``update``."""
+        ``audit`` (unless the caller ``audited`` the samples already), the overlong penalty, ``kl`` (a k1
+        penalty), ``adv``, ``update``."""
         algo = self.cfg.algorithm
-        if self.run.rollout.recorder is not None:
+        if not audited and self.run.rollout.recorder is not None:
             with self._phase(times, "audit"):   # training.audit: records (and, strict, checks) the step's groups
                 audit_step(self.run, step + 1, samples, rows, acc)
         if algo.overlong.window:

@@ -286,11 +286,12 @@ def audit(trainer, step: int, samples: list[Sample], rows: list[dict], acc: Metr
 
 def actor_critic_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, times: dict[str, float],
                       samples: list[Sample] | None = None) -> list[Sample]:
-    """One iac / maac step (see the module docstring); ``samples``: already rolled out (marlhf's stage 2)."""
+    """One iac / maac step (see the module docstring); ``samples``: already rolled out and audited (marlhf's
+    stage 2)."""
     cfg, critics = trainer.cfg, trainer.run.parts["critics"]
     if samples is None:
         samples, rows = trainer.rollout(step, rows, acc, times)
-    audit(trainer, step, samples, rows, acc, times)
+        audit(trainer, step, samples, rows, acc, times)
     algo = cfg.algorithm
     if algo.kl_coef > 0 and algo.kl_estimator in KL_REWARD_ESTIMATORS:
         with trainer._phase(times, "kl"):
@@ -703,11 +704,14 @@ def marlhf_step(trainer, step: int, rows: list[dict], acc: MetricAccumulator, ti
         with trainer._phase(times, "reward_model"):
             rm.train_stage(trainer, acc, step)
     samples, rows = trainer.rollout(step, rows, acc, times)
+    # audited before the reward model's scores replace the task's: the audit checks each sample's reward against
+    # the task's score of its own text, which the rollout recorded
+    audit(trainer, step, samples, rows, acc, times)
     with trainer._phase(times, "rm_score"):
         rm.rescore(samples, acc)
     if stage_of(trainer.cfg) in ACTOR_CRITIC:
         return actor_critic_step(trainer, step, rows, acc, times, samples)
-    trainer._policy_gradient(samples, rows, step, acc, times)
+    trainer._policy_gradient(samples, rows, step, acc, times, audited=True)
     return samples
 
 

@@ -190,3 +190,17 @@ def test_config_errors(tiny_cfg, overrides, match):
 def test_marlhf_on_a_multi_turn_environment_names_what_works(tiny_cfg):
     with pytest.raises(ConfigError, match="marlhf needs a single-turn task.*use madpo, iac or maac"):
         Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, task={"name": "relay", "eval_size": 0})))
+
+
+@pytest.mark.parametrize("stage", ["magrpo", "iac"])
+def test_marlhf_passes_a_strict_audit(tiny_cfg, tmp_path, stage):
+    """The audit checks each sample's reward against the task's score of its text, before the reward model's score
+    replaces it (checked after, every sample carried another reward than its text scored: a false violation)."""
+    prefs = _write(tmp_path / "prefs.jsonl", [GOOD] * 4)
+    trainer = Trainer(config_from_dict(tiny_cfg(
+        run={"steps": 2, "run_dir": str(tmp_path / "run")}, algorithm={"name": "marlhf"},
+        training={"audit": "strict"}, reward_model={"preferences": prefs, "epochs": 1, "eval_frac": 0.0, "rl": stage})))
+    trainer.train()
+    recs = read_metrics(trainer.run_dir)
+    assert [r["audit/violations"] for r in recs if "audit/violations" in r] == [0.0, 0.0]
+    assert all("rm/reward" in r for r in recs if "audit/violations" in r)
