@@ -3,20 +3,14 @@
 A *policy* is one trainable unit that one or more agents act with (``policies`` in the config; an agent names its
 policy). :class:`Policy` lists what every implementation offers, whichever way it holds its weights:
 
-=============================================  ===============================================================
-implementation                                 where its weights are
-=============================================  ===============================================================
-:class:`accord.policies.model.ModelPolicy`     a whole model in this process (``specialization: shared`` or
-                                               ``separate``)
-:class:`accord.policies.lora.LoraPolicy`       one LoRA adapter over a frozen base shared with the run's other
-                                               adapters (``specialization: lora``)
-:class:`accord.distributed.ranks.DataParallelPolicy`, :class:`accord.distributed.fsdp.FsdpPolicy`
-                                               one rank of a data-parallel (or sharded) policy
-                                               (``policies.<name>.replicas``, ``training.fsdp``)
-:class:`accord.distributed.ray_backend.RemotePolicy`, ``RemoteGroup``
-                                               a proxy in the trainer's process for a policy (or its ranks)
-                                               living in Ray actors (``run.backend: ray``)
-=============================================  ===============================================================
+- :class:`accord.policies.model.ModelPolicy`: a whole model in this process (``specialization: shared`` or
+  ``separate``);
+- :class:`accord.policies.lora.LoraPolicy`: one LoRA adapter over a frozen base shared with the run's other
+  adapters (``specialization: lora``);
+- :class:`accord.distributed.ranks.DataParallelPolicy` and :class:`accord.distributed.fsdp.FsdpPolicy`: one rank of
+  a data-parallel (or sharded) policy (``policies.<name>.replicas``, ``training.fsdp``);
+- :class:`accord.distributed.ray_backend.RemotePolicy` and ``RemoteGroup``: a proxy in the trainer's process for a
+  policy (or its ranks) living in Ray actors (``run.backend: ray``).
 
 ``tests/policies/test_protocol.py`` checks that each of them has every member below with the same parameters.
 Code that needs more than this interface (the value heads and preference losses of :mod:`accord.critics`, which
