@@ -216,7 +216,7 @@ class PolicyWorker:
 
 
 class RemotePolicy:
-    """Driver-side stand-in for a :class:`~accord.policies.Policy` that lives in a Ray actor (implements that interface)."""
+    """Driver-side stand-in for a policy that lives in a Ray actor; implements :class:`~accord.policies.Policy`."""
 
     # prompt handling runs here, with the tokenizer fetched from the actor: the same code as ModelPolicy's
     encode_chat = ModelPolicy.encode_chat

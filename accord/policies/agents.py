@@ -23,7 +23,8 @@ class AgentGenerator:
     """``generate(requests, n, greedy, temperature=None, stream=None)`` over a run's policies; ``sampling``:
     each agent's settings (:func:`accord.rollout.sample.agent_sampling`; None: the rollout config's)."""
 
-    def __init__(self, policies: dict[str, Policy], agent_policy: dict[str, str], sampling: dict[str, Sampling] | None = None):
+    def __init__(self, policies: dict[str, Policy], agent_policy: dict[str, str],
+                 sampling: dict[str, Sampling] | None = None):
         self.policies, self.agent_policy = policies, agent_policy
         self.sampling = sampling
         self.tokens = 0   # generated tokens since the last reset (the trainer resets it every step)
@@ -64,8 +65,8 @@ class AgentGenerator:
         return rows if temperature is None else [replace(s, temperature=temperature) for s in rows]
 
 
-def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list[int]]], *, greedy: bool, temperature: float,
-                       stream: str | None = None, sampling: dict[str, list] | None = None
+def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list[int]]], *, greedy: bool,
+                       temperature: float, stream: str | None = None, sampling: dict[str, list] | None = None
                        ) -> dict[str, list[Generation]]:
     """Completions of each policy's prompts: one call per plain policy, and one mixed-adapter call
     for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
