@@ -29,7 +29,7 @@ from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpo
                                resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.config.rules import EnvInfo, check_rollout
-from accord.config_rules import warn_ignored
+from accord.config.ignored import warn_ignored
 from accord.devices import policy_devices
 from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.registry import TaskBuilder, as_env, import_modules
@@ -203,7 +203,7 @@ def check_run(cfg: Config, env) -> dict[str, int]:
     eval``, ``accord plan``, ``accord compare``'s preflight and the Python API come through here): the
     registered names, the rollout tier (:func:`accord.config.rules.check_rollout`: the agents against the
     environment's, sizes, the rollout's rules), the advantage settings, marlhf's files; then a warning for
-    each setting the run does not read (:mod:`accord.config_rules`). Returns the number of agents per policy.
+    each setting the run does not read (:mod:`accord.config.ignored`). Returns the number of agents per policy.
     The tiers and where each rule lives: :mod:`accord.config.rules`."""
     check_registered(cfg)   # (build_env checked it too; check_run holds every rule a run is checked with)
     check_rollout(cfg, env_info(env))

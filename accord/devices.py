@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from accord.config import ConfigError, check_device_setting
-from accord.config.rules import check_ray_devices, policy_setting  # noqa: F401  (the config's device rules)
+from accord.config.rules import policy_setting
 from accord.seeding import restored_stream_seed
 
 logger = logging.getLogger(__name__)

@@ -361,7 +361,7 @@ def _policies(cfg: Config) -> dict[str, tuple[ModelPolicy, tuple[str, ...]]]:
     for i, name in enumerate(sorted(by_policy)):
         pcfg = cfg.policies[name] if name in cfg.policies else cfg.policies[cfg.agents[0].policy]
         pol = ModelPolicy(name, dataclasses.replace(pcfg, lr=None), training, algo, rollout, s.steps,
-                     seed=policy_seed(cfg.run.seed, i), device=devices[name])
+                          seed=policy_seed(cfg.run.seed, i), device=devices[name])
         out[name] = (pol, tuple(by_policy[name]))
     return out
 

@@ -74,7 +74,7 @@ def main() -> None:
                                     "algorithm": {"tis": tis, "ppo_epochs": epochs},
                                     "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6, "bf16": False}})
             pols[tis] = ModelPolicy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
-                               total_optimizer_steps=100, seed=0)
+                                    total_optimizer_steps=100, seed=0)
         make_ids(pols["off"].model.config.vocab_size)
         # stored log-probs: the learner's own, perturbed (a sampler that differs a little)
         with torch.no_grad():

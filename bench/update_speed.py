@@ -62,7 +62,7 @@ def main() -> None:
                                 "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6,
                                              "bf16": precision == "bf16"}})
         pol = ModelPolicy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
-                     total_optimizer_steps=100, seed=0)
+                          total_optimizer_steps=100, seed=0)
         pol.update(samples(), 0)  # warm-up
         best = {"shared": float("inf"), "full": float("inf")}
         for r in range(args.rounds):

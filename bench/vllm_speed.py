@@ -36,7 +36,7 @@ def bench(model: str = "smollm2-135m", *, prompts: int = 32, max_new_tokens: int
         r = RolloutConfig(max_new_tokens=max_new_tokens, temperature=0.7, top_p=0.9, generation_batch_size=prompts,
                           generation_backend=backend, vllm_kwargs=kwargs)
         pol = ModelPolicy("main", PolicyConfig(model=model, model_kwargs=dict(model_kwargs or {})), TrainingConfig(),
-                     AlgorithmConfig(), r, 1, seed=0)
+                          AlgorithmConfig(), r, 1, seed=0)
         ids = [pol.encode_chat([{"role": "user", "content": t}]) for t in texts]
         t = time.perf_counter()
         pol.generate(ids[:1], greedy=False, temperature=0.7)  # vllm: builds the engine

@@ -28,7 +28,7 @@ def _cell(text: str) -> str:
 
 def config_page() -> str:
     from accord.config import describe
-    from accord.config_rules import rules_table
+    from accord.config.ignored import rules_table
 
     lines = ["# Config reference", "",
              "Every key of a run's YAML file, with its default and what it does; generated from the schema's help",
@@ -52,7 +52,7 @@ def config_page() -> str:
               "candidate reward, alpha * team + local); remove it or set algorithm.name=atgrpo",
               "```", "",
               "It is a warning, not an error: one YAML file may serve several algorithms. The keys and when they have",
-              "no effect (`accord.config_rules.ignored_settings` returns the lines without logging them):", "",
+              "no effect (`accord.config.ignored.ignored_settings` returns the lines without logging them):", "",
               "| keys | no effect when |", "|---|---|"]
     lines += [f"| {_cell(keys)} | {_cell(when)} |" for keys, when in rules_table()]
     return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from accord.config import ConfigError, apply_override, config_from_dict, describe, load_config
+from accord.config.rules import check_sizes
 
 
 def test_defaults_build():
@@ -46,7 +47,7 @@ def test_errors_name_the_fix(data, match):
 def test_sizes_must_divide():
     cfg = config_from_dict({"training": {"num_mini_batches": 3}, "rollout": {"batch_size": 2}})
     with pytest.raises(ConfigError, match="not divisible by training.num_mini_batches=3"):
-        cfg.validate_sizes({"main": 2})
+        check_sizes(cfg, {"main": 2})
 
 
 def test_agents_must_match_task():

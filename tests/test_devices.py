@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from accord.config import ConfigError, config_from_dict
-from accord.devices import (actor_device, check_ray_devices, make_generator, policy_devices, resolve_device,
-                            restore_generator)
+from accord.config.rules import check_ray_devices
+from accord.devices import actor_device, make_generator, policy_devices, resolve_device, restore_generator
 from accord.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("leaves", ["accord.seeding", "accord.metric_names", "accord.stats", "accord.data", "accord.sandbox",
                 "accord.rollout.sample"]),   # the Sample record: generation and policies fill it, rollouts make it
     ("models", ["accord.models"]),                       # config reads the model specs (loading, tiny)
-    ("config", ["accord.config", "accord.config_rules", "accord.devices"]),
+    ("config", ["accord.config", "accord.devices"]),
     ("parts", ["accord.algorithms", "accord.envs", "accord.tracking", "accord.audit"]),
     ("generation", ["accord.generation"]),
     ("policies", ["accord.policies"]),

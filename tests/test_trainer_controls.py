@@ -29,7 +29,7 @@ def _agents(e=None, o=None):
 
 def _policy(**algo):
     return ModelPolicy("p", PolicyConfig(**TINY), TrainingConfig(bf16=False), AlgorithmConfig(**algo),
-                  RolloutConfig(temperature=1.0, max_new_tokens=16), total_optimizer_steps=4, seed=0)
+                       RolloutConfig(temperature=1.0, max_new_tokens=16), total_optimizer_steps=4, seed=0)
 
 
 def _weights(trainer, policy):
@@ -119,7 +119,7 @@ def test_agents_with_their_own_sampling_train_together(tiny_cfg, specialization)
 def test_tis_auto_is_off_for_one_fp32_computation_and_on_where_they_differ(caplog):
     assert _policy().tis_mode == "off"
     bf16 = ModelPolicy("p", PolicyConfig(**TINY), TrainingConfig(bf16=True), AlgorithmConfig(), RolloutConfig(),
-                  total_optimizer_steps=1, seed=0)
+                       total_optimizer_steps=1, seed=0)
     assert bf16.tis_mode == "truncate" and "bf16" in bf16.sampler_mismatch()
     assert _policy(tis="mask").tis_mode == "mask" and _policy(tis="off").tis_mode == "off"
     assert not dropout_in_training(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))

@@ -16,7 +16,7 @@ module                 what it holds
 
 The package imports no accord module above it (only :mod:`accord.models` for the tiny models' options):
 what a rule needs of a higher layer is passed in as plain values. Settings that have no effect in a run
-are warnings, not errors: :mod:`accord.config_rules`.
+are warnings, not errors: :mod:`accord.config.ignored`.
 """
 
 from accord.config.base import (ACTOR_CRITIC, ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, LOSSES, MAX_SEED,

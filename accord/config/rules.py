@@ -48,7 +48,7 @@ stay where that object is:
   cluster.
 - :func:`accord.build.resume_point`: ``run.steps`` against the checkpoint resumed from.
 
-Settings that are valid but have no effect in a run are warnings, not rules: :mod:`accord.config_rules`.
+Settings that are valid but have no effect in a run are warnings, not rules: :mod:`accord.config.ignored`.
 
 This module imports no accord module but :mod:`accord.config.base`: what a rule needs of a higher layer is
 passed in as plain values (names, counts, :class:`EnvInfo`).

@@ -24,7 +24,7 @@ from typing import Any
 from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, PAIR_SELECTIONS,
                                 SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice, _coerce, _f,
                                 _positive, _unknown_key, check_device_setting)
-from accord.config.rules import check_agents, check_config, check_sizes
+from accord.config.rules import check_agents, check_config
 
 _logger = logging.getLogger(__name__)
 
@@ -874,11 +874,6 @@ class Config:
         order = {n: i for i, n in enumerate(task_agents)}
         self.agents.sort(key=lambda a: order[a.name])
         check_agents(self)
-
-    def validate_sizes(self, num_agents_per_policy: dict[str, int]) -> None:
-        """Check that each policy's samples split evenly into mini-batches (:func:`accord.config.rules.check_sizes`,
-        a part of the rollout tier)."""
-        check_sizes(self, num_agents_per_policy)
 
     @property
     def run_dir(self) -> Path:

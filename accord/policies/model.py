@@ -530,4 +530,4 @@ def build_policy(cfg, name: str, index: int, total_optimizer_steps: int, device=
     :mod:`accord.devices`). The Ray backend calls this inside each policy's actor, so both backends build the
     same."""
     return ModelPolicy(name, cfg.policies[name], cfg.training, cfg.algorithm, cfg.rollout, total_optimizer_steps,
-                  seed=policy_seed(cfg.run.seed, index), device=device)
+                       seed=policy_seed(cfg.run.seed, index), device=device)

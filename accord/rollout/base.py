@@ -108,14 +108,6 @@ def register_rollout(name: str):
     return wrap
 
 
-def uses_episodes(algorithm: str, env) -> bool:
-    """Whether ``algorithm`` samples independent episodes on ``env`` (a multi-turn environment): the actor-critic
-    and preference trainers' rollout (:mod:`accord.rollout.episodes`)."""
-    from accord.envs.single_turn import SingleTurnEnv
-
-    return rollout_for(algorithm, isinstance(env, SingleTurnEnv)) == "episodes"
-
-
 def rollout_name(cfg: Config, env) -> str:
     """The rollout of an algorithm on an environment (:func:`accord.config.rules.rollout_for`): AT-GRPO's,
     sampled episodes (actor-critic and preference learning on a multi-turn environment), or MAGRPO's joint

@@ -50,7 +50,6 @@ from accord import metric_names as mn
 from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
-from accord.config.rules import TreeTooLargeError, check_tree_size, tree_generations  # noqa: F401
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample

@@ -41,8 +41,8 @@ def test_kl_with_truncated_sampling_stays_finite(tiny_cfg, rollout):
 
 def _policy(kl_coef=0.1, **rollout):
     return ModelPolicy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 64, "num_layers": 2}),
-                  TrainingConfig(bf16=False), AlgorithmConfig(kl_coef=kl_coef), RolloutConfig(**rollout),
-                  total_optimizer_steps=1, seed=0)
+                       TrainingConfig(bf16=False), AlgorithmConfig(kl_coef=kl_coef), RolloutConfig(**rollout),
+                       total_optimizer_steps=1, seed=0)
 
 
 def _samples(pol, completions):

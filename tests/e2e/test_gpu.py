@@ -188,7 +188,7 @@ def _vllm_policy(model: str, lr: float, *, model_kwargs=None, utilization=0.3, *
     kw = {"max_new_tokens": 24, "temperature": 1.0, "generation_backend": "vllm",
           "vllm_gpu_memory_utilization": utilization, "vllm_kwargs": {"max_model_len": 1024}, **rollout}
     return ModelPolicy("main", PolicyConfig(model=model, model_kwargs=model_kwargs), TrainingConfig(lr=lr, bf16=False),
-                  AlgorithmConfig(), RolloutConfig(**kw), 10, seed=0, device=torch.device("cuda:0"))
+                       AlgorithmConfig(), RolloutConfig(**kw), 10, seed=0, device=torch.device("cuda:0"))
 
 
 def test_gpu_vllm_bf16_push_and_sleep_mode():

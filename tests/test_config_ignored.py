@@ -1,4 +1,4 @@
-"""A warning for each setting the run does not read (accord.config_rules): the line appears where the key is set
+"""A warning for each setting the run does not read (accord.config.ignored): the line appears where the key is set
 and ignored, not where it is at its default or read; and two real runs that differ only in such a setting are
 bit-identical (metrics and weights), which is what makes the warning true."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from accord import config_rules
+from accord.config import ignored as ignored_module
 from accord.build import build_env, check_run
 from accord.config import apply_override, config_from_dict, describe, load_config
-from accord.config_rules import RULES, ignored_settings, warn_ignored
+from accord.config.ignored import RULES, ignored_settings, warn_ignored
 from accord.envs.single_turn import SingleTurnEnv
 from accord.tracking import read_metrics
 from accord.trainer import Trainer
@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
     """warn_ignored logs each line once per process: each test starts with none logged."""
-    config_rules._warned.clear()
+    ignored_module._warned.clear()
     yield
-    config_rules._warned.clear()
+    ignored_module._warned.clear()
 
 
 def _cfg(settings: list[str], base: dict | None = None):
@@ -110,7 +110,7 @@ def _case_id(case) -> str:
 @pytest.mark.parametrize("setting,ignored,st_ignored,used,st_used", CASES, ids=[_case_id(c) for c in CASES])
 def test_warned_where_ignored_only(setting, ignored, st_ignored, used, st_used, caplog):
     key = setting.split("=", 1)[0]
-    with caplog.at_level(logging.WARNING, logger="accord.config_rules"):
+    with caplog.at_level(logging.WARNING, logger="accord.config.ignored"):
         warn_ignored(_cfg(ignored + [setting]), st_ignored)
     mine = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{key}=")]
     assert len(mine) == 1, caplog.text
@@ -165,19 +165,19 @@ def test_every_rule_names_config_keys():
 
 def test_check_run_warns_once_per_process(tiny_cfg, caplog):
     cfg = config_from_dict(tiny_cfg(algorithm={"alpha": 0.5}, lora={"r": 4}))
-    with caplog.at_level(logging.WARNING, logger="accord.config_rules"):
+    with caplog.at_level(logging.WARNING, logger="accord.config.ignored"):
         check_run(cfg, build_env(cfg))
         check_run(cfg, build_env(cfg))   # accord compare checks each method once per seed
-    lines = [r.getMessage() for r in caplog.records if r.name == "accord.config_rules"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "accord.config.ignored"]
     assert [x.split("=")[0] for x in lines] == ["algorithm.alpha", "lora.r"]
-    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "accord.config_rules")
+    assert all(r.levelno == logging.WARNING for r in caplog.records if r.name == "accord.config.ignored")
 
 
 def test_accord_plan_warns(tiny_cfg, caplog):
     from accord.plan import make_plan
 
     cfg = config_from_dict(tiny_cfg(rollout={"batch_size": 2, "max_new_tokens": 8, "history_turns": 1}))
-    with caplog.at_level(logging.WARNING, logger="accord.config_rules"):
+    with caplog.at_level(logging.WARNING, logger="accord.config.ignored"):
         make_plan(cfg, prompt_tokens=64)
     assert "rollout.history_turns=1 has no effect on the single-turn task 'letters'" in caplog.text
 
@@ -239,9 +239,9 @@ PROOFS = [
 @pytest.mark.parametrize("name,base,settings", PROOFS, ids=[p[0] for p in PROOFS])
 def test_an_ignored_setting_changes_nothing(tiny_cfg, tmp_path, caplog, name, base, settings):
     plain = _run(tiny_cfg, tmp_path, "plain", base, [])
-    with caplog.at_level(logging.WARNING, logger="accord.config_rules"):
+    with caplog.at_level(logging.WARNING, logger="accord.config.ignored"):
         changed = _run(tiny_cfg, tmp_path, "changed", base, settings)
-    warned = {r.getMessage().split("=")[0] for r in caplog.records if r.name == "accord.config_rules"}
+    warned = {r.getMessage().split("=")[0] for r in caplog.records if r.name == "accord.config.ignored"}
     assert warned == {s.split("=")[0] for s in settings}
     assert plain[0] and any(v for r in plain[0] for k, v in r.items() if k.startswith("loss/"))   # it trained
     assert _same(plain, changed)

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accord.config import ACTOR_CRITIC, Config
+from accord.config.base import ACTOR_CRITIC
+from accord.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
