@@ -177,7 +177,8 @@ class ScalarModel:
     def fit_values(self, inputs: list[list[int]], old: list[float], targets: list[float], *, coef: float,
                    clip: float | None, epochs: int, mini_batches: int, step: int) -> dict[str, float]:
         """Regress the scalar on ``targets`` (a critic): ``epochs`` passes of ``mini_batches`` optimizer steps,
-        loss ``coef`` x the (clipped) value loss of :func:`accord.algorithms.actor_critic.value_loss`."""
+        loss ``coef`` x the (clipped) value loss of :func:`accord.algorithms.actor_critic.value_loss`. Inputs
+        repeated within a micro-batch run through the model once."""
         n = len(inputs)
         sums = {mn.VALUE_LOSS: 0.0, mn.CLIP_FRAC: 0.0}
         norms = []
@@ -187,7 +188,10 @@ class ScalarModel:
                 self.optimizer.zero_grad(set_to_none=True)
                 for i in range(0, len(idx), self.training.micro_batch_size):
                     part = idx[i:i + self.training.micro_batch_size]
-                    values = self._scores([inputs[j] for j in part])
+                    # each distinct input once (the K samples of a prompt share V(h)); the loss still counts
+                    # every sample, its gradient summed over the copies
+                    index, first = first_occurrences([tuple(inputs[j]) for j in part])
+                    values = self._scores([inputs[part[u]] for u in first])[torch.tensor(index, device=self.device)]
                     loss, stats = value_loss(values, torch.tensor([old[j] for j in part], device=self.device),
                                              torch.tensor([targets[j] for j in part], device=self.device), clip)
                     total = coef * loss.sum() / len(idx)

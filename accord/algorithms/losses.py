@@ -127,9 +127,10 @@ def entropy_from_logits(processed_logits: torch.Tensor, truncated: bool = True) 
 @torch.no_grad()
 def _entropy(log_probs: torch.Tensor, truncated: bool) -> torch.Tensor:
     p = log_probs.exp()
-    terms = p * log_probs
-    if truncated:  # truncated tokens have p = 0 and log p = -inf: 0 * -inf is NaN, so skip them
-        terms = torch.where(p > 0, terms, 0.0)
+    kept = p > 0 if truncated else None  # truncated tokens have p = 0 and log p = -inf: 0 * -inf is NaN
+    terms = p.mul_(log_probs)            # in place: one vocabulary-sized tensor fewer
+    if kept is not None:
+        terms = torch.where(kept, terms, 0.0)
     return -terms.sum(-1)
 
 

@@ -52,6 +52,11 @@ _SUPPORTED = {"LlamaForCausalLM": "LlamaRMSNorm", "Qwen2ForCausalLM": "Qwen2RMSN
               "MistralForCausalLM": "MistralRMSNorm", "Qwen3ForCausalLM": "Qwen3RMSNorm"}
 # rotary types whose cos/sin at a position do not depend on the sequence length seen so far
 _STATIC_ROPE = {"default", "linear", "llama3"}
+# Products with fewer weights than this run through F.linear even where oneDNN is available: a oneDNN call
+# costs about 20 us more than MKL's for a few rows against a small weight (the tiny test models' 192 x 64:
+# 29 against 9 us), and the prepacked layout wins only from about 2^18 weights (1024 x 256: 0.8-0.9 of
+# F.linear's time at 8-24 rows, 2 threads; 2026-11-25, AMD EPYC, AVX2).
+PACK_MIN_WEIGHTS = 1 << 18
 
 
 def _transformers_class(module: nn.Module, name: str) -> bool:
@@ -167,7 +172,8 @@ class Projection:
     optionally followed by an elementwise step fused into it (oneDNN post-ops), plus their LoRA adapters.
 
     On the CPU with oneDNN the weight is re-laid out once here (a copy the size of the weights, freed with
-    this object) for ``rows`` rows at a time (a hint: any row count works); elsewhere the product is
+    this object) for ``rows`` rows at a time (a hint: any row count works), unless it has fewer than
+    ``PACK_MIN_WEIGHTS`` entries; elsewhere the product is
     ``F.linear`` on the concatenated weight, or on the layer's own weight when there is only one.
     ``scales``: a factor per layer multiplied into its weight and bias (the attention's query scaling);
     ``columns``: a factor per input feature multiplied into the weights (the weight of the RMSNorm before).
@@ -194,7 +200,7 @@ class Projection:
             self.bias = torch.cat([w.new_zeros(w.size(0)) if b is None else b for w, b in zip(weights, biases)])
         self.factors = self._lora_factors(modules, weights, scales, columns, adapters)
         self.packed = None
-        if pack:
+        if pack and self.weight.numel() >= PACK_MIN_WEIGHTS:
             self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows), None
 
     @staticmethod
