@@ -354,8 +354,9 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
             policy.optimizer.zero_grad(set_to_none=True)
             policy.head_optimizer.zero_grad(set_to_none=True)
             for micro in micro_batches(mb_samples, tr.micro_batch_size, tr.micro_batch_tokens):
-                logp, ent, mask, *full = policy._forward_completion(policy.model, micro, want_entropy=epoch == 0,
-                                                                    kl_too=kl_in_loss)
+                bonus = algo.entropy_coef > 0
+                logp, ent, mask, *full = policy._forward_completion(
+                    policy.model, micro, want_entropy=epoch == 0 or bonus, kl_too=kl_in_loss, entropy_grad=bonus)
                 c = mask.size(1)
                 stored = right_aligned([s.logprobs for s in micro], c, policy.device)
                 if fresh:
@@ -375,7 +376,8 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
                     logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                     agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
                     kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss,
-                    weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None)
+                    weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None,
+                    entropy=ent if bonus else None, entropy_coef=algo.entropy_coef)
                 values = _head_forward(policy, micro)
                 old_v = torch.tensor([s.extra[VALUE] for s in micro], dtype=values.dtype, device=values.device)
                 target = torch.tensor([s.extra[TARGET] for s in micro], dtype=values.dtype, device=values.device)
@@ -388,7 +390,7 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
                 total.backward()
                 if epoch == 0:
                     fm = mask.float()
-                    stats[mn.ENTROPY] = (ent * fm).sum()
+                    stats[mn.ENTROPY] = (ent.detach() * fm).sum()
                     if stored_ok:
                         stats[mn.LOGP_DIFF] = ((logp.detach() - stored).abs() * fm).sum()
                     if weights is not None:

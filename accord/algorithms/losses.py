@@ -104,33 +104,42 @@ def gather_logprobs(processed_logits: torch.Tensor, targets: torch.Tensor) -> to
 
 
 def logprobs_and_entropy(processed_logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool = True,
-                         truncated: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         truncated: bool = True, entropy_grad: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``targets`` and, if wanted, the entropy at each position, from one log-softmax.
 
-    The entropy has no gradient. ``truncated`` says whether top-k/top-p may have set logits to -inf
-    (those tokens are skipped: their 0 * -inf would be NaN); without truncation that masking pass is
-    not paid. One log-softmax serves both, and its backward is lighter than that of logsumexp + gather
-    + a separate entropy pass (docs/performance.md, *Measured numbers*).
+    The entropy has a gradient only with ``entropy_grad`` (the entropy bonus). ``truncated`` says whether
+    top-k/top-p may have set logits to -inf (those tokens are skipped: their 0 * -inf would be NaN); without
+    truncation that masking pass is not paid. One log-softmax serves both, and its backward is lighter than
+    that of logsumexp + gather + a separate entropy pass (docs/performance.md, *Measured numbers*).
     """
     log_probs = torch.log_softmax(processed_logits, dim=-1)
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked, (_entropy(log_probs, truncated) if want_entropy else None)
+    if not want_entropy:
+        return picked, None
+    if entropy_grad:
+        return picked, _entropy_terms(log_probs, truncated)
+    with torch.no_grad():
+        return picked, _entropy_terms(log_probs, truncated)
 
 
 def entropy_from_logits(processed_logits: torch.Tensor, truncated: bool = True) -> torch.Tensor:
     """Entropy of the sampling distribution at each position (no gradient); see
     :func:`logprobs_and_entropy` for ``truncated``."""
     with torch.no_grad():
-        return _entropy(torch.log_softmax(processed_logits, dim=-1), truncated)
+        return _entropy_terms(torch.log_softmax(processed_logits, dim=-1), truncated)
 
 
-@torch.no_grad()
-def _entropy(log_probs: torch.Tensor, truncated: bool) -> torch.Tensor:
+def _entropy_terms(log_probs: torch.Tensor, truncated: bool) -> torch.Tensor:
+    """-sum p log p over the last axis (with a gradient where grad mode is on and ``log_probs`` has one)."""
     p = log_probs.exp()
-    kept = p > 0 if truncated else None  # truncated tokens have p = 0 and log p = -inf: 0 * -inf is NaN
-    terms = p.mul_(log_probs)            # in place: one vocabulary-sized tensor fewer
-    if kept is not None:
-        terms = torch.where(kept, terms, 0.0)
+    if truncated:  # truncated tokens have p = 0 and log p = -inf: their term is 0, not 0 * -inf = NaN (in the
+        # backward too, which a torch.where over the product would not avoid)
+        log_probs = log_probs.masked_fill(p == 0, 0.0)
+    if torch.is_grad_enabled() and log_probs.requires_grad:
+        terms = p * log_probs
+    else:
+        terms = p.mul_(log_probs)  # in place: one vocabulary-sized tensor fewer
     return -terms.sum(-1)
 
 
@@ -328,6 +337,8 @@ def policy_loss(
     weights: torch.Tensor | None = None,
     max_lens: torch.Tensor | None = None,
     sampling_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The registered policy loss ``loss`` of one micro-batch (default: the clipped-ratio surrogate of
     PPO/GRPO) plus the KL term, aggregated and normalised by batch-wide totals.
@@ -347,6 +358,9 @@ def policy_loss(
             :func:`tis_weights`); None: 1.
         max_lens: (b,) each sequence's completion length cap (``seq_sum_norm``).
         sampling_logp: (b, T) the sampler's stored log-probs, for losses that read them.
+        entropy, entropy_coef: (b, T) the entropy of the sampling distribution at each token, with its gradient,
+            and the weight of the bonus: ``entropy_coef`` x entropy is subtracted from each token's loss before
+            the aggregation (0: no bonus).
     Returns:
         The loss contribution of this micro-batch and unnormalised statistic sums (divide by
         ``totals.num_tokens`` to average).
@@ -370,6 +384,11 @@ def policy_loss(
             raise ValueError("kl_coef > 0 needs ref_logp")
         kl = kl_penalty(logp if kl_logp is None else kl_logp, ref_logp, kl_estimator)
         per_token = per_token + kl_coef * kl
+    if entropy_coef > 0:
+        if entropy is None or not entropy.requires_grad:
+            raise ValueError("entropy_coef > 0 needs the entropy with its gradient (logprobs_and_entropy(..., "
+                             "entropy_grad=True))")
+        per_token = per_token - entropy_coef * entropy
     if agg == "token_mean":
         total = (per_token * mask).sum() / totals.num_tokens
     elif agg == "seq_mean_token_mean":

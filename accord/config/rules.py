@@ -198,6 +198,9 @@ def _check_actor_critic_and_preference(cfg: _Config) -> None:
         raise ConfigError(f"critic.value_at=completion makes the advantage Q minus the mean Q of a prompt's K "
                           f"samples, but algorithm.num_generations={algo.num_generations}; set num_generations "
                           ">= 2 or critic.value_at=prompt")
+    if algo.name == "madpo" and algo.entropy_coef > 0:
+        raise ConfigError(f"algorithm.entropy_coef={algo.entropy_coef} does not apply to madpo (its loss is DPO's on "
+                          "preference pairs, not a policy gradient); set entropy_coef=0")
     if algo.name == "madpo" and algo.kl_coef > 0:
         raise ConfigError(f"algorithm.kl_coef={algo.kl_coef} does not apply to madpo (DPO's margins already hold "
                           "the policy to its reference: preference.reference_free=false); set kl_coef=0")

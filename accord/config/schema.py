@@ -235,6 +235,11 @@ class AlgorithmConfig:
     overlong: OverlongConfig = _f(help="DAPO's overlong reward shaping and the masking of truncated completions.",
                                   factory=OverlongConfig)
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the frozen initial policy (0: off, no reference model).")
+    entropy_coef: float = _f(0.0, "Weight of the entropy bonus: the policy loss minus entropy_coef x the entropy of "
+                             "the sampling distribution (after temperature, top-k and top-p) at each completion "
+                             "token, aggregated as the loss (algorithm.loss_agg); it keeps a policy from settling "
+                             "on one output before its groups carry a signal (0: off; PPO codebases use about "
+                             "0.01).")
     kl_estimator: str = _f("k3", "KL estimator (x = log pi - log ref at each sampled token; pi and ref untruncated "
                            "at the sampling temperature): 'k3' (e^-x + x - 1 in the loss; its gradient is that of "
                            "the forward KL(ref || pi), as in GRPO/TRL), 'k2' (x^2 / 2 in the loss; gradient of the "
@@ -321,6 +326,9 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.epsilon_high={self.epsilon_high} must be > 0 (or null to use epsilon)")
         if self.kl_coef < 0:
             raise ConfigError(f"algorithm.kl_coef={self.kl_coef} must be >= 0")
+        if self.entropy_coef < 0:
+            raise ConfigError(f"algorithm.entropy_coef={self.entropy_coef} must be >= 0 (a negative weight would "
+                              "reward certainty); 0 turns the bonus off")
 
 
 @dataclass

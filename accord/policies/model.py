@@ -146,7 +146,7 @@ class ModelPolicy:
         return contextlib.nullcontext()
 
     def _forward_completion(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
-                            kl_too: bool = False):
+                            kl_too: bool = False, entropy_grad: bool = False):
         """Log-probs of each sample's completion tokens, right-aligned in a (b, C) tensor.
 
         Sequences are left-padded so that every completion ends at the last position; only the last
@@ -156,9 +156,11 @@ class ModelPolicy:
         ``untruncated``: the log-probs are those of the untruncated distribution at the sampling
         temperature (no top-k / top-p), as the KL reference uses. ``kl_too``: also return, as a fourth
         value, the untruncated log-probs from the same forward (the KL penalty's side of the policy).
+        ``entropy_grad``: the entropies keep their gradient (the entropy bonus, ``algorithm.entropy_coef``).
         """
         if len({tuple(s.prompt_ids) for s in batch}) < len(batch) and self._can_share_prompts(model):
-            return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated, kl_too=kl_too)
+            return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated, kl_too=kl_too,
+                                                entropy_grad=entropy_grad)
         c = max(len(s.completion_ids) for s in batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in batch], pad)
@@ -175,7 +177,7 @@ class ModelPolicy:
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **kwargs).logits
         logp, ent, full = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy, untruncated,
-                                                    kl_too, self._row_settings(batch))
+                                                    kl_too, self._row_settings(batch), entropy_grad)
         return (logp, ent, mask, full) if kl_too else (logp, ent, mask)
 
     def _row_settings(self, batch: list[Sample]) -> tuple:
@@ -190,7 +192,8 @@ class ModelPolicy:
                 torch.tensor(top_k, device=self.device), torch.tensor(top_p, dtype=torch.float32, device=self.device))
 
     def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool,
-                             untruncated: bool = False, kl_too: bool = False, settings: tuple | None = None):
+                             untruncated: bool = False, kl_too: bool = False, settings: tuple | None = None,
+                             entropy_grad: bool = False):
         """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)
         (without its top-k / top-p truncation when ``untruncated``), and, with ``kl_too``, the
         untruncated log-probs as a third value (the same tensor when sampling is not truncated).
@@ -204,7 +207,7 @@ class ModelPolicy:
         truncated = truncated and not untruncated
         processed = process_logits(logits, temperature, top_k if truncated else 0, top_p if truncated else 1.0,
                                    keep=targets if truncated else None)
-        logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated)
+        logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated, entropy_grad)
         full = None
         if kl_too:
             full = logp if not truncated else logprobs_and_entropy(
@@ -220,7 +223,7 @@ class ModelPolicy:
         return not checkpointing and supports_own_loop(model)
 
     def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
-                                kl_too: bool = False):
+                                kl_too: bool = False, entropy_grad: bool = False):
         """:meth:`_forward_completion` with each distinct prompt run once.
 
         The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
@@ -257,7 +260,7 @@ class ModelPolicy:
             else:
                 logits = head
         logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too,
-                                                    self._row_settings(batch))
+                                                    self._row_settings(batch), entropy_grad)
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
         steps = torch.arange(c, device=self.device)[None, :]
         source = (steps - (c - lengths)[:, None]).clamp(min=0)
@@ -398,8 +401,9 @@ class ModelPolicy:
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro, real in self._micro_batches(mb_samples):
                     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
-                    logp, ent, mask, *full = self._forward_completion(self.model, micro, want_entropy=epoch == 0,
-                                                                      kl_too=kl_in_loss)
+                    bonus = algo.entropy_coef > 0
+                    logp, ent, mask, *full = self._forward_completion(
+                        self.model, micro, want_entropy=epoch == 0 or bonus, kl_too=kl_in_loss, entropy_grad=bonus)
                     c = mask.size(1)
                     stored = right_aligned([s.logprobs for s in micro], c, self.device)
                     if fresh:
@@ -422,7 +426,8 @@ class ModelPolicy:
                         logp, old, adv, mask, totals, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                         agg=algo.loss_agg, kl_coef=algo.kl_coef if kl_in_loss else 0.0, ref_logp=ref,
                         kl_estimator=algo.kl_estimator, kl_logp=full[0] if full else None, loss=algo.loss,
-                        weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None)
+                        weights=weights, max_lens=max_lens, sampling_logp=stored if spec.sampling_logprobs else None,
+                        entropy=ent if bonus else None, entropy_coef=algo.entropy_coef)
                     if not real:  # a filler micro-batch (FSDP): its collectives run, its gradient is zero
                         loss.mul(0.0).backward()
                         continue
@@ -433,7 +438,7 @@ class ModelPolicy:
                     loss.backward()
                     if epoch == 0:
                         fm = mask.float()
-                        stats[mn.ENTROPY] = (ent * fm).sum()
+                        stats[mn.ENTROPY] = (ent.detach() * fm).sum()
                         if stored_ok:
                             stats[mn.LOGP_DIFF] = ((logp.detach() - stored).abs() * fm).sum()
                         if weights is not None:
