@@ -18,7 +18,8 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   tensors autograd keeps per token and layer, ``4h + 4q + 2kv + 4i`` floats for a Llama-style layer
   (h hidden, q = heads x head_dim, kv = kv_heads x head_dim, i MLP width), over ``ceil(b / K) * p + b * c``
   tokens (each distinct prompt of a micro-batch runs once), plus 3 b c V floats for the logits, the
-  sampling transform and the log-softmax (V vocabulary); under bf16 autocast the layer tensors are
+  sampling transform and the log-softmax (V vocabulary), 2 b c V more with the entropy bonus (the probabilities
+  and their product with the log-probs, kept for its gradient); under bf16 autocast the layer tensors are
   half as large and the autocast cache adds 2P bytes; with gradient checkpointing a layer keeps only
   its input (h floats per token) and one layer is recomputed at a time; LoRA adds, per token and
   adapted projection of input width d, the dropout's fp32 output and mask (5d bytes, when
@@ -274,7 +275,7 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     if lora:
         per_width = (5.0 if cfg.lora.dropout > 0 else 0.0) + (2.0 if bf16 else 0.0)
         acts += tokens * lora_width * per_width / (layers if tr.gradient_checkpointing else 1)
-    acts += 3 * b * c * vocab * 4.0
+    acts += (5 if cfg.algorithm.entropy_coef > 0 else 3) * b * c * vocab * 4.0
     if _head_critic(cfg):  # value heads: the trunk once more over the distinct prompts (V) or whole sequences (Q)
         q = cfg.critic.value_at == "completion"
         acts += (b * (prompt + c) if q else math.ceil(b / k) * prompt) * layers * per_token_layer * layer_bytes

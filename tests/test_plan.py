@@ -40,6 +40,10 @@ def test_sizes_follow_the_config(tiny_cfg):
             < peak(policies=deep).activations)
     assert peak(training={"gradient_checkpointing": True}).activations > base.activations  # 2 layers
     assert peak(algorithm={"kl_coef": 0.1}).reference == base.weights
+    # the entropy bonus keeps two more vocabulary-sized tensors per completion token for its gradient
+    cfg = config_from_dict(tiny_cfg())
+    b, c, vocab = cfg.training.micro_batch_size, cfg.rollout.max_new_tokens, 2048
+    assert peak(algorithm={"entropy_coef": 0.01}).activations - base.activations == 2 * b * c * vocab * 4.0
     cfg = config_from_dict(tiny_cfg())
     text = format_plan(cfg, make_plan(cfg), present_devices(gpu_memory_gb=1e-6, gpus=1))
     assert "cpu: needs" in text and "verdict: the run fits" in text
