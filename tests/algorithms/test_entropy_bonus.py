@@ -120,27 +120,21 @@ def test_an_update_with_the_bonus_raises_the_policy_entropy(coef, rises):
         assert history == [before] * 4, history
 
 
-def test_value_heads_train_with_the_bonus():
+def test_value_heads_train_with_the_bonus(tmp_path):
     """iac with value heads (one summed loss through the shared trunk) takes the bonus as well."""
     from accord.trainer import Trainer
 
-    def run(coef):
+    ents = {}
+    for coef in (0.0, 5.0):
         cfg = config_from_dict({
-            "run": {"name": "ent", "run_dir": None, "steps": 2, "seed": 0, "eval_before": False, "eval_after": False,
-                    "threads": 1},
+            "run": {"name": "ent", "run_dir": str(tmp_path / f"coef-{coef}"), "steps": 2, "seed": 0,
+                    "eval_before": False, "eval_after": False, "threads": 1},
             "policies": {"main": dict(TINY)}, "task": {"name": "letters", "eval_size": 0},
             "algorithm": {"name": "iac", "num_generations": 2, "entropy_coef": coef},
             "critic": {"mode": "head"},
             "rollout": {"batch_size": 2, "max_new_tokens": 8, "temperature": 1.0},
             "training": {"lr": 1e-3, "bf16": False},
             "logging": {"console": False, "report_to": [], "completions_every": 0}})
-        return cfg
-
-    import tempfile
-    ents = {}
-    for coef in (0.0, 5.0):
-        cfg = run(coef)
-        cfg.run.run_dir = tempfile.mkdtemp()
         trainer = Trainer(cfg)
         try:
             trainer.train_step(0)
