@@ -221,3 +221,37 @@ def test_value_head_update_lets_the_backend_release_its_memory_first(tiny_cfg):
                                                 rollout={"generation_backend": "test_head_update_release"})))
     trainer.train()
     assert calls == ["before_update"] * 2
+
+
+@pytest.mark.parametrize("clip", [None, 0.2])
+def test_critic_regression_runs_a_repeated_input_once_with_the_same_update(clip):
+    """``ScalarModel.fit_values`` computes each distinct input once (the K samples of a prompt share V(h)); its
+    gradient (clipped, as the optimizer step sees it) equals that of the loss over every sample with every copy
+    run through the model. (Parameters after the step are not compared: Adam's first step is lr x the sign of
+    each gradient entry, which for a key bias, analytically 0, is the sign of rounding noise.)"""
+    from accord.algorithms.actor_critic import value_loss
+    from accord.config import TrainingConfig
+    from accord.critics import ScalarModel
+
+    def critic():
+        return ScalarModel("critic", "tiny-qwen2", {"hidden_size": 64, "num_layers": 2}, 1e-3,
+                           TrainingConfig(bf16=False, micro_batch_size=64), total_optimizer_steps=2, seed=0,
+                           device="cpu")
+
+    inputs = [[5, 6, 7], [5, 6, 7], [9, 10], [5, 6, 7], [9, 10], [11, 12, 13, 14]]
+    old = [0.1, 0.1, -0.2, 0.1, -0.2, 0.0]
+    targets = [1.0, 0.0, 0.5, 1.0, -1.0, 0.3]
+    deduped, reference = critic(), critic()
+    calls = []
+    real_scores = deduped._scores
+    deduped._scores = lambda batch: calls.append(len(batch)) or real_scores(batch)
+    deduped.fit_values(inputs, old, targets, coef=0.5, clip=clip, epochs=1, mini_batches=1, step=0)
+    assert calls == [3]   # three distinct inputs, one forward
+    values = reference._scores(inputs)
+    loss, _ = value_loss(values, torch.tensor(old), torch.tensor(targets), clip)
+    (0.5 * loss.sum() / len(inputs)).backward()
+    reference._step(0, "value loss")
+    assert len(deduped.params) == len(reference.params)
+    for a, b in zip(deduped.params, reference.params):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7)
+    assert deduped.head.weight.grad.abs().sum() > 0
