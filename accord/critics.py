@@ -191,7 +191,8 @@ class ScalarModel:
                     # each distinct input once (the K samples of a prompt share V(h)); the loss still counts
                     # every sample, its gradient summed over the copies
                     index, first = first_occurrences([tuple(inputs[j]) for j in part])
-                    values = self._scores([inputs[part[u]] for u in first])[torch.tensor(index, device=self.device)]
+                    rows = torch.tensor(index, device=self.device)
+                    values = self._scores([inputs[part[u]] for u in first]).index_select(0, rows)
                     loss, stats = value_loss(values, torch.tensor([old[j] for j in part], device=self.device),
                                              torch.tensor([targets[j] for j in part], device=self.device), clip)
                     total = coef * loss.sum() / len(idx)

@@ -93,3 +93,15 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def select_cache_rows(cache, rows: torch.Tensor) -> None:
+    """Replace each layer's cached keys and values by their rows ``rows`` (a 1-D index, repeats allowed), with
+    ``index_select``, whose backward sums the gradients of a repeated row in index order. The advanced indexing
+    of ``DynamicCache.batch_select_indices`` would sum them with atomic adds on a CPU with several threads, in an
+    order that changes from one process to the next: the same run would end with different last bits."""
+    for layer in cache.layers:
+        if layer.keys is None or layer.keys.numel() == 0:
+            continue
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)

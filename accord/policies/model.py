@@ -42,7 +42,7 @@ from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
-                                    micro_batches, right_aligned)
+                                    micro_batches, right_aligned, select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -227,8 +227,8 @@ class ModelPolicy:
         """:meth:`_forward_completion` with each distinct prompt run once.
 
         The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
-        to the samples (``index_select``, so gradients from every sample flow back into the one
-        prompt pass), and the completions (right-padded) run on top of them. The last prompt
+        to the samples (:func:`select_cache_rows`, so gradients from every sample flow back into the one
+        prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The last prompt
         position's logits predict each completion's first token. Same log-probs as the full-sequence
         forward up to float rounding, with the prompt's compute paid once instead of K times.
         """
@@ -251,7 +251,7 @@ class ModelPolicy:
             head = model(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(model, cache),
                          use_cache=True, **kwargs).logits[:, -1:].index_select(0, rows)
             if c > 1:
-                cache.batch_select_indices(rows)
+                select_cache_rows(cache, rows)
                 full_attn = torch.cat([attn.index_select(0, rows), left_mask[:, :c - 1].long()], dim=1)
                 rest = model(input_ids=completion[:, :c - 1], attention_mask=full_attn,
                              position_ids=positions[rows, -1:] + 1 + torch.arange(c - 1, device=self.device)[None, :],
