@@ -46,6 +46,7 @@ import ast
 import logging
 import marshal
 import reprlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,15 @@ __all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", 
            "simple_parts", "simple_verdict", "static_calls"]
 
 _OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
+# CPython 3.11 builds the syntax tree of ``ast.parse`` with a recursion counter shared by all threads: two parses
+# at once (the sandbox plans test suites on a thread pool) can fail with "SystemError: AST constructor recursion
+# depth mismatch" on valid source. One parse at a time.
+_PARSE_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    with _PARSE_LOCK:
+        return ast.parse(source)
 PACK = "__accord_pack__"
 
 
@@ -202,12 +212,12 @@ def parse_tests(tests: str | Sequence[str], function: str) -> tuple[str, list[tu
         if not all(isinstance(t, str) for t in items):
             raise TypeError("tests must be a string of statements or a sequence of strings")
         for t in items:
-            body = ast.parse(t).body  # raise on broken tests here, not as a candidate failure
+            body = _parse(t).body  # raise on broken tests here, not as a candidate failure
             node = body[0] if len(body) == 1 else None
             kind = "simple" if node is not None and simple_parts(node, function) else "test"
             out.append((t, kind, node))
         return function, out
-    body = list(ast.parse(tests).body)
+    body = list(_parse(tests).body)
     binding = function
     check = next((s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"), None)
     if check is not None:
