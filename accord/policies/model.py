@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from accord import metric_names as mn
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
                                       policy_loss, process_logits, tis_weights)
-from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
@@ -228,8 +228,8 @@ class ModelPolicy:
 
         The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
         to the samples (:func:`select_cache_rows`, so gradients from every sample flow back into the one
-        prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The last prompt
-        position's logits predict each completion's first token. Same log-probs as the full-sequence
+        prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The
+        last prompt position's logits predict each completion's first token. Same log-probs as the full-sequence
         forward up to float rounding, with the prompt's compute paid once instead of K times.
         """
         index, first = first_occurrences([tuple(s.prompt_ids) for s in batch])

@@ -66,6 +66,8 @@ _PARSE_LOCK = threading.Lock()
 def _parse(source: str) -> ast.Module:
     with _PARSE_LOCK:
         return ast.parse(source)
+
+
 PACK = "__accord_pack__"
 
 

@@ -29,7 +29,7 @@ def train(run_dir: Path) -> subprocess.CompletedProcess:
             f"policies.concise.model_kwargs={MODEL}", f"policies.detailed.model_kwargs={MODEL}",
             "logging.console=false", "logging.tensorboard=false"]
     return subprocess.run([sys.executable, "-m", "accord.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, check=False)
 
 
 def logged(run_dir: Path) -> list[dict]:

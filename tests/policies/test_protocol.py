@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from accord.config import AlgorithmConfig, Config, PolicyConfig, RolloutConfig, TrainingConfig
+from accord.config import AlgorithmConfig, Config, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.distributed.fsdp import FsdpPolicy
 from accord.distributed.ranks import DataParallelPolicy
 from accord.distributed.ray_backend import RemoteGroup, RemotePolicy
@@ -114,3 +114,11 @@ def test_the_ray_proxy_is_a_policy_on_the_driver():
     assert isinstance(proxy, Policy)
     assert proxy.device == torch.device("cpu")
     assert proxy.encode_chat([{"role": "user", "content": "hi"}])   # prompt handling runs on the driver
+
+
+def test_an_importance_correction_without_stored_sampling_logprobs_is_a_config_error():
+    pol = ModelPolicy("p", PolicyConfig(**TINY), TrainingConfig(bf16=False), AlgorithmConfig(tis="truncate"),
+                      rollout(), total_optimizer_steps=1, seed=3)
+    pol.backend.sampling_logprobs = False          # a backend that returns no sampling log-probs
+    with pytest.raises(ConfigError, match="stores no sampling log-probs; set algorithm.tis=off"):
+        pol.update_setup([])
