@@ -152,6 +152,7 @@ RATIO = "ratio"          # the importance ratio
 LOGP_DIFF = "logp_diff"  # |stored - recomputed| log-prob
 GRAD_NORM = "grad_norm"  # the gradient norm before clipping
 LR = "lr"                # the learning rate
+SKIPPED_STEPS = "skipped_steps"  # optimizer steps not taken because the gradient was exactly zero
 TIS_WEIGHT = "tis_weight"    # the mismatch correction's mean token weight
 TIS_CAPPED = "tis_capped"    # the share of tokens whose weight was capped
 MISMATCH_KL = "mismatch_kl"  # a k3 estimate of KL(sampler || learner)

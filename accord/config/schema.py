@@ -409,6 +409,10 @@ class TrainingConfig:
     warmup_steps: int = _f(0, "Linear warm-up optimizer steps.")
     schedule: str = _f("constant", "LR schedule after warm-up: constant, linear or cosine (to 0 at the end).")
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
+    skip_zero_grad: bool = _f(True, "Skip a policy's optimizer step when its gradient is exactly zero (every "
+                              "advantage of the mini-batch 0, no KL or entropy term): AdamW would otherwise move "
+                              "the weights along its momentum with no sample behind the move. The LR schedule "
+                              "still advances; loss/<policy>/skipped_steps counts them. false: step anyway.")
     micro_batch_size: int = _f(8, "Sequences per forward/backward in the update (gradient accumulation).")
     num_mini_batches: int = _f(1, "Optimizer steps per epoch: each policy's samples split into this many parts.")
     bf16: bool | str = _f("auto", "bf16 autocast for the update's forward/backward over fp32 master weights: true, "

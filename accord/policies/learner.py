@@ -1,6 +1,6 @@
 """What every learner of the package shares: the AdamW over fp32 master weights, the LR schedule, the split of a
 mini-batch into micro-batches, the model switches an update needs (gradient checkpointing, whether dropout is
-active), and the copy of a shared prompt pass's KV cache rows to the samples built on it.
+active), the optimizer step that a zero gradient skips, and the copy of a shared prompt pass's KV cache rows to the samples built on it.
 :class:`accord.policies.model.ModelPolicy`, :class:`accord.policies.lora.LoraPolicy` and the value heads of
 :mod:`accord.critics` use them, so an optimizer or schedule setting means the same thing everywhere."""
 
@@ -42,6 +42,17 @@ def make_adamw(params: list[torch.nn.Parameter], lr: float, training: TrainingCo
     except RuntimeError as err:  # torch < 2.4 on CPU, or a device without the fused kernel
         logger.debug("fused AdamW unavailable (%s); using foreach", err)
         return torch.optim.AdamW(params, foreach=True, **kwargs)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, grad_norm: float, skip_zero_grad: bool) -> bool:
+    """One optimizer step on the gradients in place, or none when ``skip_zero_grad`` is set and the gradient's
+    norm is exactly 0: AdamW's step on a zero gradient still moves each weight by its decaying momentum, a move
+    no sample of this mini-batch asked for (on a gated reward, every group scoring the same can follow one bad
+    update, and the momentum then carries the policy further the same way). Whether it stepped."""
+    if skip_zero_grad and grad_norm == 0.0:
+        return False
+    optimizer.step()
+    return True
 
 
 def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:

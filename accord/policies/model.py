@@ -42,7 +42,7 @@ from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
-                                    micro_batches, right_aligned, select_cache_rows)
+                                    micro_batches, optimizer_step, right_aligned, select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -385,6 +385,7 @@ class ModelPolicy:
         sums: dict[str, float] = {}
         tokens_total = 0
         grad_norms = []
+        skipped = 0
         self.model.train()
         cuda = self.device.type == "cuda"
         if cuda:
@@ -458,7 +459,8 @@ class ModelPolicy:
                         f"step {step}: gradient norm of policy {self.name!r} is {norm.item()}; lower training.lr "
                         "or check the rewards for extreme values")
                 grad_norms.append(float(norm))
-                self.optimizer.step()
+                if not optimizer_step(self.optimizer, float(norm), tr.skip_zero_grad):
+                    skipped += 1
                 self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         sums, tokens_total = self._reduce_stats(sums, tokens_total)
@@ -466,6 +468,7 @@ class ModelPolicy:
         metrics = {key: v / denom for key, v in sums.items()}
         metrics[mn.GRAD_NORM] = sum(grad_norms) / len(grad_norms)
         metrics[mn.LR] = self.scheduler.get_last_lr()[0]
+        metrics[mn.SKIPPED_STEPS] = float(skipped)
         if cuda:  # the update's peak on this policy's GPU (logged as mem/<policy>/cuda_peak_mb)
             metrics[mn.mem_key(self.name, mn.CUDA_PEAK_MB)] = torch.cuda.max_memory_allocated(self.device) / 2**20
             # what torch's allocator held at its peak: the gap to the line above is fragmentation (accord plan)
