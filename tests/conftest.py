@@ -97,7 +97,7 @@ def tiny_cfg(tmp_path):
             "task": {"name": "letters", "eval_size": 0},
             "algorithm": {"num_generations": 4},
             "rollout": {"batch_size": 2, "max_new_tokens": 8, "temperature": 1.0},
-            "training": {"lr": 1e-3, "micro_batch_size": 8},
+            "training": {"lr": 1e-3, "micro_batch_size": 8, "warmup_steps": 0},
             "logging": {"console": False, "tensorboard": False, "completions_every": 1},
         }
         for key, value in sections.items():
