@@ -1,6 +1,7 @@
 """What every learner of the package shares: the AdamW over fp32 master weights, the LR schedule, the split of a
 mini-batch into micro-batches, the model switches an update needs (gradient checkpointing, whether dropout is
-active), the optimizer step that a zero gradient skips, and the copy of a shared prompt pass's KV cache rows to the samples built on it.
+active), the optimizer step that a zero gradient skips, and the copy of a shared prompt pass's KV cache rows to
+the samples built on it.
 :class:`accord.policies.model.ModelPolicy`, :class:`accord.policies.lora.LoraPolicy` and the value heads of
 :mod:`accord.critics` use them, so an optimizer or schedule setting means the same thing everywhere."""
 
