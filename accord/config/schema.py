@@ -408,8 +408,8 @@ class TrainingConfig:
     eps: float = _f(1e-8, "AdamW epsilon.")
     warmup_steps: int = _f(2, "Linear warm-up optimizer steps (the LR of step s < warmup_steps is "
                            "lr * (s + 1) / warmup_steps). AdamW's first step moves every weight by lr times its "
-                           "gradient's sign, from a gradient of a few samples; the default job passes the "
-                           "quickstart's goal on seeds 0-2 with 2 and not without (docs/quickstart.md). 0: none.")
+                           "gradient's sign, from a gradient of a few samples; docs/quickstart.md gives the "
+                           "default job's held-out gains with 2 and with 0. 0: none.")
     schedule: str = _f("constant", "LR schedule after warm-up: constant, linear or cosine (to 0 at the end).")
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
     skip_zero_grad: bool = _f(True, "Skip a policy's optimizer step in the policy-gradient update when its "
