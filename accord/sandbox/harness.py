@@ -53,19 +53,21 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", "needs_reference", "parse_tests",
-           "simple_parts", "simple_verdict", "static_calls"]
+__all__ = ["Statement", "TestPlan", "compare", "literal_parts", "literal_plan", "needs_reference", "parse_source",
+           "parse_tests", "simple_parts", "simple_verdict", "static_calls"]
 
 _OPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
 # CPython 3.11 builds the syntax tree of ``ast.parse`` with a recursion counter shared by all threads: two parses
-# at once (the sandbox plans test suites on a thread pool) can fail with "SystemError: AST constructor recursion
-# depth mismatch" on valid source. One parse at a time.
+# at once (the sandbox plans test suites and runs programs on a thread pool) can fail with "SystemError: AST
+# constructor recursion depth mismatch" on valid source. One parse at a time.
 _PARSE_LOCK = threading.Lock()
 
 
-def _parse(source: str) -> ast.Module:
+def parse_source(source: str, mode: str = "exec") -> ast.AST:
+    """``ast.parse(source, mode=mode)``, one call at a time in this process: every parse the sandbox makes on
+    its thread pool goes through here (``ast.literal_eval`` of a string parses too: pass it this tree)."""
     with _PARSE_LOCK:
-        return ast.parse(source)
+        return ast.parse(source, mode=mode)
 
 
 PACK = "__accord_pack__"
@@ -214,12 +216,12 @@ def parse_tests(tests: str | Sequence[str], function: str) -> tuple[str, list[tu
         if not all(isinstance(t, str) for t in items):
             raise TypeError("tests must be a string of statements or a sequence of strings")
         for t in items:
-            body = _parse(t).body  # raise on broken tests here, not as a candidate failure
+            body = parse_source(t).body  # raise on broken tests here, not as a candidate failure
             node = body[0] if len(body) == 1 else None
             kind = "simple" if node is not None and simple_parts(node, function) else "test"
             out.append((t, kind, node))
         return function, out
-    body = list(_parse(tests).body)
+    body = list(parse_source(tests).body)
     binding = function
     check = next((s for s in body if isinstance(s, ast.FunctionDef) and s.name == "check"), None)
     if check is not None:

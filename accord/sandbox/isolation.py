@@ -31,6 +31,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from accord.sandbox.harness import parse_source
+
 logger = logging.getLogger(__name__)
 
 UIDS_PER_PROCESS = 256
@@ -139,7 +141,7 @@ def _interpreter_path(site_packages: bool) -> list[str]:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True, cwd="/",
                              env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}).stdout
-        paths = ast.literal_eval(out.strip())
+        paths = ast.literal_eval(parse_source(out.strip(), mode="eval"))   # maybe on the sandbox's thread pool
     except (OSError, subprocess.SubprocessError, ValueError, SyntaxError) as exc:
         logger.warning("sandbox: cannot ask the interpreter for its sys.path (%s); using its prefix only", exc)
         paths = []
