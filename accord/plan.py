@@ -33,9 +33,9 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   using it (:data:`CUDA_CONTEXT_GIB`), the caching allocator's fragmentation (:data:`FRAGMENTATION` of
   the learner's bytes) and, with the vLLM backend, the engine's share
   (``rollout.vllm_gpu_memory_utilization`` of the GPU, freed during the update by sleep mode) and its
-  CUDA graph pool (:data:`VLLM_CUDA_GRAPH_GIB`, counted as resident throughout). These three numbers are
-  assumptions, not measurements (their sources are next to them); ``docs/gpu.md`` says how the first
-  GPU session replaces them.
+  CUDA graph pool (:data:`VLLM_CUDA_GRAPH_GIB`, counted as resident throughout). The context and the
+  fragmentation were measured on an H200 (torch 2.11, 2026-11-28; next to them); the graph pool is still
+  an assumption (no vLLM has run on a GPU here). ``docs/gpu.md`` has the measurements.
 
 Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
 ``--prompt-tokens`` gives the typical length. ``docs/performance.md`` (*Measured numbers*) compares the estimate
@@ -60,11 +60,10 @@ GIB = 2 ** 30
 # RSS of a Python process that imported torch, transformers and peft (349 MiB measured with
 # /usr/bin/time -v on torch 2.13 / transformers 5.23), plus tokenizer, task data and allocator slack
 CPU_BASELINE_GIB = 0.45
-# What a GPU holds besides the tensors accord counts. Assumed (no GPU has run accord yet), to be replaced by
-# the first GPU session's measurement (docs/gpu.md):
-# - the CUDA context, cuBLAS workspaces and NCCL buffers of one process on one GPU: vLLM's memory profiler
-#   (vllm/utils/mem_utils.py, 0.33.0) counts them as "non-torch" memory and budgets 1 GiB in its worked
-#   example; torch's memory_allocated() leaves them out (its docs say so);
+# What a GPU holds besides the tensors accord counts (docs/gpu.md, *Planning memory*):
+# - the CUDA context, cuBLAS workspaces and NCCL buffers of one process on one GPU: measured 0.75 GiB outside
+#   torch's allocator after a real-size update (H200, torch 2.11, 2026-11-28); vLLM's memory profiler
+#   (vllm/utils/mem_utils.py, 0.33.0) budgets 1 GiB, which is kept as the margin;
 CUDA_CONTEXT_GIB = 1.0
 # - vLLM's CUDA graph pool (batch sizes captured for decoding; vLLM logs "Graph capturing finished ...,
 #   took X GiB" at start; `vllm_kwargs: {enforce_eager: true}` captures none). vLLM >= 0.21 counts it
@@ -72,9 +71,12 @@ CUDA_CONTEXT_GIB = 1.0
 #   versions keep it outside and resident, which is what is assumed here (conservative);
 VLLM_CUDA_GRAPH_GIB = 1.0
 # - fragmentation of torch's caching allocator: reserved minus allocated bytes at the peak, as a share of
-#   the allocated ones (the torch docs' "Memory management" on why they differ; the update logs
-#   mem/<policy>/cuda_reserved_peak_mb beside mem/<policy>/cuda_peak_mb, which measures it).
+#   the allocated ones (the update logs mem/<policy>/cuda_reserved_peak_mb beside mem/<policy>/cuda_peak_mb).
+#   Measured on an H200 (2026-11-28): full fine-tuning 1.9 % (1.06 B Qwen3 widths, one policy) and 7.9-8.3 %
+#   (two such policies on one GPU); under LoRA (one 1.06 B base, two adapters, hf generation) 79 %: the
+#   generation's growing KV caches leave cached blocks that the adapters' small update cannot reuse.
 FRAGMENTATION = 0.10
+LORA_FRAGMENTATION = 0.80
 
 # config.json of the papers' models (Hugging Face Hub, fields that decide the parameter count), for
 # planning offline; a local directory or the local HF cache takes precedence
@@ -471,8 +473,9 @@ def gpu_need(cfg: Config, pls: list[PolicyPlan], vllm: bool, processes: int = 1,
         learner_gen = static
     else:
         learner_update = learner_gen = static + max(p.transient for p in pls)
-    update = {"learner": learner_update, "fragmentation": FRAGMENTATION * learner_update, "CUDA context": context}
-    generation = {"learner": learner_gen, "fragmentation": FRAGMENTATION * learner_gen, "CUDA context": context}
+    frag = LORA_FRAGMENTATION if cfg.specialization == "lora" else FRAGMENTATION
+    update = {"learner": learner_update, "fragmentation": frag * learner_update, "CUDA context": context}
+    generation = {"learner": learner_gen, "fragmentation": frag * learner_gen, "CUDA context": context}
     if not vllm:
         return GpuNeed(sum(update.values()), update, generation)
     update["vLLM CUDA graphs"] = generation["vLLM CUDA graphs"] = graphs * engines

@@ -195,7 +195,7 @@ def test_gpu_placement_update_and_checkpoint_round_trip_to_cpu(tiny_cfg, tmp_pat
     assert all(s["exp_avg"].device.type == "cuda" for s in pol.optimizer.state.values())
     ckpt = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1]
     for device in ("cpu", "cuda"):
-        other = Trainer(config_from_dict(tiny_cfg(run={"device": device})))
+        other = Trainer(config_from_dict(tiny_cfg(run={"device": device, "run_dir": str(tmp_path / device)})))
         other.policies["main"].load(ckpt / "policies" / "main")
         got, want = _weights(other.policies["main"]), _weights(pol)
         assert all(torch.equal(got[k], want[k]) for k in want)

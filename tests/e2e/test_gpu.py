@@ -397,6 +397,7 @@ def test_gpu_sft_trains_on_the_gpu(tmp_path):
     from accord.sft import _policies, collect_demos, encode_demos, run_sft, sft_step
 
     data = {"run": {"name": "warm", "output_dir": str(tmp_path / "runs"), "device": "cuda", "steps": 2},
+            "specialization": "shared",   # one policy for both roles (the schema's default is a model per agent)
             "policies": {"main": {**TINY, "model_kwargs": {**TINY["model_kwargs"], "max_position_embeddings": 4096}}},
             "task": {"name": "planpath", "options": {"size": 5, "max_turns": 2, "workflow": "direct"}, "eval_size": 2},
             "algorithm": {"name": "atgrpo", "num_generations": 2},
