@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import torch
 
@@ -54,6 +55,16 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_norm: float, skip_zero
         return False
     optimizer.step()
     return True
+
+
+def scheduler_step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Advance the LR schedule by one optimizer step, taken or skipped (:func:`optimizer_step`). torch warns
+    when a schedule advances before its optimizer's first step, which is what a skipped first step is here, on
+    purpose: that warning is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before",
+                                category=UserWarning)
+        scheduler.step()
 
 
 def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:

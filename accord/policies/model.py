@@ -42,7 +42,8 @@ from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
-                                    micro_batches, optimizer_step, right_aligned, select_cache_rows)
+                                    micro_batches, optimizer_step, right_aligned, scheduler_step,
+                                    select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -461,7 +462,7 @@ class ModelPolicy:
                 grad_norms.append(float(norm))
                 if not optimizer_step(self.optimizer, float(norm), tr.skip_zero_grad):
                     skipped += 1
-                self.scheduler.step()
+                scheduler_step(self.scheduler)
         self.optimizer.zero_grad(set_to_none=True)
         sums, tokens_total = self._reduce_stats(sums, tokens_total)
         denom = max(1, tokens_total)

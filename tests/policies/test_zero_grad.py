@@ -79,3 +79,12 @@ def test_lora_adapters_skip_a_zero_gradient_too(skip):
     before, after, _, second = signal_then_none(pol)
     assert second[mn.SKIPPED_STEPS] == float(skip)
     assert all(torch.equal(a, b) for a, b in zip(before, after)) == skip
+
+
+def test_a_skipped_first_step_raises_no_schedule_order_warning(recwarn):
+    """A first update with no signal skips the optimizer's first step on purpose; torch's warning that the schedule
+    advanced before the optimizer stepped is not shown for it."""
+    pol = model_policy(skip=True)
+    metrics = pol.update(sampled(pol, [0.0] * 4), step=1)
+    assert metrics[mn.SKIPPED_STEPS] == 1.0 and pol.scheduler.last_epoch == 1
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
