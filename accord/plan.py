@@ -31,7 +31,7 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`;
 - a GPU also holds what the tensors do not show (:func:`gpu_need`): the CUDA context of each process
   using it (:data:`CUDA_CONTEXT_GIB`), the caching allocator's fragmentation (:data:`FRAGMENTATION` of
-  the learner's bytes) and, with the vLLM backend, the engine's share
+  the learner's bytes, :data:`LORA_FRAGMENTATION` under ``specialization: lora``) and, with the vLLM backend, the engine's share
   (``rollout.vllm_gpu_memory_utilization`` of the GPU, freed during the update by sleep mode) and its
   CUDA graph pool (:data:`VLLM_CUDA_GRAPH_GIB`, counted as resident throughout). The context and the
   fragmentation were measured on an H200 (torch 2.11, 2026-11-28; next to them); the graph pool is still
@@ -73,8 +73,9 @@ VLLM_CUDA_GRAPH_GIB = 1.0
 # - fragmentation of torch's caching allocator: reserved minus allocated bytes at the peak, as a share of
 #   the allocated ones (the update logs mem/<policy>/cuda_reserved_peak_mb beside mem/<policy>/cuda_peak_mb).
 #   Measured on an H200 (2026-11-28): full fine-tuning 1.9 % (1.06 B Qwen3 widths, one policy) and 7.9-8.3 %
-#   (two such policies on one GPU); under LoRA (one 1.06 B base, two adapters, hf generation) 79 %: the
-#   generation's growing KV caches leave cached blocks that the adapters' small update cannot reuse.
+#   (two such policies on one GPU); under LoRA (one 1.06 B base, two adapters, hf generation) 79 % (a likely
+#   cause, not measured: blocks cached for the generation's growing KV caches that the adapters' small update
+#   cannot reuse).
 FRAGMENTATION = 0.10
 LORA_FRAGMENTATION = 0.80
 
