@@ -31,8 +31,9 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   another; gradients are freed after each update); a CPU process adds :data:`CPU_BASELINE_GIB`;
 - a GPU also holds what the tensors do not show (:func:`gpu_need`): the CUDA context of each process
   using it (:data:`CUDA_CONTEXT_GIB`), the caching allocator's fragmentation (:data:`FRAGMENTATION` of
-  the learner's bytes, :data:`LORA_FRAGMENTATION` under ``specialization: lora``) and, with the vLLM backend, the engine's share
-  (``rollout.vllm_gpu_memory_utilization`` of the GPU, freed during the update by sleep mode) and its
+  the learner's bytes, :data:`LORA_FRAGMENTATION` under ``specialization: lora``) and, with the vLLM
+  backend, the engine's share (``rollout.vllm_gpu_memory_utilization`` of the GPU, freed during the update
+  by sleep mode) and its
   CUDA graph pool (:data:`VLLM_CUDA_GRAPH_GIB`, counted as resident throughout). The context and the
   fragmentation were measured on an H200 (torch 2.11, 2026-11-28; next to them); the graph pool is still
   an assumption (no vLLM has run on a GPU here). ``docs/gpu.md`` has the measurements.
