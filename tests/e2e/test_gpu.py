@@ -1,6 +1,6 @@
 """GPU paths that a CPU cannot exercise (issue 30, item 7), all marked ``gpu``: skipped, with the reason,
-where torch sees no CUDA (tests/conftest.py). None of them has run yet: no GPU was available when they were
-written (docs/gpu.md lists the first GPU session's commands, these tests first).
+where torch sees no CUDA (tests/conftest.py). Those that need one GPU and neither vLLM nor Ray have run on an
+H200 (docs/gpu.md, *What has been verified*, says which; its last section lists a GPU session's commands).
 
 - a model of a real size (Qwen3-1.7B's widths and depth, random weights) updates on one GPU, and its
   measured peak lies between what its weights, gradients and AdamW state take and what ``accord plan``
