@@ -307,7 +307,7 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
     run = None
     try:
         verified = resume_point(cfg, cfg.run_dir, allow_unverified, stop_if_finished) if resume else None
-        setup_process(cfg.run.seed, cfg.run.threads)
+        setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
         make_env_fn = EnvFactory(cfg)
         env = make_env_fn()
         per_policy = check_run(cfg, env)

@@ -60,8 +60,8 @@ METHOD_KEYS = ("algorithm.name", "algorithm.baseline", "algorithm.joint_mode", "
                "algorithm.parse_penalty", "specialization", "agents", "lora")
 # keys the comparison sets itself, or that change where and how a run logs but not what it learns
 FREE_KEYS = ("run.name", "run.output_dir", "run.run_dir", "run.seed", "run.steps", "run.eval_before",
-             "run.eval_after", "run.eval_every", "run.threads", "run.checkpoint_every", "run.keep_checkpoints",
-             "logging", "sft", "compare.methods")
+             "run.eval_after", "run.eval_every", "run.threads", "run.retain_freed_memory", "run.checkpoint_every",
+             "run.keep_checkpoints", "logging", "sft", "compare.methods")
 # settings that may differ between comparisons that are merged: their seeds and where their warm starts lay
 MERGE_FREE = ("compare.warm_start",)
 FORMAT = "accord-compare-1"

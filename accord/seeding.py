@@ -221,11 +221,16 @@ def restored_stream_seed(state: bytes) -> int:
 # --- set-up ----------------------------------------------------------------------------------------------
 
 
-def setup_process(seed: int | None, threads: int | None) -> None:
+def setup_process(seed: int | None, threads: int | None, retain_freed_memory: bool = False) -> None:
     """Set this process's torch threads to ``threads`` and seed Python's, NumPy's and torch's global RNGs
-    with ``seed``; None leaves that part as it is (``threads``: torch's default)."""
+    with ``seed``; None leaves that part as it is (``threads``: torch's default). ``retain_freed_memory``:
+    :func:`accord.allocator.retain_freed_memory` (``run.retain_freed_memory``)."""
     import torch
 
+    if retain_freed_memory:
+        from accord.allocator import retain_freed_memory as retain
+
+        retain()
     if threads:
         torch.set_num_threads(threads)
     if seed is not None:

@@ -431,7 +431,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
                           "write another")
-    setup_process(cfg.run.seed, cfg.run.threads)
+    setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
     t0 = time.perf_counter()
     train, evals = collect_demos(cfg)
     n_noisy = sum(d.noisy for d in train)

@@ -281,7 +281,7 @@ def serve_worker() -> int:
             from accord.envs.registry import import_modules
 
             import_modules(cfg.imports)
-            setup_process(cfg.run.seed, cfg.run.threads)
+            setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
             policies = _groups(cfg, names, reps, dist.get_world_size(), total, rank=rank)
             logger.info("torchrun process %d: ranks of %s", rank, sorted(policies))
         elif kind == "call":

@@ -161,7 +161,7 @@ class PolicyWorker:
 
         import_modules(cfg.imports)  # a loss registered by a user module runs in this process's updates
         device = actor_device(*policy_setting(cfg, name), ray.get_gpu_ids())
-        setup_process(policy_seed(cfg.run.seed, index), None)
+        setup_process(policy_seed(cfg.run.seed, index), None, cfg.run.retain_freed_memory)
         self.policy = build_policy(cfg, name, index, total_optimizer_steps, device=device)
         device = next(self.policy.model.parameters()).device
         return {"tokenizer": self.policy.tokenizer, "context_len": self.policy.context_len, "device": str(device)}
@@ -197,7 +197,7 @@ class PolicyWorker:
         dist.init_process_group(backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=rank,
                                 world_size=world, timeout=TIMEOUT, **extra)
         objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else None
-        setup_process(policy_seed(cfg.run.seed, index), None)
+        setup_process(policy_seed(cfg.run.seed, index), None, cfg.run.retain_freed_memory)
         self.policy = build_rank(cfg, name, index, total_optimizer_steps, rank=rank, world=world, device=device,
                                  group=None, object_group=objects)
         device = next(self.policy.model.parameters()).device

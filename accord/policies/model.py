@@ -34,6 +34,7 @@ from transformers import DynamicCache
 from accord import metric_names as mn
 from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
                                       policy_loss, process_logits, tis_weights)
+from accord.allocator import bound_retained_memory
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
@@ -464,6 +465,7 @@ class ModelPolicy:
                     skipped += 1
                 scheduler_step(self.scheduler)
         self.optimizer.zero_grad(set_to_none=True)
+        bound_retained_memory()   # run.retain_freed_memory: heap growth beyond the steady state goes back to the OS
         sums, tokens_total = self._reduce_stats(sums, tokens_total)
         denom = max(1, tokens_total)
         metrics = {key: v / denom for key, v in sums.items()}

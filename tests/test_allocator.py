@@ -1,0 +1,101 @@
+"""accord.allocator (``run.retain_freed_memory``): a freed large block is reused without faulting its pages in
+again, the heap growth that retention can cause is bounded by :func:`bound_retained_memory`, and a run's set-up
+applies the setting only when it is on.
+
+Each check runs in a fresh interpreter: the setting is per process and cannot be undone."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="glibc's malloc only")
+
+ROUNDS = 16
+BLOCK_MB = 256
+PAGES = (BLOCK_MB << 20) // 4096   # the block in 4 KiB pages
+
+
+def probe(setup: str = "", retain: bool = False, keep_small: bool = False, guard: bool = False) -> dict:
+    """Allocate, touch and free a 256 MiB block ROUNDS times in a fresh interpreter (after ``setup``); with
+    ``keep_small`` a small tensor allocated after the block is kept each round (the pattern that makes a heap
+    grow), with ``guard`` :func:`bound_retained_memory` is called after each round. Each round's minor page
+    faults and resident MiB, and whether retention applies."""
+    code = textwrap.dedent(f"""
+        import json, resource
+        import torch
+        import accord.allocator as al
+        {setup}
+        if {retain}:
+            al.retain_freed_memory()
+        faults, rss, keep = [], [], []
+        for i in range({ROUNDS}):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t = torch.empty({BLOCK_MB} << 18, dtype=torch.float32)
+            t.fill_(1.0)
+            small = torch.ones(1000)
+            if {keep_small}:
+                keep.append(small)
+            del t
+            if {guard}:
+                al.bound_retained_memory()
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            rss.append(al.resident_bytes() >> 20)
+        print(json.dumps({{"faults": faults, "rss_mb": rss, "retained": al._applied}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_freed_block_is_reused_without_faulting_its_pages_again():
+    default = probe()
+    retained = probe(retain=True)
+    assert default["retained"] is None and retained["retained"] is True
+    # glibc by default maps and unmaps such a block each time: every round faults every page in again
+    assert min(default["faults"]) > PAGES // 2, default
+    # retained: once the heap has grown (torch's aligned blocks leave gaps at first), freed blocks are reused
+    # without a page faulted in again, and the resident size stops growing
+    assert max(retained["faults"][-4:]) < PAGES // 20, retained
+    assert len(set(retained["rss_mb"][-4:])) == 1, retained
+
+
+def test_the_guard_bounds_the_heap_growth_that_retention_can_cause():
+    # a small block kept after each large one: the freed large block never holds the next (aligned) request
+    unguarded = probe(retain=True, keep_small=True)
+    assert unguarded["rss_mb"][-1] - unguarded["rss_mb"][4] > (ROUNDS - 6) * BLOCK_MB, unguarded
+    guarded = probe(retain=True, keep_small=True, guard=True)
+    from accord.allocator import GROWTH, WARMUP_CALLS
+    reference = max(guarded["rss_mb"][:WARMUP_CALLS])
+    # a round ends at most GROWTH over the reference plus the one block it allocated before the guard looked
+    assert max(guarded["rss_mb"]) <= reference * (1 + GROWTH) + BLOCK_MB, guarded
+
+
+def test_the_guard_does_nothing_without_retention():
+    out = probe(keep_small=True, guard=True)
+    assert out["retained"] is None
+    assert min(out["faults"]) > PAGES // 2, out
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_runs_set_up_applies_the_setting_only_when_it_is_on(setting, tmp_path):
+    setup = textwrap.dedent(f"""
+        from accord.build import build_run
+        from accord.config import load_config
+        cfg = load_config("examples/tiny.yaml", ["run.run_dir={tmp_path / 'run'}", "run.steps=1",
+                                                "run.retain_freed_memory={str(setting).lower()}"])
+        build_run(cfg).close()
+    """).replace("\n", "\n        ")
+    out = probe(setup)
+    if setting:
+        assert out["retained"] is True
+        assert max(out["faults"][-4:]) < PAGES // 20, out
+    else:
+        assert out["retained"] is None
+        assert min(out["faults"]) > PAGES // 2, out
