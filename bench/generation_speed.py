@@ -8,6 +8,7 @@ this machine's bound.
     python bench/generation_speed.py --rounds 3 --json /tmp/gen.json
     python bench/generation_speed.py --profile new           # where one call's time goes (torch profiler)
     python bench/generation_speed.py --machine               # only this machine's fp32 GEMM rate and bandwidth
+    python bench/generation_speed.py --kernels 1 12 24 48    # one decoding step's products alone, per row count
 
 The workload is the generate call of the first step of the writing job with one model for both agents (the
 default job with ``specialization=shared task.eval_size=12``, as measured for issue 25; the default job's
@@ -138,6 +139,53 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
         decode_flop += flop
     return {"bound_s": prefill + decode, "prefill_bound_s": prefill, "decode_bound_s": decode,
             "prefill_tflop": prefill_flop / 1e12, "decode_tflop": decode_flop / 1e12}
+
+
+def kernel_floor(model_spec: str, rows_list: list[int], threads: int, repeats: int = 5) -> list[dict]:
+    """One decoding step's products as the decoding loop runs them (:class:`accord.generation.fast_decode.DecodeStep`'s
+    projections of every layer and the output head, each weight read once per step as in a real step), timed
+    alone at each row count (best of ``repeats``), against the machine's bound for the same products:
+    max(FLOP / GEMM rate, weight bytes / read bandwidth), and the sum of the two (the time of a kernel that
+    does not overlap its reads with its arithmetic)."""
+    import torch
+
+    from accord.generation.fast_decode import DecodeStep
+    from accord.models import load_model_and_tokenizer
+
+    torch.set_num_threads(threads)
+    rates = machine_rates(threads)
+    model = load_model_and_tokenizer(model_spec)[0]
+    out = []
+    with torch.no_grad():
+        for rows in rows_list:
+            step = DecodeStep.build(model, 8, rows=rows)
+            if step is None:
+                raise SystemExit(f"{model_spec}: the direct decoding step does not apply to this model")
+            c = model.config
+            hidden, q = c.hidden_size, step.heads * step.head_dim
+            kv = step.kv_heads * step.head_dim
+            # (projection, input width, output width, the elementwise step the loop fuses into it) in a step's
+            # order: q/k/v, o (+ residual), gate (SiLU), up (x gate), down (+ residual); then the output head
+            parts = [(layer[i], width, n, post) for layer in step.layers for i, width, n, post in
+                     ((1, hidden, q + 2 * kv, "none"), (3, q, hidden, "add"), (5, hidden, c.intermediate_size, "swish"),
+                      (6, hidden, c.intermediate_size, "mul"), (7, c.intermediate_size, hidden, "add"))]
+            parts.append((step.head, hidden, c.vocab_size, "none"))
+            calls = [(proj, torch.randn(rows, width), post, None if post in ("none", "swish") else torch.randn(rows, n))
+                     for proj, width, n, post in parts]
+            weights = sum(width * n for _, width, n, _ in parts)
+            flop = 2 * rows * weights
+            best = float("inf")
+            for _ in range(repeats + 1):  # the first pass warms oneDNN's primitive cache
+                t = time.perf_counter()
+                for proj, x, post, other in calls:
+                    proj(x, post, other)
+                best = min(best, time.perf_counter() - t)
+            compute, read = flop / (rates["gemm_gflops"] * 1e9), 4 * weights / (rates["read_gbs"] * 1e9)
+            out.append({"rows": rows, "products_ms": 1e3 * best, "bound_ms": 1e3 * max(compute, read),
+                        "sum_ms": 1e3 * (compute + read), "compute_ms": 1e3 * compute, "read_ms": 1e3 * read,
+                        "gflops": flop / best / 1e9, "weights_gb": 4 * weights / 1e9, **rates})
+            del step, calls
+    return out
 
 
 # --- workers --------------------------------------------------------------------------------------
@@ -387,6 +435,8 @@ def main() -> None:
     p.add_argument("--read-gbs", type=float, help="bound with this memory bandwidth instead of the measured one")
     p.add_argument("--profile", choices=PATHS, help="profile one call of this path instead of comparing")
     p.add_argument("--machine", action="store_true", help="only measure the GEMM rate and memory bandwidth")
+    p.add_argument("--kernels", type=int, nargs="+", metavar="ROWS",
+                   help="only time one decoding step's products alone at these row counts, against the bound")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -395,6 +445,19 @@ def main() -> None:
         return worker_main(args.worker, args.work, args.threads)
     if args.machine:
         print(json.dumps(machine_rates(args.threads)))
+        return None
+    if args.kernels:
+        rows = kernel_floor(args.model, args.kernels, args.threads)
+        r0 = rows[0]
+        print(f"{args.model}, {args.threads} threads, load average {os.getloadavg()[0]:.1f}: one decoding step's "
+              f"products ({r0['weights_gb']:.3f} GB of fp32 weights); machine {r0['gemm_gflops']:.0f} GFLOP/s, "
+              f"{r0['read_gbs']:.1f} GB/s")
+        print(f"{'rows':>4} {'products ms':>11} {'GFLOP/s':>7} {'bound ms':>8} {'compute+read ms':>15} {'of bound':>8}")
+        for r in rows:
+            print(f"{r['rows']:4d} {r['products_ms']:11.1f} {r['gflops']:7.0f} {r['bound_ms']:8.1f} {r['sum_ms']:15.1f} "
+                  f"{r['bound_ms'] / r['products_ms']:8.2f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
         return None
     if args.profile:
         return profile_path(args)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accord.compare import CompareError, check_comparable, load_plan, summarise, verdicts, warm_start_model
+from accord.compare import (CompareError, check_comparable, load_plan, preflight, summarise, verdicts,
+                            warm_start_model)
 from accord.config import config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +83,17 @@ def test_plan_from_one_config_or_several(tmp_path):
         load_plan([("x", single), ("y", _with())])
     with pytest.raises(CompareError, match="compare.methods.b sets compare.seeds"):
         load_plan([("base", _with(compare={"methods": {"a": [], "b": ["compare.seeds=[1]"]}, "budget_tokens": 9}))])
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples" / "compare").glob("*.yaml")), ids=lambda p: p.stem)
+def test_example_comparisons_pass_every_check_before_a_model_loads(path, tmp_path):
+    """Each shipped comparison (its methods' configs comparable, its knobs declared, its budget above a first
+    step's least, the same held-out instances for every method of a seed) passes the checks `accord compare`
+    makes before it loads a model."""
+    plan = load_plan([(path.stem, yaml.safe_load(path.read_text()))], out=tmp_path / "out")
+    assert len(plan.methods) >= 2
+    ids = preflight(plan)
+    assert sorted(ids) == sorted(plan.compare.seeds) and all(ids.values())
 
 
 def test_warm_start_model_is_found(tmp_path):
