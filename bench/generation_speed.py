@@ -141,19 +141,19 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
             "prefill_tflop": prefill_flop / 1e12, "decode_tflop": decode_flop / 1e12}
 
 
-def kernel_floor(model_spec: str, rows_list: list[int], threads: int, repeats: int = 5) -> list[dict]:
+def kernel_floor(model_spec: str, rows_list: list[int], threads: int, rates: dict[str, float],
+                 repeats: int = 5) -> list[dict]:
     """One decoding step's products as the decoding loop runs them (:class:`accord.generation.fast_decode.DecodeStep`'s
     projections of every layer and the output head, each weight read once per step as in a real step), timed
     alone at each row count (best of ``repeats``), against the machine's bound for the same products:
     max(FLOP / GEMM rate, weight bytes / read bandwidth), and the sum of the two (the time of a kernel that
-    does not overlap its reads with its arithmetic)."""
+    does not overlap its reads with its arithmetic); ``rates`` as :func:`machine_rates` gives them."""
     import torch
 
     from accord.generation.fast_decode import DecodeStep
     from accord.models import load_model_and_tokenizer
 
     torch.set_num_threads(threads)
-    rates = machine_rates(threads)
     model = load_model_and_tokenizer(model_spec)[0]
     out = []
     with torch.no_grad():
@@ -447,7 +447,9 @@ def main() -> None:
         print(json.dumps(machine_rates(args.threads)))
         return None
     if args.kernels:
-        rows = kernel_floor(args.model, args.kernels, args.threads)
+        rates = machine_rates(args.threads)
+        rates.update({k: v for k, v in (("gemm_gflops", args.gemm_gflops), ("read_gbs", args.read_gbs)) if v})
+        rows = kernel_floor(args.model, args.kernels, args.threads, rates)
         r0 = rows[0]
         print(f"{args.model}, {args.threads} threads, load average {os.getloadavg()[0]:.1f}: one decoding step's "
               f"products ({r0['weights_gb']:.3f} GB of fp32 weights); machine {r0['gemm_gflops']:.0f} GFLOP/s, "
