@@ -86,7 +86,7 @@ def base_data(args: argparse.Namespace) -> dict:
         "specialization": "shared",
         "policies": {"main": {"model": args.model, "model_kwargs": model_kwargs(args)}},
         "task": {"name": "planpath", "options": options, "eval_size": args.eval_size},
-        "algorithm": {"name": "atgrpo", "num_generations": args.k, "normalize_std": True, "alpha": args.alpha,
+        "algorithm": {"name": "atgrpo", "num_generations": args.k, "normalize_std": args.normalize_std, "alpha": args.alpha,
                       "gamma": 1.0},
         "rollout": {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens,
                     "temperature": args.temperature, "history_turns": args.history_turns, "max_prompt_tokens": 1536},
@@ -201,6 +201,8 @@ def main() -> int:
                    help="default 136 (direct: the centralized answer, both roles' sections, is up to 130 tiny-tokenizer "
                    "tokens) or 320 (tool_planner): the oracle's answers must fit")
     p.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team weight (independent: 0 by definition)")
+    p.add_argument("--normalize-std", action=argparse.BooleanOptionalAction, default=True,
+                   help="divide every method's advantages by their group's std (algorithm.normalize_std)")
     p.add_argument("--temperature", type=float, default=1.0, help="training sampling temperature")
     p.add_argument("--history-turns", type=int, default=0,
                    help="earlier exchanges kept in prompts (0: the observation already holds the whole state)")

@@ -30,11 +30,32 @@ from accord.envs.protocol import Env, StepResult
 CENTRAL = "central"
 
 
+def _sections(text: str, role: str) -> list[str]:
+    """The ``<role>...</role>`` sections of ``text`` (tags case-insensitive), each from an opening tag to the
+    first closing tag after it, scanning on after that closing tag. One pass over the text for each tag: a
+    lazy ``<role>(.*?)</role>`` regex would rescan to the end from every opening tag that has no closing tag
+    after it (quadratic time on a text of many opening tags)."""
+    flags = re.IGNORECASE
+    opens = [(m.start(), m.end()) for m in re.finditer(f"<{re.escape(role)}>", text, flags)]
+    closes = [(m.start(), m.end()) for m in re.finditer(f"</{re.escape(role)}>", text, flags)]
+    found, c, pos = [], 0, 0
+    for start, end in opens:
+        if start < pos:          # inside the section just taken
+            continue
+        while c < len(closes) and closes[c][0] < end:
+            c += 1
+        if c == len(closes):     # no closing tag after this opening tag, nor after any later one
+            break
+        found.append(text[end:closes[c][0]])
+        pos = closes[c][1]
+    return found
+
+
 def parse_roles(text: str, roles: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
     """Split ``text`` into ``<role>...</role>`` sections; return the sections and the roles that failed."""
     out, failed = {}, []
     for role in roles:
-        found = re.findall(rf"<{re.escape(role)}>(.*?)</{re.escape(role)}>", text, flags=re.DOTALL | re.IGNORECASE)
+        found = _sections(text, role)
         if len(found) != 1 or not found[0].strip():
             out[role] = ""
             failed.append(role)

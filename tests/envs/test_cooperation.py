@@ -9,7 +9,7 @@ import pytest
 from accord.envs.centralized import centralize
 from accord.envs.check import GARBAGE, check_env
 from accord.envs.cooperation.handoff import HandoffEnv, HandoffTask, path
-from accord.envs.cooperation.items import items, names, naming, vote, walk
+from accord.envs.cooperation.items import SHOWN, items, names, naming, vote, walk
 from accord.envs.cooperation.signalling import SignalEnv
 from accord.envs.registry import TaskError, make_env, make_task
 
@@ -23,7 +23,20 @@ TEXTS = ["b", "p", "bob", "pip pop", "bp", "bob pip", "g", "bag", "pig gab", "th
 def test_items_are_the_candidate_letters_each_word_carries():
     assert items("Bob hid a pup, apple", "bp") == ["b", "p", "p"]   # "hid", "a" carry neither; "apple" carries p
     assert items("bop", "bp") == ["bp"]                             # one word carrying both: a hedge item
-    assert items("lorem " * 2000, "bp") == [] and len(items("b " * 500, "bp")) == 64   # read at most 64 words
+    # read up to the first SHOWN (60) characters, what a partner's view shows: 30 words of "b "
+    assert items("lorem " * 2000, "bp") == [] and len(items("b " * 500, "bp")) == SHOWN // 2 == 30
+    assert items("x" * (SHOWN - 1) + "b", "bp") == ["b"] and items("x" * SHOWN + " b", "bp") == []
+
+
+def test_an_unequal_hedge_scores_no_more_in_expectation_than_committing():
+    """A mix of candidates scores above 0 for its majority letter, but over any belief about the secret its
+    expected vote is at most that of naming the likeliest candidate alone."""
+    mix = items("b b b p", "bp")
+    assert vote(mix, "b") == 0.5 and vote(mix, "p") == -0.5
+    for q in (0.0, 0.25, 0.5, 0.75, 1.0):   # q: the probability that the secret is b
+        expected = q * vote(mix, "b") + (1 - q) * vote(mix, "p")
+        assert expected <= max(q * vote(["b"], "b") + (1 - q) * vote(["b"], "p"),
+                               q * vote(["p"], "b") + (1 - q) * vote(["p"], "p"))
 
 
 def test_a_hedge_never_scores_above_silence():
@@ -117,6 +130,22 @@ def test_signal_rewards():
     assert pure.team_reward == 1.0
 
 
+def test_signal_scores_the_message_as_the_listener_sees_it():
+    """A letter past the SHOWN characters of the message never reaches the listener: it points at nothing, so
+    the speaker earns no hint for it and the gate credits no guess."""
+    env = SignalEnv(hint=0.5, echo=1)
+    hidden = "x" * SHOWN + " b"
+    speak, guess = play_signal(env, _row("b"), hidden, "b")
+    assert "b" not in speak.observations["listener"].split("Message:")[1]
+    assert speak.team_reward == 0.0 and guess.team_reward == 0.0
+    # the same letter inside the shown part is a message
+    speak, answer = play_signal(env, _row("b"), "x" * (SHOWN - 2) + " b", "b")
+    assert speak.team_reward == 0.5 and answer.team_reward == 0.5
+    # a question mark the speaker cannot see is no question
+    *_, late = play_signal(SignalEnv(rounds=2), _row("b"), "bob", "x" * SHOWN + "?")
+    assert "asked" not in late.info and late.done
+
+
 def test_signal_observations_hide_the_secret_from_the_listener():
     env = SignalEnv(emphasis=4, echo=2)
     obs = env.reset(_row("p"))
@@ -194,6 +223,28 @@ def test_handoff_scores_the_second_against_what_the_first_wrote():
     obs = env.reset(row)
     assert "g g g" in obs["first"] and "Start" not in obs["second"]
     assert "First wrote: gag | gag" in env.step({"first": "gag"}).observations["second"]
+
+
+def test_handoff_continues_what_the_second_can_see():
+    """The second is scored against the part of the first's text its view shows (SHOWN characters)."""
+    env = make_env("handoff", {"letters": "bgp", "start": "free", "echo": 1})
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "x" * SHOWN + " b", "g")
+    assert "b" not in first.observations["second"].split("First wrote:")[1]
+    assert second.team_reward == 0.0 and not second.info["success"]   # nothing shown to continue
+    first, second = play_handoff(env, {"id": "t", "number": 0}, "x" * (SHOWN - 2) + " b", "g")
+    assert first.team_reward == 0.5 and second.team_reward == 0.5 and second.info["success"]
+
+
+def test_handoff_single_agent_local_reward_is_the_whole_path():
+    """The solo writes 2 * length letters: its format reward is highest for the whole path, not for a half."""
+    for length in (1, 2):
+        env = make_env("handoff", {"single_agent": True, "length": length, "local_scale": 0.1})
+        whole = " ".join(path("bgp", "b", 2 * length))
+        half = " ".join(path("bgp", "b", length))
+        (full,) = play_handoff(env, {"id": "t", "number": 0}, whole)
+        (part,) = play_handoff(env, {"id": "t", "number": 0}, half)
+        assert full.info["success"] and full.local_rewards["solo"] == pytest.approx(0.1)
+        assert part.local_rewards["solo"] < full.local_rewards["solo"]
 
 
 def test_handoff_free_start_and_single_turn():

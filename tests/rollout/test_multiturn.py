@@ -5,6 +5,8 @@ texts can be chosen to make every reward known), then end to end with a real tin
 """
 
 import itertools
+import random
+import re
 
 import pytest
 import torch
@@ -210,6 +212,9 @@ def test_parse_roles_and_centralized_penalty():
     assert sections == {"e": "eel bee", "o": "oak"} and failed == []
     sections, failed = parse_roles("<e>one</e><e>two</e>", ("e", "o"))
     assert failed == ["e", "o"]
+    # many opening tags and no closing one: every role failed (read in one pass; the lazy regex parse_roles
+    # used before rescanned to the end from every tag: 23 s for 20,000 tags on a 2-core AMD EPYC)
+    assert parse_roles("<e>" * 20000, ("e", "o")) == ({"e": "", "o": ""}, ["e", "o"])
     env = CentralizedEnv(RelayEnv(), parse_penalty=1.0)
     env.reset(rows(1)[0])
     good = env.clone().step({"central": "<e>eel</e><o>oak</o>"})
@@ -217,6 +222,19 @@ def test_parse_roles_and_centralized_penalty():
     assert good.info["parse_failures"] == 0 and good.team_reward == pytest.approx(0.5)
     assert bad.info["parse_failures"] == 2 and bad.team_reward == pytest.approx(-2.0)
     check_env(lambda: CentralizedEnv(RelayEnv()), ["<e>eel</e><o>oak</o>"])
+
+
+def test_parse_roles_sections_are_those_of_a_lazy_tag_regex():
+    """Each section runs from an opening tag to the first closing tag after it, tags case-insensitive, as
+    ``re.findall(r"<e>(.*?)</e>", text, re.DOTALL | re.IGNORECASE)`` reads them."""
+    rng = random.Random(0)
+    parts = ["<e>", "</e>", "<E>", "</E>", "x", "e", "<", ">", "/", "<o>", "</o>", "\n", "<e", "e>", "</e"]
+    for _ in range(5000):
+        text = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        expected = re.findall(r"<e>(.*?)</e>", text, flags=re.DOTALL | re.IGNORECASE)
+        sections, failed = parse_roles(text, ("e",))
+        ok = len(expected) == 1 and expected[0].strip()
+        assert (failed == []) == bool(ok) and sections["e"] == (expected[0].strip() if ok else ""), text
 
 
 def test_independent_learners_use_local_rewards():

@@ -12,7 +12,8 @@ Team reward (increments; the return lies in [-1, 1]): the first's text earns ``f
 walk(first's items, its expected half)`` and the second's ``(1 - first_weight) * walk(second's items,
 the continuation of the first's last clean item)`` (:func:`~accord.envs.cooperation.items.walk`: +1 for
 exactly the expected letters; each wrong, extra or hedged item costs as much as a right one pays).
-The second is scored against what the first *actually* wrote, so only a consistent pair scores;
+The second is scored against what the first *actually* wrote (its first 60 characters, all that the
+second's view shows and all that any score reads of a text), so only a consistent pair scores;
 when the first wrote no clean item there is nothing to continue and the second's text earns 0.
 ``info["success"]``: both halves exact.
 
@@ -38,7 +39,7 @@ refuses ``start: given`` (a start only the first sees could not reach the second
 
 **Local rewards** (independent learners) are format only: ``local_scale`` (default 0.1) times each
 agent's ``walk`` of its own items against the walk that starts at its own first item (are they
-``length`` items stepping forward, from wherever?). They read neither the start nor the partner, so
+``length`` items stepping forward, from wherever? ``2 * length`` for the single agent's whole path). They read neither the start nor the partner, so
 the second gets no signal for where to continue (docs/tasks-cooperation.md has the argument).
 
 Options: ``letters``, ``length`` (default 1), ``start`` (``free``, ``fixed`` or ``given``),
@@ -56,8 +57,8 @@ import copy
 import random
 from typing import Any
 
-from accord.envs.cooperation.items import items, walk
-from accord.envs.cooperation.signalling import SHOWN, check_letters, check_number, numbered_rows
+from accord.envs.cooperation.items import items, shown, walk
+from accord.envs.cooperation.signalling import check_letters, check_number, numbered_rows
 from accord.envs.protocol import StepResult, check_step_actions
 from accord.envs.registry import TaskError, register_task
 
@@ -121,10 +122,10 @@ class Handoff:
             return 0.0
         return walk(found, path(self.letters, stop, self.length + 1)[1:])
 
-    def local(self, found: list[str]) -> float:
+    def local(self, found: list[str], length: int) -> float:
         """Format only: are the agent's own items ``length`` letters stepping forward (from wherever)?"""
         start = first_clean(found)
-        expected = path(self.letters, start, self.length) if start else [""] * self.length
+        expected = path(self.letters, start, length) if start else [""] * length
         return self.local_scale * walk(found, expected)
 
     def cycle_text(self) -> str:
@@ -138,7 +139,7 @@ class Handoff:
             return head
         if first_text is None:
             return f"{head} Continue the first's path."
-        return f"{head} First wrote: " + " | ".join([first_text[:SHOWN] or "-"] * self.echo)
+        return f"{head} First wrote: " + " | ".join([shown(first_text) or "-"] * self.echo)
 
     def instructions(self, agent: str) -> str:
         where = " from its first letter" if self.start == "fixed" else ""
@@ -187,7 +188,8 @@ class HandoffEnv:
         text, rules = actions[agent], self.rules
         found = items(text, rules.letters)
         local = {a: 0.0 for a in self.agents}
-        local[agent] = rules.local(found)
+        # a solo writes the whole path: its format is 2 * length letters, a role's is length
+        local[agent] = rules.local(found, 2 * rules.length if agent == SOLO else rules.length)
         info: dict[str, Any] = {"success": False}
         if agent == SOLO:
             first, second = found[:rules.length], found[rules.length:]

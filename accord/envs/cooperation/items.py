@@ -7,21 +7,30 @@ carry no candidate are ignored, so a random text scores near 0 rather than alway
 scores below are dense enough for a tiny random model's policy gradient.
 
 Every score lies in [-1, 1] and charges each item that is not what the score asks for as much as it
-pays for one that is, so naming every candidate (a hedge) scores at most 0, no better than silence.
+pays for one that is: naming every candidate equally often (a hedge, in one word or in several) scores
+at most 0, no better than silence, and a mix of candidates never scores more in expectation than
+naming the likeliest one alone (a score is linear in the mix).
 
-Texts are cut at :data:`MAX_WORDS` words (a very long reply is read no further, never an error).
+A text is read up to its first :data:`SHOWN` characters, which is also all that a partner's view
+shows of it: a score never reads what the partner could not see, and a very long reply costs no more
+than a short one (never an error).
 """
 
 from __future__ import annotations
 
-MAX_WORDS = 64
+SHOWN = 60   # characters of an agent's text that are read: scored, and shown to a partner
+
+
+def shown(text: str) -> str:
+    """The part of ``text`` that counts: its first :data:`SHOWN` characters."""
+    return text[:SHOWN]
 
 
 def items(text: str, letters: str) -> list[str]:
     """The candidate letters each item of ``text`` carries, in order: one string per item (``"b"`` for a
     clean item, ``"bp"`` for a word carrying both ``b`` and ``p``)."""
     out = []
-    for word in text.lower().split()[:MAX_WORDS]:
+    for word in shown(text).lower().split():
         carried = "".join(c for c in letters if c in word)
         if carried:
             out.append(carried)
@@ -32,7 +41,7 @@ def vote(found: list[str], target: str) -> float:
     """How cleanly the items name ``target``: (clean items of ``target`` - every other item) / items.
 
     1 exactly when every item names ``target`` alone; 0 without items; a text that names every
-    candidate (in one word or in several) scores at most 0."""
+    candidate equally often (in one word or in several) scores at most 0."""
     if not found:
         return 0.0
     hits = sum(i == target for i in found)

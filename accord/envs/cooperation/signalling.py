@@ -7,7 +7,7 @@ agents act in turn (turn-based; :mod:`accord.envs.cooperation.items` says how te
 - **listener** sees the candidates and the message, never the secret, and names one candidate
   (writes words that contain it).
 
-Team reward (increments; the return lies in [-1, 1]):
+Team reward (increments; the return lies in [-1, 1] less ``ask_cost`` per question asked):
 
 - the speaker's message earns ``hint * vote(message, secret)``: +1 when every item of the message
   carries the secret's letter alone (the message *points at* the secret), -1 when every one points
@@ -15,7 +15,10 @@ Team reward (increments; the return lies in [-1, 1]):
   get no team signal at all (the answer comes a step later);
 - the listener's answer earns ``(1 - hint) * vote(answer, secret)``, times ``max(0, vote(message,
   secret))`` with ``gate`` on (the default): an answer counts as far as the message supported it, so a
-  lucky guess earns nothing. A hedge (every candidate named) earns at most 0.
+  lucky guess earns nothing. A hedge (every candidate named equally often) earns at most 0.
+
+Each text is read up to its first :data:`~accord.envs.cooperation.items.SHOWN` (60) characters, which
+is what the partner's view shows of it: the message is scored as the listener sees it.
 
 ``hint: 0, gate: false`` is the pure game, in which any code the two agree on works and only MAGRPO's
 returns reach the speaker. The gate keeps the listener's gradient free of the noise of guessing
@@ -59,12 +62,11 @@ import copy
 import random
 from typing import Any
 
-from accord.envs.cooperation.items import items, names, naming, vote
+from accord.envs.cooperation.items import items, names, naming, shown, vote
 from accord.envs.protocol import StepResult, check_step_actions
 from accord.envs.registry import TaskError, register_task
 
 SPEAKER, LISTENER, SOLO = "speaker", "listener", "solo"
-SHOWN = 60   # characters of a partner's text shown in an observation
 
 
 def check_letters(name: str, letters: Any, least: int) -> str:
@@ -154,9 +156,9 @@ class SignalEnv:
             parts = [head, "Secret: " + " ".join([task["secret"]] * self.emphasis)]
             questions = [t for a, t in self._said if a == LISTENER]
             if agent == SPEAKER and questions:
-                parts.append(f"Question: {questions[-1][:SHOWN]}")
+                parts.append(f"Question: {shown(questions[-1])}")
             return " ".join(parts)
-        said = [t[:SHOWN] for a, t in self._said if a == SPEAKER]
+        said = [shown(t) for a, t in self._said if a == SPEAKER]
         if not said:
             return f"{head} Message: -"
         return f"{head} Message: " + " | ".join(said[:-1] + [said[-1]] * self.echo)
@@ -190,7 +192,7 @@ class SignalEnv:
             local[agent] = self.local_scale * naming(found)
         else:
             last_round = self._turn + 1 >= self.rounds
-            if not last_round and "?" in text:
+            if not last_round and "?" in shown(text):
                 team, info["asked"] = -self.ask_cost, True
             else:
                 team, local[agent] = (1.0 - self.hint) * vote(found, secret), self.local_scale * naming(found)
