@@ -45,6 +45,7 @@ _USER_ERRORS = {
     "accord.policies": ("PromptTooLongError",),
     "accord.tracking.jsonl": ("MetricsFileError",),
     "accord.audit": ("AuditError",),
+    "accord.policies.protocol": ("TrainingError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
@@ -212,9 +213,16 @@ def _compare(args: argparse.Namespace) -> int:
                                "are for running one)")
         if not args.out:
             raise CompareError("--merge needs --out DIR: where the merged compare.json, compare.md and compare.png go")
-        data = merge(args.merge, args.out)
+        data = merge(args.merge, args.out, overwrite=args.overwrite)
     else:
-        data = compare_main(args.args, out=args.out, overwrite=args.overwrite)
+        try:
+            data = compare_main(args.args, out=args.out, overwrite=args.overwrite)
+        except KeyboardInterrupt:
+            if getattr(args, "debug", False):
+                raise
+            logger.warning("stopped by Ctrl-C; run the same command again to go on: finished methods and seeds are "
+                           "kept, and an unfinished run resumes from its last checkpoint (run.checkpoint_every)")
+            return 130
     sys.stdout.write(Path(data["files"]["markdown"]).read_text())
     sys.stdout.write(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
     return 0

@@ -62,6 +62,8 @@ METHOD_KEYS = ("algorithm.name", "algorithm.baseline", "algorithm.joint_mode", "
 FREE_KEYS = ("run.name", "run.output_dir", "run.run_dir", "run.seed", "run.steps", "run.eval_before",
              "run.eval_after", "run.eval_every", "run.threads", "run.retain_freed_memory", "run.checkpoint_every",
              "run.keep_checkpoints", "logging", "sft", "compare.methods")
+# keys every run's config gets from the comparison itself (Plan.config): a method may not set them
+SET_KEYS = ("run.name", "run.run_dir", "run.seed", "run.steps", "run.eval_before", "run.eval_after", "run.eval_every")
 # settings that may differ between comparisons that are merged: their seeds and where their warm starts lay
 MERGE_FREE = ("compare.warm_start",)
 FORMAT = "accord-compare-1"
@@ -139,8 +141,15 @@ def load_plan(sources: list[tuple[str, dict]], overrides: list[str] = (), *, out
                 raise CompareError(f"config file {name!r} cannot name a method (it names its directories); rename the "
                                    "file to letters, digits, '_' or '-'")
             methods[name] = data
+    for name, data, cfg in datas:
+        seed = (data.get("run") or {}).get("seed") if isinstance(data.get("run"), dict) else None
+        if seed is not None and seed not in cfg.compare.seeds:
+            raise CompareError(f"{name}: run.seed={seed} is not one of compare.seeds {cfg.compare.seeds}: each run's "
+                               f"seed is a seed of compare.seeds; give compare.seeds=[{seed}] (or add it there), or "
+                               "drop run.seed")
     cfgs = {m: config_from_dict(copy.deepcopy(d)) for m, d in methods.items()}
     first = next(iter(cfgs.values()))
+    check_knobs(first)
     check_comparable(cfgs, first.compare.knobs)
     settings = first.compare
     if settings.budget_tokens is None:
@@ -164,6 +173,10 @@ def _method_data(source: str, data: dict, method: str, overrides: list[str]) -> 
         if key == "compare" or key.startswith("compare."):
             raise CompareError(f"compare.methods.{method} sets {key}; a method's overrides may not change the "
                                "comparison's own settings: set them once under compare")
+        if _covered(key, SET_KEYS) or key == "run" or any(k.startswith(key + ".") for k in SET_KEYS):
+            raise CompareError(f"compare.methods.{method} sets {key}, which the comparison sets for every run itself "
+                               "(run.seed from compare.seeds, run.steps from the budget, the run's name, directory "
+                               "and evaluations); drop it from the method")
         try:
             apply_override(out, item)
         except ConfigError as err:
@@ -217,7 +230,26 @@ def check_comparable(cfgs: dict[str, Config], knobs: list[str]) -> None:
                                    "settings, or add policies to compare.knobs to compare them on purpose")
 
 
+def check_knobs(cfg: Config) -> None:
+    """Every knob names a key (or a section) of the config; a misspelt knob is a :class:`CompareError` with the
+    nearest keys."""
+    import difflib
+
+    keys = set(_flat(cfg.to_dict()))
+    sections = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+    for knob in cfg.compare.knobs:
+        if knob not in keys and knob not in sections:
+            near = difflib.get_close_matches(knob, sorted(keys | sections), n=3)
+            hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+            raise CompareError(f"compare.knobs: {knob} is not a key of the config{hint}; name a config key such as "
+                               "training.lr, or a section such as policies")
+
+
 def _differ(a: str, b: str, key: str, va: Any, vb: Any) -> str:
+    if key.startswith("compare."):
+        return (f"methods {a!r} and {b!r} differ in {key} ({va!r} against {vb!r}), a setting of the comparison "
+                "itself; give every config file the same compare section, or set it once on the command line "
+                f"({key}=...)")
     return (f"methods {a!r} and {b!r} differ in {key} ({va!r} against {vb!r}), which is neither a method key nor "
             f"declared in compare.knobs; make it the same, or add {key} to compare.knobs to compare it on purpose")
 
@@ -329,6 +361,15 @@ def claim_output(plan: Plan, settings: dict, *, overwrite: bool) -> None:
             except (OSError, ValueError) as err:
                 raise CompareError(f"{stored} cannot be read ({err}); use another compare.output_dir or --overwrite") \
                     from err
+            added = [m for m in settings["methods"] if m not in old.get("methods", {})]
+            gone = [m for m in old.get("methods", {}) if m not in settings["methods"]]
+            if added or gone:
+                what = "; ".join(part for part in (
+                    f"method(s) {added} not in it" if added else "", f"method(s) {gone} of it not given now" if gone
+                    else "") if part)
+                raise CompareError(f"{out} holds a comparison of other methods ({what}); use another "
+                                   "compare.output_dir (merge the two later with --merge only if their methods "
+                                   "agree), or --overwrite to delete it")
             diff = first_difference(old, settings)
             if diff is not None:
                 key, was, now = diff
@@ -369,10 +410,36 @@ def run_compare(plan: Plan, *, overwrite: bool = False) -> dict:
             path = plan.result_path(method, seed)
             if path.is_file():
                 logger.info("compare: %s seed %d is done (%s)", method, seed, path)
-                results.append(json.loads(path.read_text()))
+                results.append(_read_result(path))
                 continue
             results.append(run_one(plan, method, seed))
-    return report(settings, plan.compare.seeds, results, plan.out, total_s=time.perf_counter() - t0)
+    seeds = list(plan.compare.seeds)
+    earlier = stored_seeds(plan, exclude=seeds)
+    if earlier:   # the same settings (claim_output checked them): the directory's report covers every seed run
+        logger.info("compare: the report also holds seed(s) %s, finished earlier in %s", earlier, plan.out)
+        results += [_read_result(plan.result_path(m, s)) for s in earlier for m in plan.methods]
+        seeds = sorted(seeds + earlier)
+    return report(settings, seeds, results, plan.out, total_s=time.perf_counter() - t0)
+
+
+def _read_result(path: Path) -> dict:
+    """A stored result or before-evaluation; a damaged one is a :class:`CompareError` saying how to redo it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CompareError(f"{path} cannot be read ({type(err).__name__}: {err}); delete it to run that method and "
+                           "seed (or its before-evaluation) again") from err
+
+
+def stored_seeds(plan: Plan, exclude: list[int] = ()) -> list[int]:
+    """Seeds outside ``exclude`` whose results are stored in the output directory for every method."""
+    per_method = []
+    for method in plan.methods:
+        folder = plan.out / "results" / method
+        names = [p.stem for p in folder.glob("seed_*.json")] if folder.is_dir() else []
+        per_method.append({int(n[5:]) for n in names if n[5:].isdigit()})
+    found = set.intersection(*per_method) if per_method else set()
+    return sorted(found - set(exclude))
 
 
 def _eval_settings(plan: Plan, cfg: Config) -> tuple[int, float]:
@@ -413,7 +480,7 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
         key = _before_key(trainer, samples, temperature)
         cache = plan.out / "before" / f"seed_{seed}" / f"{key}.json"
         if cache.is_file():
-            shared = json.loads(cache.read_text())
+            shared = _read_result(cache)
             before, before_s, before_by = shared["episodes"], 0.0, shared["method"]
             logger.info("compare: %s seed %d: before-evaluation shared with %s", method, seed, before_by)
         elif trainer.start_step > 0:
@@ -715,10 +782,23 @@ def _numbers(episodes: list[dict]) -> list[dict]:
 
 # --- merge ------------------------------------------------------------------------------------------------
 
-def merge(paths: list[str | Path], out: str | Path) -> dict:
+def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) -> dict:
     """One comparison from the compare.json files (or output directories) of comparisons of one setting run
-    apart (for example one per seed); differing settings or a seed in two files are a :class:`CompareError`."""
+    apart (for example one per seed); differing settings or a seed in two files are a :class:`CompareError`.
+    ``out`` must be new or empty (``overwrite``: an earlier merge or comparison there is deleted first), and
+    never one of the merged comparisons' directories."""
     out = Path(out)
+    inputs = {(p if p.is_dir() else p.parent).resolve() for p in map(Path, paths)}
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"--out {out} is a file; give a directory for the merged comparison")
+    if out.resolve() in inputs:
+        raise CompareError(f"--out {out} holds one of the comparisons being merged; give a new directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise CompareError(f"--out {out} is not empty; give a new directory, or --overwrite to delete what is "
+                               "there")
+        logger.warning("--overwrite: deleting %s before writing the merged comparison", out)
+        shutil.rmtree(out)
     results, seeds, total = [], [], 0.0
     first: tuple[Path, dict] | None = None
     for p in map(Path, paths):
@@ -761,5 +841,5 @@ def compare_main(args: list[str], *, out: str | None = None, overwrite: bool = F
     return run_compare(plan, overwrite=overwrite)
 
 
-__all__ = ["CompareError", "METHOD_KEYS", "Plan", "check_comparable", "compare_main", "load_plan", "merge",
+__all__ = ["CompareError", "METHOD_KEYS", "Plan", "check_comparable", "check_knobs", "compare_main", "load_plan", "merge",
            "preflight", "run_compare", "run_one", "summarise", "verdicts"]

@@ -328,6 +328,38 @@ def test_bad_input_on_finished_comparisons(comparisons):
     (root / "junk.json").write_text("[1, 2]")
     line = one_line_error(accord("compare", "--merge", root / "junk.json", "--out", root / "x", cwd=root))
     assert "not a compare.json of accord compare" in line
+    # the merged comparison never lands on one of its inputs, nor on a directory that holds something
+    before = (a / "compare.json").read_bytes()
+    line = one_line_error(accord("compare", "--merge", a, b, "--out", a, cwd=root))
+    assert f"--out {a} holds one of the comparisons being merged" in line
+    (root / "full").mkdir()
+    (root / "full" / "notes.txt").write_text("mine")
+    line = one_line_error(accord("compare", "--merge", a, b, "--out", root / "full", cwd=root))
+    assert "is not empty" in line and "--overwrite" in line
+    assert (a / "compare.json").read_bytes() == before and (root / "full" / "notes.txt").read_text() == "mine"
+    # a damaged stored result: one line naming the file and how to redo it
+    damaged = root / "damaged"
+    shutil.copytree(b, damaged)
+    path = damaged / "results" / "grpo" / "seed_1.json"
+    path.write_text(path.read_text()[:200])
+    line = one_line_error(accord("compare", comparisons["cfg"], "compare.seeds=[1]", f"compare.output_dir={damaged}",
+                                 cwd=root))
+    assert f"{path} cannot be read" in line and "delete it to run that method and seed" in line
+
+
+@pytest.mark.slow
+def test_a_run_of_other_seeds_reports_every_seed_of_its_directory(comparisons):
+    """Seeds run into one directory one invocation at a time: the report of the last covers them all."""
+    root, a, b = comparisons["root"], comparisons["a"], comparisons["b"]
+    both = root / "both"
+    shutil.copytree(b, both)   # seed 1, then seed 0's results as if an earlier invocation had run them there
+    for method in ("atgrpo", "grpo"):
+        shutil.copy(a / "results" / method / "seed_0.json", both / "results" / method / "seed_0.json")
+    res = accord("compare", comparisons["cfg"], "compare.seeds=[1]", f"compare.output_dir={both}", cwd=root)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "the report also holds seed(s) [0]" in res.stderr
+    data = json.loads((both / "compare.json").read_text())
+    assert data["seeds"] == [0, 1] and sorted({r["seed"] for r in data["runs"]}) == [0, 1]
 
 
 @pytest.mark.slow
@@ -363,6 +395,22 @@ CASES = [
      ["method 'y'", "baseline=independent"]),
     ("merge-without-out", ["compare", "--merge", "a.json"], ["--merge needs --out DIR"]),
     ("method-name", ["compare", "base.yaml", "compare.methods={a/b: []}"], ["'a/b' cannot name a method"]),
+    # keys the comparison sets for every run, and knobs that cannot be one
+    ("method-sets-seed", ["compare", "base.yaml", "compare.methods={x: [], y: [run.seed=3]}"],
+     ["compare.methods.y sets run.seed, which the comparison sets for every run itself", "drop it"]),
+    ("method-sets-steps", ["compare", "base.yaml", "compare.methods={x: [], y: [run.steps=2]}"],
+     ["compare.methods.y sets run.steps"]),
+    ("seed-not-compared", ["compare", "base.yaml", "run.seed=7"],
+     ["run.seed=7 is not one of compare.seeds [0]", "compare.seeds=[7]"]),
+    ("knob-of-compare", ["compare", "base.yaml", "compare.knobs=[compare.budget_tokens]"],
+     ["compare.budget_tokens is a setting of the comparison itself", "cannot be a knob"]),
+    ("knob-misspelt", ["compare", "base.yaml", "compare.knobs=[rollout.max_new_token]"],
+     ["compare.knobs: rollout.max_new_token is not a key of the config", "did you mean rollout.max_new_tokens"]),
+    ("greedy-samples", ["compare", "base.yaml", "compare.eval=greedy", "compare.eval_samples=8"],
+     ["compare.eval_samples=8 has no effect with compare.eval=greedy", "compare.eval=sampled"]),
+    ("files-differ-in-compare", ["compare", "a.yaml", "c.yaml"],
+     ["differ in compare.budget_tokens (150 against 300), a setting of the comparison itself",
+      "the same compare section"]),
 ]
 
 BATCH = r"""
@@ -400,6 +448,8 @@ def batch(tmp_path_factory):
         plain = _with(compare={"methods": {}, "budget_tokens": 150})
         (d / "a.yaml").write_text(yaml.safe_dump(plain))
         (d / "b.yaml").write_text(yaml.safe_dump({**plain, "training": {**plain["training"], "lr": 0.5}}))
+        (d / "c.yaml").write_text(yaml.safe_dump({**plain, "algorithm": {**plain["algorithm"], "name": "magrpo"},
+                                                  "compare": {**plain["compare"], "budget_tokens": 300}}))
         cases.append({"id": cid, "args": args, "cwd": str(d)})
     (root / "cases.json").write_text(json.dumps(cases))
     proc = subprocess.run([sys.executable, "-c", BATCH, str(root / "cases.json"), str(root / "results.json")],
