@@ -224,6 +224,11 @@ def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
     eval_rows = task_instances(env, "eval", limit=cfg.task.eval_size, seed=cfg.run.seed) if cfg.task.eval_size else []
     if not train_rows:
         raise ConfigError(f"task {cfg.task.name!r} has no training instances; check task.options and task.train_size")
+    for key, asked, rows in (("train_size", cfg.task.train_size, train_rows), ("eval_size", cfg.task.eval_size,
+                                                                              eval_rows)):
+        if asked and len(rows) < asked:
+            logger.warning("task.%s=%d: task %r holds %d such instances; using those %d", key, asked, cfg.task.name,
+                           len(rows), len(rows))
     for split, rows in (("train", train_rows), ("eval", eval_rows)):
         bad = next((row for row in rows if not isinstance(row, dict)), None)
         if bad is not None:

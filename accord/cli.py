@@ -82,10 +82,10 @@ def _version() -> str:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``train``/``eval``/``compare``: take ``key=value`` overrides out of argv wherever they stand (after
-    ``--k 1 4`` too)."""
+    """``train``/``eval``/``compare``/``sft``/``plan``: take ``key=value`` overrides out of argv wherever they
+    stand (after ``--k 1 4`` or ``--write-demos FILE`` too)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if cmd is None or argv[cmd] not in ("train", "eval", "compare"):
+    if cmd is None or argv[cmd] not in ("train", "eval", "compare", "sft", "plan"):
         return argv, []
     rest = argv[cmd + 1:]
     head = [a for a in rest if not _OVERRIDE.match(a)]

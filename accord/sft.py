@@ -157,7 +157,12 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
         raise DemoError(f"demonstrations file {str(p)!r} does not exist; give a JSONL file of "
                         '{"agent": ..., "prompt": ..., "completion": ...} lines')
     out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DemoError(f"{p} is not UTF-8 text (byte {err.start}: {err.reason}); save the demonstrations as UTF-8 "
+                        "JSONL") from err
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{p} line {n}"
@@ -176,7 +181,10 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
         agent, prompt, completion = item["agent"], item["prompt"], item["completion"]
         if agent not in agents:
             raise DemoError(f"{where}: unknown agent {agent!r}; the task's agents are {list(agents)}")
-        if not isinstance(completion, str) or not completion.strip():
+        if not isinstance(completion, str):
+            raise DemoError(f"{where}: the completion for agent {agent!r} is a {type(completion).__name__}, not a "
+                            "string; give the answer text the agent should write")
+        if not completion.strip():
             raise DemoError(f"{where}: empty completion for agent {agent!r}; give the answer text the agent should "
                             "write (or remove the line)")
         out.append(Demo(agent, _messages(prompt, agent, where, system), completion, where))
@@ -206,8 +214,14 @@ def _messages(prompt: Any, agent: str, where: str, system: dict[str, str] | None
 
 
 def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
+    """Write ``demos`` as JSONL to a new file ``path`` (an existing file is a :class:`DemoError`: it may be
+    someone's demonstrations)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    try:
+        f = open(path, "x", encoding="utf-8")
+    except FileExistsError as err:
+        raise DemoError(f"{path} already exists; give a new path for the demonstrations (or delete it)") from err
+    with f:
         for d in demos:
             f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
 
@@ -230,9 +244,19 @@ def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
     s, seed = cfg.sft, cfg.run.seed
     make = lambda: build_task(cfg)  # noqa: E731  (a fresh environment per episode, as the rollout makes them)
     if s.data is None:
+        if s.eval_data is not None:
+            raise DemoError(f"sft.eval_data={s.eval_data} is read only with sft.data (demonstrations from a file); "
+                            "with the task's oracle the held-out demonstrations are its noise-free answers on "
+                            "sft.eval_size eval instances: drop sft.eval_data, or give sft.data too")
         split = task.tasks if is_env(task) else task.rows
-        train = oracle_demos(cfg, make, split("train", limit=s.instances, seed=seed), noise=s.noise, seed=seed)
+        rows = split("train", limit=s.instances, seed=seed)
         held = split("eval", limit=s.eval_size, seed=seed) if s.eval_size else []
+        for key, asked, got, which in (("instances", s.instances, len(rows), "train"),
+                                       ("eval_size", s.eval_size, len(held), "eval")):
+            if asked and got < asked:
+                logger.warning("sft.%s=%d: the task's %s split holds %d instances; using those %d", key, asked,
+                               which, got, got)
+        train = oracle_demos(cfg, make, rows, noise=s.noise, seed=seed)
         evals = oracle_demos(cfg, make, held, noise=0.0, seed=held_out_demo_seed(seed)) if held else []
     else:
         system = {a: task.instructions(a) for a in task.agents} if is_env(task) else None
@@ -456,6 +480,10 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     write_demos(train, out / "demos.jsonl")
     save_config(cfg, out / "config.yaml")
     steps = step_counts(cfg, {name: len(d) for name, d in data.items()})
+    for name, d in data.items():
+        if s.batch_size > len(d):
+            logger.warning("sft.batch_size=%d: policy %r has %d demonstrations; its batches are all %d of them",
+                           s.batch_size, name, len(d), len(d))
     held_rows = held_out_rows(cfg) if s.eval_success and s.eval_size else []
     summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals), "steps": steps}
     with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:

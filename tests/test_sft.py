@@ -226,6 +226,7 @@ BAD_LINES = [
     ('{"agent": "planner", "prompt": [{"role": "assistant", "content": "x"}], "completion": "x"}',
      "line 2: the prompt's last message must be the user's"),
     ("not json", "line 2: not valid JSON"),
+    ('{"agent": "planner", "prompt": "hi", "completion": 5}', "line 2: the completion for agent 'planner' is a int"),
 ]
 
 
@@ -251,6 +252,34 @@ def test_jsonl_prompts_text_and_chat(tmp_path):
         [d.messages for d in demos]
 
 
+def test_files_that_are_not_utf8_or_already_exist(tmp_path):
+    """A demonstrations file that is not UTF-8 is a DemoError, not a decoding traceback; writing demonstrations
+    never replaces an existing file."""
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(b'\xff\xfe{"agent": "planner"}\n')
+    with pytest.raises(DemoError, match="is not UTF-8 text"):
+        read_demos(path, ("planner", "executor"))
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("precious\n")
+    demo = read_demos(_one_demo(tmp_path), ("planner", "executor"))
+    with pytest.raises(DemoError, match="already exists; give a new path"):
+        write_demos(demo, mine)
+    assert mine.read_text() == "precious\n"
+
+
+def _one_demo(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"agent": "planner", "prompt": "obs", "completion": "Moves: U"}) + "\n")
+    return path
+
+
+def test_eval_data_without_data_is_refused(tmp_path):
+    """sft.eval_data is read only with sft.data: with the oracle it would be ignored, so it is an error."""
+    cfg = config_from_dict(planpath_cfg(tmp_path, eval_data=str(tmp_path / "nowhere.jsonl")))
+    with pytest.raises(DemoError, match="sft.eval_data=.* is read only with sft.data"):
+        collect_demos(cfg)
+
+
 @pytest.mark.slow
 def test_bad_jsonl_through_the_cli_is_a_one_line_error(tmp_path):
     demos = tmp_path / "demos.jsonl"
@@ -263,6 +292,12 @@ def test_bad_jsonl_through_the_cli_is_a_one_line_error(tmp_path):
     errors = [line for line in res.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and f"{demos} line 2: unknown agent 'tool'" in errors[0], res.stderr
     assert "Traceback" not in res.stderr
+    # overrides stand anywhere, after --write-demos FILE too; the file written is new
+    out = tmp_path / "written.jsonl"
+    res = accord("sft", str(config), "--write-demos", str(out), "sft.data=null", "sft.instances=4", cwd=tmp_path)
+    assert res.returncode == 0 and out.is_file(), res.stderr[-3000:]
+    again = accord("sft", str(config), "--write-demos", str(out), "sft.data=null", cwd=tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
 
 
 def test_sft_config_errors():

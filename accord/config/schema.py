@@ -577,7 +577,7 @@ class SftConfig:
     data: str | None = _f(None, "`accord sft` (warm start before RL): JSONL file of demonstrations, one "
                           "{agent, prompt, completion} object per line (prompt: chat messages, or a string used as "
                           "the user message after the agent's system message); null: the task's oracle (planpath, "
-                          "sudoku, sokoban, code, humaneval) plays the training split.")
+                          "sudoku, sokoban, code, humaneval, turn-based handoff) plays the training split.")
     eval_data: str | None = _f(None, "`accord sft`: JSONL of held-out demonstrations whose NLL is reported before "
                                "and after; null: with the oracle, its noise-free answers on eval_size instances of "
                                "the eval split; with sft.data, no held-out NLL.")
