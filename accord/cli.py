@@ -166,7 +166,13 @@ def _sft(args: argparse.Namespace) -> int:
         write_demos(train, args.write_demos)
         logger.info("wrote %d demonstrations to %s", len(train), args.write_demos)
         return 0
-    run_sft(cfg)
+    from accord.trainer import TrainingInterrupted
+
+    try:
+        run_sft(cfg)
+    except TrainingInterrupted as stopped:   # the first Ctrl-C: the step finished and checkpointed
+        logger.warning("%s", stopped)
+        return 130
     return 0
 
 

@@ -50,6 +50,7 @@ from typing import Any
 
 from accord import metric_names as mn
 from accord.config import CompareConfig, Config, ConfigError, apply_override, read_yaml, config_from_dict
+from accord.config.base import covered as _covered, first_difference, flat_keys as _flat
 from accord.stats import average, paired, rate, verdict
 
 logger = logging.getLogger(__name__)
@@ -188,20 +189,6 @@ def _method_data(source: str, data: dict, method: str, overrides: list[str]) -> 
     return out
 
 
-def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested plain data as {dotted key: value}; lists are values."""
-    if isinstance(node, dict) and node:
-        out = {}
-        for k, v in node.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: node}
-
-
-def _covered(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
 def check_comparable(cfgs: dict[str, Config], knobs: list[str]) -> None:
     """The methods' configs differ only in the method keys, the free keys and the declared knobs; policies may
     differ in their names (a method key) but not in their settings. Raises :class:`CompareError` naming the
@@ -331,17 +318,6 @@ def settings_of(plan: Plan) -> dict:
         methods[m] = {k: v for k, v in flat.items() if not _covered(k, FREE_KEYS + ("compare",))}
     # as JSON has them (lists, not tuples), so that settings read back from settings.json compare equal
     return json.loads(json.dumps({"format": FORMAT, "compare": compare, "methods": methods}))
-
-
-def first_difference(a: dict, b: dict, free: tuple[str, ...] = ()) -> tuple[str, Any, Any] | None:
-    """The first dotted key (in sorted order) whose value differs between two settings, or None."""
-    fa, fb = _flat(a), _flat(b)
-    for key in sorted(set(fa) | set(fb)):
-        if _covered(key, free):
-            continue
-        if fa.get(key, "<unset>") != fb.get(key, "<unset>"):
-            return key, fa.get(key, "<unset>"), fb.get(key, "<unset>")
-    return None
 
 
 def claim_output(plan: Plan, settings: dict, *, overwrite: bool) -> None:

@@ -28,8 +28,11 @@ each of these. ``trl`` is not installed in accord's environment either.
 
 Output, under ``sft.output_dir`` (default ``RUN_DIR/sft``): one Hugging Face model directory per policy
 (``<policy>/``, written by :meth:`ModelPolicy.export`), ``demos.jsonl`` (the training demonstrations, in the
-JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``, written into a
-temporary sibling and renamed into place when complete (an existing non-empty one is never overwritten). An RL run
+JSONL input format plus ``where`` and ``noisy``), ``metrics.jsonl`` and ``config.yaml``, written into the sibling
+``.<name>.partial`` and renamed into place when complete (an existing non-empty one is never overwritten). The
+unfinished one is checkpointed every ``sft.checkpoint_every`` steps and at a Ctrl-C (which finishes the step in
+progress first; a second Ctrl-C stops at once); the same command run again goes on from its newest checkpoint
+with the same result as an uninterrupted run, and other settings or demonstrations are refused there. An RL run
 starts from it by naming the directory as the policy's model: ``policies.<name>.model=RUN_DIR/sft/<name>``
 (with ``model_kwargs={}`` for tiny models, whose options are in the saved config). Under
 ``specialization: lora`` the policies share one base model: SFT trains that base (full weights) on
@@ -447,13 +450,81 @@ def output_dir(cfg: Config) -> Path:
     return Path(cfg.sft.output_dir) if cfg.sft.output_dir else cfg.run_dir / "sft"
 
 
+def partial_dir(out: Path) -> Path:
+    """Where a warm start is written until it is complete (then renamed to ``out``)."""
+    return out.parent / f".{out.name}.partial"
+
+
+def _demos_text(demos: list[Demo]) -> str:
+    return "".join(json.dumps(d.to_json(), ensure_ascii=False) + "\n" for d in demos)
+
+
+def _claim_partial(cfg: Config, part: Path, train: list[Demo]) -> bool:
+    """Make ``part`` (held by this process) this warm start's: new, or an unfinished one of the same config and
+    demonstrations (True: resume it). An unfinished one of other settings is a :class:`ConfigError` naming the
+    first difference."""
+    from accord.config.base import first_difference
+
+    settings = json.loads(json.dumps(cfg.to_dict(), default=str))
+    stored = part / "settings.json"
+    if stored.is_file():
+        try:
+            old = json.loads(stored.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{part} holds an unfinished warm start whose settings.json cannot be read ({err}); "
+                              "delete it to start over") from err
+        diff = first_difference(old, settings, ("run.threads", "run.retain_freed_memory", "logging"))
+        if diff is not None:
+            key, was, now = diff
+            raise ConfigError(f"{part} holds an unfinished warm start of other settings ({key}={was!r} there, "
+                              f"{now!r} now); run with its settings to finish it, or delete it to start over")
+        if (part / "demos.jsonl").read_text(encoding="utf-8") != _demos_text(train):
+            raise ConfigError(f"{part} holds an unfinished warm start of other demonstrations (sft.data changed?); "
+                              "delete it to start over")
+        return True
+    from accord.checkpoint import LOCK_FILE
+    from accord.tracking.registry import _atomic_write_text
+
+    for path in part.iterdir():   # a start stopped before its settings were written: nothing to keep
+        if path.name != LOCK_FILE:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    write_demos(train, part / "demos.jsonl")
+    save_config(cfg, part / "config.yaml")
+    _atomic_write_text(stored, json.dumps(settings, indent=1))   # last: its presence means the rest is there
+    return False
+
+
+def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) -> tuple[int, dict]:
+    """Load the newest checkpoint of an unfinished warm start: (its step, its saved state); the batch streams
+    are moved past the steps it trained and the metrics after it dropped (they are trained again)."""
+    from accord.checkpoint import resume_checkpoint
+
+    state = resume_checkpoint(part, {n: p for n, (p, _) in policies.items()})
+    if state is None:
+        return 0, {}
+    step = int(state["step"])
+    for name, stream in batches.items():
+        for _ in range(min(step, steps[name])):
+            next(stream)
+    metrics = part / "metrics.jsonl"
+    lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    logger.info("sft: resuming %s after step %d", part, step)
+    return step, state
+
+
 def run_sft(cfg: Config) -> dict[str, Any]:
     """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
-    docstring for the output layout)."""
-    s = cfg.sft
-    out = output_dir(cfg)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
+    docstring for the output layout). The warm start is written into ``.<dir>.partial`` beside the output
+    directory, checkpointed every ``sft.checkpoint_every`` steps and at a Ctrl-C (the step in progress is
+    finished first), and renamed into place when complete: the same command run again after a Ctrl-C or a
+    kill goes on from the last checkpoint, as an uninterrupted run would have."""
+    from accord.checkpoint import hold_run_dir
+
+    final = output_dir(cfg)
+    if final.exists() and any(final.iterdir()):
+        raise ConfigError(f"{final} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
                           "write another")
     setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
     t0 = time.perf_counter()
@@ -463,6 +534,26 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                 len(evals), time.perf_counter() - t0)
     if cfg.run.backend == "ray":
         logger.info("sft: run.backend=ray applies to RL; fine-tuning runs in this process")
+    part = partial_dir(final)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.mkdir(exist_ok=True)
+    release = hold_run_dir(part)
+    try:
+        resumable = _claim_partial(cfg, part, train)
+        return _fine_tune(cfg, part, final, train, evals, resumable)
+    finally:
+        release()
+
+
+def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: list[Demo],
+               resumable: bool) -> dict[str, Any]:
+    """:func:`run_sft` from its demonstrations on: train in ``part`` (resuming its checkpoint when
+    ``resumable``), export, and rename it to ``final``."""
+    from accord.checkpoint import LOCK_FILE, commit_checkpoint, write_checkpoint
+    from accord.trainer import GracefulStop, TrainingInterrupted
+
+    s = cfg.sft
+    n_noisy = sum(d.noisy for d in train)
     policies = _policies(cfg)
     max_new = cfg.rollout.max_new_tokens
     data, held = {}, {}
@@ -473,12 +564,6 @@ def run_sft(cfg: Config) -> dict[str, Any]:
             raise DemoError(f"sft: no demonstration for policy {name!r} (agents {list(agents)}); add some for "
                             "these agents")
     micro = cfg.training.micro_batch_size
-    final, out = out, out.parent / f".{out.name}.tmp-{os.getpid()}"   # renamed into place when complete
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    write_demos(train, out / "demos.jsonl")
-    save_config(cfg, out / "config.yaml")
     steps = step_counts(cfg, {name: len(d) for name, d in data.items()})
     for name, d in data.items():
         if s.batch_size > len(d):
@@ -486,20 +571,36 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                            s.batch_size, name, len(d), len(d))
     held_rows = held_out_rows(cfg) if s.eval_success and s.eval_size else []
     summary: dict[str, Any] = {"demos": len(train), "noisy": n_noisy, "held_out": len(evals), "steps": steps}
-    with open(out / "metrics.jsonl", "w", encoding="utf-8") as log:
+    batches = {n: _batches(len(data[n]), s.batch_size, policy_seed(cfg.run.seed, i))
+               for i, n in enumerate(policies)}
+    last = max(steps.values())
+    every = max(1, last // 10)
+    save_every = s.checkpoint_every if s.checkpoint_every is not None else every
+    done, state = _resume(part, policies, batches, steps) if resumable else (0, {})
+    tokens_total, train_s = state.get("tokens", 0), state.get("train_s", 0.0)
+    progress = {"step": done}
+
+    def checkpoint(step: int) -> None:
+        tmp = write_checkpoint(part, step, {n: p for n, (p, _) in policies.items()},
+                               {"tokens": tokens_total, "train_s": train_s})
+        commit_checkpoint(part, tmp, step, keep=1)
+
+    stop = GracefulStop(lambda: f"finishing sft step {progress['step'] + 1}/{last}, then a checkpoint of it and stop")
+    with open(part / "metrics.jsonl", "a", encoding="utf-8") as log, stop:
         def record(step: int, metrics: dict) -> None:
             log.write(json.dumps({"step": step, **metrics}) + "\n")
             log.flush()
 
-        before = {mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
-                  for n, (p, _) in policies.items() if held[n]}
-        record(0, before)
-        batches = {n: _batches(len(data[n]), s.batch_size, policy_seed(cfg.run.seed, i))
-                   for i, n in enumerate(policies)}
-        last = max(steps.values())
-        every = max(1, last // 10)
-        tokens_total, train_s = 0, 0.0
-        for step in range(1, last + 1):
+        if done:
+            before = json.loads((part / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
+            before.pop("step", None)
+        else:
+            before = {mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
+                      for n, (p, _) in policies.items() if held[n]}
+            record(0, before)
+        metrics: dict = {}
+        for step in range(done + 1, last + 1):
+            progress["step"] = step - 1
             t = time.perf_counter()
             metrics, tokens = {}, 0
             for name, (pol, _) in policies.items():
@@ -526,6 +627,14 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                 logger.info("sft step %d/%d: %s (%.2fs, %.0f tokens/s)", step, last, ", ".join(
                     f"{k.split('/')[1]} loss {v:.4f}" for k, v in metrics.items() if k.endswith("/loss")),
                     elapsed, tokens / elapsed)
+            if step < last and (stop.requested or (save_every and step % save_every == 0)):
+                checkpoint(step)
+            if stop.requested and step < last:
+                raise TrainingInterrupted(f"stopped by Ctrl-C after sft step {step}/{last} (checkpointed in "
+                                          f"{part}); run the same command again to go on from there", step,
+                                          part / "checkpoints")
+        if not metrics:   # resumed after the last step's checkpoint: nothing left but the export
+            metrics = json.loads((part / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
         after = {k: v for k, v in metrics.items()
                  if k.endswith(mn.SEP + mn.EVAL_NLL) or k.startswith(mn.SFT_EVAL_PREFIX)}
         summary.update({"tokens": tokens_total, "train_s": round(train_s, 2),
@@ -533,17 +642,20 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         logger.info("sft: %d steps, %d prompt+completion tokens in %.1fs (%.0f tokens/s)", last, tokens_total,
                     train_s, tokens_total / max(train_s, 1e-9))
     for name, (pol, _) in policies.items():
-        pol.export(out / name)
+        pol.export(part / name)
         nll = mn.sft_policy_key(name, mn.EVAL_NLL)
         if before.get(nll) is not None:
             logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[nll], after[nll])
+    shutil.rmtree(part / "checkpoints", ignore_errors=True)
+    (part / "settings.json").unlink(missing_ok=True)
     if final.exists():   # an empty directory (checked above)
         final.rmdir()
-    os.replace(out, final)
-    out = final
-    summary.update({"output_dir": str(out), "before": before, "after": after,
-                    "overrides": rl_overrides(cfg, out)})
-    logger.info("sft: wrote %s; start RL from it with: accord train CONFIG %s", out, " ".join(summary["overrides"]))
+    os.replace(part, final)
+    (final / LOCK_FILE).unlink(missing_ok=True)
+    summary.update({"output_dir": str(final), "before": before, "after": after,
+                    "overrides": rl_overrides(cfg, final)})
+    logger.info("sft: wrote %s; start RL from it with: accord train CONFIG %s", final,
+                " ".join(summary["overrides"]))
     return summary
 
 

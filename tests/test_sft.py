@@ -4,8 +4,10 @@ import collections
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -366,3 +368,50 @@ def test_centralized_demos_answer_every_role_and_solve(tmp_path):
         assert res.info["parse_failures"] == 0
         if not demo.noisy:
             assert res.info["success"], demo.completion
+
+
+def _weights(model_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def _untimed(path: Path) -> list[dict]:
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+
+@pytest.mark.slow
+def test_a_killed_or_interrupted_warm_start_resumes_to_the_same_models(tmp_path):
+    """A warm start killed (SIGKILL) or stopped by Ctrl-C (SIGINT) part-way, then run again with the same command,
+    ends with the very weights and losses of an uninterrupted one; other settings are refused in its place."""
+    data = planpath_cfg(tmp_path, steps=30, checkpoint_every=5, eval_size=2, eval_success=False)
+    config = tmp_path / "warm.yaml"
+    config.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    ref = accord("sft", str(config), "sft.output_dir=ref", cwd=tmp_path)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    for how, sig in (("killed", signal.SIGKILL), ("interrupted", signal.SIGINT)):
+        part = tmp_path / f".{how}.partial"
+        proc = subprocess.Popen([sys.executable, "-m", "accord.cli", "sft", str(config), f"sft.output_dir={how}"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        while not (part / "checkpoints" / "step_000010").is_dir():
+            assert proc.poll() is None, f"finished before it could be stopped: {proc.stderr.read()[-3000:]}"
+            assert time.monotonic() - t0 < 600
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=600)
+        if sig == signal.SIGINT:   # the step in progress is finished and checkpointed
+            assert proc.returncode == 130, err[-3000:]
+            assert "run the same command again to go on from there" in err and "Traceback" not in err
+        assert not (tmp_path / how).exists() and part.is_dir()
+        other = accord("sft", str(config), f"sft.output_dir={how}", "sft.lr=0.01", cwd=tmp_path)
+        assert other.returncode == 2 and "holds an unfinished warm start of other settings (sft.lr=" in other.stderr
+        again = accord("sft", str(config), f"sft.output_dir={how}", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "sft: resuming" in again.stderr and not part.exists()
+        ours, theirs = _weights(tmp_path / how / "main"), _weights(tmp_path / "ref" / "main")
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), how
+        assert _untimed(tmp_path / how / "metrics.jsonl") == _untimed(tmp_path / "ref" / "metrics.jsonl"), how
+        assert not (tmp_path / how / "checkpoints").exists()

@@ -134,3 +134,32 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
         return value
     name = getattr(tp, '__name__', tp)
     raise ConfigError(f"{path}={value!r} is not a valid {name}; give a value of type {name}")
+
+
+# --- settings as flat dotted keys (comparisons, warm starts: what must be the same to resume or merge) -----
+
+def flat_keys(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested plain data as {dotted key: value}; lists are values."""
+    if isinstance(node, dict) and node:
+        out = {}
+        for k, v in node.items():
+            out.update(flat_keys(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def covered(key: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    """Whether dotted ``key`` is one of ``prefixes`` or lies under one."""
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def first_difference(a: dict, b: dict, free: tuple[str, ...] = ()) -> tuple[str, Any, Any] | None:
+    """The first dotted key (in sorted order, none under ``free``) whose value differs between two nested
+    settings, with both values (``"<unset>"`` where one lacks it); None when they agree."""
+    fa, fb = flat_keys(a), flat_keys(b)
+    for key in sorted(set(fa) | set(fb)):
+        if covered(key, free):
+            continue
+        if fa.get(key, "<unset>") != fb.get(key, "<unset>"):
+            return key, fa.get(key, "<unset>"), fb.get(key, "<unset>")
+    return None

@@ -599,6 +599,11 @@ class SftConfig:
     output_dir: str | None = _f(None, "`accord sft`: where the fine-tuned models go, one Hugging Face directory per "
                                 "policy (`base` under specialization=lora); null: RUN_DIR/sft. RL starts from it "
                                 "with policies.<name>.model=DIR/<name>.")
+    checkpoint_every: int | None = _f(None, "`accord sft`: checkpoint the unfinished warm start (models, optimizer, "
+                                      "random streams; the newest kept, in .<output_dir>.partial) every this many "
+                                      "steps, so that the same command run again after a kill goes on from there "
+                                      "(a Ctrl-C checkpoints the step it finishes anyway); null: a tenth of the "
+                                      "steps; 0: only at a Ctrl-C.")
 
     def __post_init__(self) -> None:
         _positive("sft", "steps", self.steps)
@@ -607,6 +612,8 @@ class SftConfig:
         _positive("sft", "batch_size", self.batch_size)
         _positive("sft", "instances", self.instances)
         _positive("sft", "eval_size", self.eval_size, 0)
+        if self.checkpoint_every is not None:
+            _positive("sft", "checkpoint_every", self.checkpoint_every, 0)
         if self.lr <= 0:
             raise ConfigError(f"sft.lr={self.lr} must be > 0")
         if not 0 <= self.noise <= 1:
