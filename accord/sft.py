@@ -500,15 +500,22 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
     from accord.checkpoint import resume_checkpoint
 
     state = resume_checkpoint(part, {n: p for n, (p, _) in policies.items()})
-    if state is None:
+    metrics = part / "metrics.jsonl"
+    if state is None:   # stopped before its first checkpoint: it starts over
+        metrics.unlink(missing_ok=True)
+        logger.info("sft: %s has no checkpoint yet; starting it over", part)
         return 0, {}
     step = int(state["step"])
     for name, stream in batches.items():
         for _ in range(min(step, steps[name])):
             next(stream)
-    metrics = part / "metrics.jsonl"
-    lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    kept = []
+    for line in metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []:
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except ValueError:   # a line cut short by the kill
+            continue
     metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     logger.info("sft: resuming %s after step %d", part, step)
     return step, state
@@ -598,8 +605,7 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
             before = {mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
                       for n, (p, _) in policies.items() if held[n]}
             record(0, before)
-        metrics: dict = {}
-        for step in range(done + 1, last + 1):
+        for step in range(done + 1, last + 1):   # done < last: a checkpoint is never of the last step
             progress["step"] = step - 1
             t = time.perf_counter()
             metrics, tokens = {}, 0
@@ -633,8 +639,6 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
                 raise TrainingInterrupted(f"stopped by Ctrl-C after sft step {step}/{last} (checkpointed in "
                                           f"{part}); run the same command again to go on from there", step,
                                           part / "checkpoints")
-        if not metrics:   # resumed after the last step's checkpoint: nothing left but the export
-            metrics = json.loads((part / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])
         after = {k: v for k, v in metrics.items()
                  if k.endswith(mn.SEP + mn.EVAL_NLL) or k.startswith(mn.SFT_EVAL_PREFIX)}
         summary.update({"tokens": tokens_total, "train_s": round(train_s, 2),

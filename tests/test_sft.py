@@ -415,3 +415,19 @@ def test_a_killed_or_interrupted_warm_start_resumes_to_the_same_models(tmp_path)
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), how
         assert _untimed(tmp_path / how / "metrics.jsonl") == _untimed(tmp_path / "ref" / "metrics.jsonl"), how
         assert not (tmp_path / how / "checkpoints").exists()
+    # killed before any checkpoint (sft.checkpoint_every=0: only at a Ctrl-C): the same command starts it over
+    part = tmp_path / ".early.partial"
+    args = ["sft", str(config), "sft.output_dir=early", "sft.checkpoint_every=0"]
+    proc = subprocess.Popen([sys.executable, "-m", "accord.cli", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while '"step": 3' not in ((part / "metrics.jsonl").read_text() if (part / "metrics.jsonl").is_file() else ""):
+        assert proc.poll() is None and time.monotonic() - t0 < 600
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    again = accord(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "has no checkpoint yet; starting it over" in again.stderr, again.stderr[-3000:]
+    ours = _weights(tmp_path / "early" / "main")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert _untimed(tmp_path / "early" / "metrics.jsonl") == _untimed(tmp_path / "ref" / "metrics.jsonl")
