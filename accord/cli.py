@@ -173,6 +173,12 @@ def _sft(args: argparse.Namespace) -> int:
     except TrainingInterrupted as stopped:   # the first Ctrl-C: the step finished and checkpointed
         logger.warning("%s", stopped)
         return 130
+    except KeyboardInterrupt:   # a second Ctrl-C, or one before training started
+        if getattr(args, "debug", False):
+            raise
+        logger.warning("stopped at once by Ctrl-C; run the same command again: it goes on from the newest checkpoint "
+                       "of the unfinished warm start (sft.checkpoint_every), or starts over where it has none")
+        return 130
     return 0
 
 

@@ -65,6 +65,8 @@ FREE_KEYS = ("run.name", "run.output_dir", "run.run_dir", "run.seed", "run.steps
              "run.keep_checkpoints", "logging", "sft", "compare.methods")
 # keys every run's config gets from the comparison itself (Plan.config): a method may not set them
 SET_KEYS = ("run.name", "run.run_dir", "run.seed", "run.steps", "run.eval_before", "run.eval_after", "run.eval_every")
+# the sampled evaluation's keys (and their defaults), which greedy evaluation does not read
+GREEDY_UNREAD = {"eval_samples": 4, "eval_temperature": None}
 # settings that may differ between comparisons that are merged: their seeds and where their warm starts lay
 MERGE_FREE = ("compare.warm_start",)
 FORMAT = "accord-compare-1"
@@ -153,6 +155,11 @@ def load_plan(sources: list[tuple[str, dict]], overrides: list[str] = (), *, out
     check_knobs(first)
     check_comparable(cfgs, first.compare.knobs)
     settings = first.compare
+    if settings.eval == "greedy":
+        for key, default in GREEDY_UNREAD.items():
+            if getattr(settings, key) != default:
+                logger.warning("compare.%s=%s has no effect with compare.eval=greedy (one greedy episode per "
+                               "instance); set compare.eval=sampled to use it", key, getattr(settings, key))
     if settings.budget_tokens is None:
         raise CompareError("compare.budget_tokens is not set; give the generated training tokens per method and "
                            "seed, e.g. compare.budget_tokens=20000")
@@ -312,6 +319,9 @@ def settings_of(plan: Plan) -> dict:
     each method's config (the keys a comparison sets itself aside)."""
     compare = {k: v for k, v in plan.compare.__dict__.items()
                if k not in ("seeds", "output_dir", "methods", "keep_checkpoints")}
+    if compare["eval"] == "greedy":   # unread under greedy (load_plan warned): their defaults, so that they
+        compare.update(eval_samples=GREEDY_UNREAD["eval_samples"],   # never keep a resume or merge apart
+                       eval_temperature=GREEDY_UNREAD["eval_temperature"])
     methods = {}
     for m, data in plan.methods.items():
         flat = _flat(config_from_dict(copy.deepcopy(data)).to_dict())
@@ -767,7 +777,8 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
     inputs = {(p if p.is_dir() else p.parent).resolve() for p in map(Path, paths)}
     if out.exists() and not out.is_dir():
         raise CompareError(f"--out {out} is a file; give a directory for the merged comparison")
-    if out.resolve() in inputs:
+    target = out.resolve()
+    if any(target == i or target in i.parents for i in inputs):
         raise CompareError(f"--out {out} holds one of the comparisons being merged; give a new directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:

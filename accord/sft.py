@@ -185,8 +185,8 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
         if agent not in agents:
             raise DemoError(f"{where}: unknown agent {agent!r}; the task's agents are {list(agents)}")
         if not isinstance(completion, str):
-            raise DemoError(f"{where}: the completion for agent {agent!r} is a {type(completion).__name__}, not a "
-                            "string; give the answer text the agent should write")
+            raise DemoError(f"{where}: the completion for agent {agent!r} must be a string, not "
+                            f"{type(completion).__name__}; give the answer text the agent should write")
         if not completion.strip():
             raise DemoError(f"{where}: empty completion for agent {agent!r}; give the answer text the agent should "
                             "write (or remove the line)")
@@ -461,9 +461,13 @@ def _demos_text(demos: list[Demo]) -> str:
 
 def _claim_partial(cfg: Config, part: Path, train: list[Demo]) -> bool:
     """Make ``part`` (held by this process) this warm start's: new, or an unfinished one of the same config and
-    demonstrations (True: resume it). An unfinished one of other settings is a :class:`ConfigError` naming the
-    first difference."""
+    demonstrations (True: resume it). An unfinished one of other settings or demonstrations is a
+    :class:`ConfigError` naming the difference when it holds a checkpoint (trained steps that would be lost),
+    else started over with a warning (nothing trained is kept there: a run stopped or failed before its first
+    checkpoint)."""
+    from accord.checkpoint import LOCK_FILE
     from accord.config.base import first_difference
+    from accord.tracking.registry import _atomic_write_text
 
     settings = json.loads(json.dumps(cfg.to_dict(), default=str))
     stored = part / "settings.json"
@@ -473,19 +477,19 @@ def _claim_partial(cfg: Config, part: Path, train: list[Demo]) -> bool:
         except (OSError, ValueError) as err:
             raise ConfigError(f"{part} holds an unfinished warm start whose settings.json cannot be read ({err}); "
                               "delete it to start over") from err
-        diff = first_difference(old, settings, ("run.threads", "run.retain_freed_memory", "logging"))
+        diff = first_difference(old, settings, ("run.threads", "run.retain_freed_memory", "logging",
+                                                "sft.checkpoint_every"))
         if diff is not None:
-            key, was, now = diff
-            raise ConfigError(f"{part} holds an unfinished warm start of other settings ({key}={was!r} there, "
-                              f"{now!r} now); run with its settings to finish it, or delete it to start over")
-        if (part / "demos.jsonl").read_text(encoding="utf-8") != _demos_text(train):
-            raise ConfigError(f"{part} holds an unfinished warm start of other demonstrations (sft.data changed?); "
-                              "delete it to start over")
-        return True
-    from accord.checkpoint import LOCK_FILE
-    from accord.tracking.registry import _atomic_write_text
-
-    for path in part.iterdir():   # a start stopped before its settings were written: nothing to keep
+            other = f"other settings ({diff[0]}={diff[1]!r} there, {diff[2]!r} now)"
+        elif (part / "demos.jsonl").read_text(encoding="utf-8") != _demos_text(train):
+            other = "other demonstrations (sft.data changed?)"
+        else:
+            return True
+        if any((part / "checkpoints").glob("step_*")):
+            raise ConfigError(f"{part} holds an unfinished warm start of {other}; run with its settings to finish "
+                              "it, or delete it to start over")
+        logger.warning("sft: %s holds an unfinished warm start of %s without a checkpoint; starting over", part, other)
+    for path in part.iterdir():   # nothing of an earlier start is kept
         if path.name != LOCK_FILE:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     write_demos(train, part / "demos.jsonl")
@@ -544,12 +548,19 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     part = partial_dir(final)
     part.parent.mkdir(parents=True, exist_ok=True)
     part.mkdir(exist_ok=True)
-    release = hold_run_dir(part)
+    from accord.policies.protocol import TrainingError
+
+    release, failed = hold_run_dir(part), False
     try:
         resumable = _claim_partial(cfg, part, train)
         return _fine_tune(cfg, part, final, train, evals, resumable)
+    except TrainingError:   # a non-finite loss: these settings cannot finish, so there is nothing to resume
+        failed = True
+        raise
     finally:
         release()
+        if failed:
+            shutil.rmtree(part, ignore_errors=True)
 
 
 def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: list[Demo],

@@ -96,6 +96,22 @@ def test_example_comparisons_pass_every_check_before_a_model_loads(path, tmp_pat
     assert sorted(ids) == sorted(plan.compare.seeds) and all(ids.values())
 
 
+def test_greedy_evaluation_warns_of_the_sampled_keys_and_ignores_them_for_resume(tmp_path, caplog):
+    """Under compare.eval=greedy, eval_samples and eval_temperature are unread: a warning each, and the stored
+    settings carry their defaults, so that they never keep a resume or a merge apart."""
+    from accord.compare import settings_of
+
+    data = _with(compare={"eval": "greedy", "eval_samples": 8, "eval_temperature": 0.5})
+    with caplog.at_level("WARNING", logger="accord.compare"):
+        plan = load_plan([("base", data)], out=tmp_path / "o")
+    assert "compare.eval_samples=8 has no effect with compare.eval=greedy" in caplog.text
+    assert "compare.eval_temperature=0.5 has no effect" in caplog.text
+    plain = load_plan([("base", _with(compare={"eval": "greedy"}))], out=tmp_path / "o")
+    assert settings_of(plan) == settings_of(plain)
+    sampled = load_plan([("base", _with(compare={"eval": "sampled", "eval_samples": 8}))], out=tmp_path / "o")
+    assert settings_of(sampled)["compare"]["eval_samples"] == 8
+
+
 def test_warm_start_model_is_found(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
@@ -332,6 +348,8 @@ def test_bad_input_on_finished_comparisons(comparisons):
     before = (a / "compare.json").read_bytes()
     line = one_line_error(accord("compare", "--merge", a, b, "--out", a, cwd=root))
     assert f"--out {a} holds one of the comparisons being merged" in line
+    line = one_line_error(accord("compare", "--merge", a, b, "--out", root, "--overwrite", cwd=root))
+    assert f"--out {root} holds one of the comparisons being merged" in line
     (root / "full").mkdir()
     (root / "full" / "notes.txt").write_text("mine")
     line = one_line_error(accord("compare", "--merge", a, b, "--out", root / "full", cwd=root))
@@ -406,8 +424,6 @@ CASES = [
      ["compare.budget_tokens is a setting of the comparison itself", "cannot be a knob"]),
     ("knob-misspelt", ["compare", "base.yaml", "compare.knobs=[rollout.max_new_token]"],
      ["compare.knobs: rollout.max_new_token is not a key of the config", "did you mean rollout.max_new_tokens"]),
-    ("greedy-samples", ["compare", "base.yaml", "compare.eval=greedy", "compare.eval_samples=8"],
-     ["compare.eval_samples=8 has no effect with compare.eval=greedy", "compare.eval=sampled"]),
     ("files-differ-in-compare", ["compare", "a.yaml", "c.yaml"],
      ["differ in compare.budget_tokens (150 against 300), a setting of the comparison itself",
       "the same compare section"]),

@@ -228,7 +228,8 @@ BAD_LINES = [
     ('{"agent": "planner", "prompt": [{"role": "assistant", "content": "x"}], "completion": "x"}',
      "line 2: the prompt's last message must be the user's"),
     ("not json", "line 2: not valid JSON"),
-    ('{"agent": "planner", "prompt": "hi", "completion": 5}', "line 2: the completion for agent 'planner' is a int"),
+    ('{"agent": "planner", "prompt": "hi", "completion": 5}',
+     "line 2: the completion for agent 'planner' must be a string, not int"),
 ]
 
 
@@ -431,3 +432,24 @@ def test_a_killed_or_interrupted_warm_start_resumes_to_the_same_models(tmp_path)
     ours = _weights(tmp_path / "early" / "main")
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     assert _untimed(tmp_path / "early" / "metrics.jsonl") == _untimed(tmp_path / "ref" / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_a_failed_warm_start_does_not_block_a_run_of_other_settings(tmp_path):
+    """A run that cannot finish (a non-finite loss) leaves no unfinished warm start behind: the same command with
+    the fix its error names runs in its place. One of other settings without a checkpoint is started over."""
+    config = tmp_path / "warm.yaml"
+    config.write_text(yaml.safe_dump(planpath_cfg(tmp_path, steps=6, eval_size=2, eval_success=False)))
+    bad = accord("sft", str(config), "sft.lr=1e30", cwd=tmp_path)
+    assert bad.returncode == 2 and "lower sft.lr" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-3000:]
+    assert not (tmp_path / "runs" / "warm" / ".sft.partial").exists()
+    good = accord("sft", str(config), cwd=tmp_path)
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert (tmp_path / "runs" / "warm" / "sft" / "main" / "model.safetensors").is_file()
+    # an unfinished warm start of other settings that holds no checkpoint yet: started over, with a warning
+    part = tmp_path / "runs" / "other" / ".sft.partial"
+    part.mkdir(parents=True)
+    (part / "settings.json").write_text(json.dumps({"sft": {"lr": 1.0}}))
+    (part / "demos.jsonl").write_text("")
+    other = accord("sft", str(config), "run.name=other", cwd=tmp_path)
+    assert other.returncode == 0 and "without a checkpoint; starting over" in other.stderr, other.stderr[-3000:]

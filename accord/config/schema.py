@@ -771,7 +771,7 @@ class CompareConfig:
         for name, overrides in list(self.methods.items()):
             if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
                 raise ConfigError(f"compare.methods: {name!r} cannot name a method (it names its directories); use "
-                                  "letters or digits, with '_' or '-' between them if you like (e.g. atgrpo_roles)")
+                                  "letters and digits, and '_' or '-' if you like (e.g. atgrpo_roles)")
             if overrides is None:
                 overrides = []
             if isinstance(overrides, str):
@@ -798,12 +798,6 @@ class CompareConfig:
         if self.eval_temperature is not None and self.eval_temperature <= 0:
             raise ConfigError(f"compare.eval_temperature={self.eval_temperature} must be > 0 (greedy evaluation: "
                               "compare.eval=greedy)")
-        if self.eval == "greedy":   # greedy plays one episode per instance: the sampled evaluation's keys do nothing
-            for key, value, default in (("eval_samples", self.eval_samples, 4),
-                                        ("eval_temperature", self.eval_temperature, None)):
-                if value != default:
-                    raise ConfigError(f"compare.{key}={value} has no effect with compare.eval=greedy (one greedy "
-                                      f"episode per instance); drop it, or set compare.eval=sampled to use it")
         if not isinstance(self.knobs, (list, tuple)) or not all(isinstance(k, str) and k for k in self.knobs):
             raise ConfigError(f"compare.knobs={self.knobs!r} must be a list of config keys, e.g. [training.lr]")
         for knob in self.knobs:
