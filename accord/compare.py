@@ -828,5 +828,5 @@ def compare_main(args: list[str], *, out: str | None = None, overwrite: bool = F
     return run_compare(plan, overwrite=overwrite)
 
 
-__all__ = ["CompareError", "METHOD_KEYS", "Plan", "check_comparable", "check_knobs", "compare_main", "load_plan", "merge",
-           "preflight", "run_compare", "run_one", "summarise", "verdicts"]
+__all__ = ["CompareError", "METHOD_KEYS", "Plan", "check_comparable", "check_knobs", "compare_main", "load_plan",
+           "merge", "preflight", "run_compare", "run_one", "summarise", "verdicts"]

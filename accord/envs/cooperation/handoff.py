@@ -39,8 +39,9 @@ refuses ``start: given`` (a start only the first sees could not reach the second
 
 **Local rewards** (independent learners) are format only: ``local_scale`` (default 0.1) times each
 agent's ``walk`` of its own items against the walk that starts at its own first item (are they
-``length`` items stepping forward, from wherever? ``2 * length`` for the single agent's whole path). They read neither the start nor the partner, so
-the second gets no signal for where to continue (docs/tasks-cooperation.md has the argument).
+``length`` items stepping forward, from wherever? ``2 * length`` for the single agent's whole path).
+They read neither the start nor the partner, so the second gets no signal for where to continue
+(docs/tasks-cooperation.md has the argument).
 
 Options: ``letters``, ``length`` (default 1), ``start`` (``free``, ``fixed`` or ``given``),
 ``first_weight`` (default 0.5), ``local_scale``,
