@@ -427,7 +427,8 @@ class Trainer:
                 for step in range(self.start_step, end):
                     if stop.requested:
                         break
-                    progress["doing"] = f"step {step + 1}/{cfg.run.steps}"
+                    # with stop_when (accord compare's token budget) run.steps is only a cap, not the end
+                    progress["doing"] = f"step {step + 1}" + ("" if stop_when else f"/{cfg.run.steps}")
                     last, halt = self._step(step, end, stop, progress, stop_when)
                     if halt:
                         break
