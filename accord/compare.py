@@ -65,8 +65,8 @@ FREE_KEYS = ("run.name", "run.output_dir", "run.run_dir", "run.seed", "run.steps
              "run.keep_checkpoints", "logging", "sft", "compare.methods")
 # keys every run's config gets from the comparison itself (Plan.config): a method may not set them
 SET_KEYS = ("run.name", "run.run_dir", "run.seed", "run.steps", "run.eval_before", "run.eval_after", "run.eval_every")
-# the sampled evaluation's keys (and their defaults), which greedy evaluation does not read
-GREEDY_UNREAD = {"eval_samples": 4, "eval_temperature": None}
+# the sampled evaluation's keys, which greedy evaluation does not read (accord.config.ignored warns of them)
+GREEDY_UNREAD = ("eval_samples", "eval_temperature")
 # settings that may differ between comparisons that are merged: their seeds and where their warm starts lay
 MERGE_FREE = ("compare.warm_start",)
 FORMAT = "accord-compare-1"
@@ -145,7 +145,8 @@ def load_plan(sources: list[tuple[str, dict]], overrides: list[str] = (), *, out
                                    "file to letters, digits, '_' or '-'")
             methods[name] = data
     for name, data, cfg in datas:
-        seed = (data.get("run") or {}).get("seed") if isinstance(data.get("run"), dict) else None
+        run = data.get("run")
+        seed = run.get("seed") if isinstance(run, dict) else None   # set in the file or by an override
         if seed is not None and seed not in cfg.compare.seeds:
             raise CompareError(f"{name}: run.seed={seed} is not one of compare.seeds {cfg.compare.seeds}: each run's "
                                f"seed is a seed of compare.seeds; give compare.seeds=[{seed}] (or add it there), or "
@@ -155,11 +156,6 @@ def load_plan(sources: list[tuple[str, dict]], overrides: list[str] = (), *, out
     check_knobs(first)
     check_comparable(cfgs, first.compare.knobs)
     settings = first.compare
-    if settings.eval == "greedy":
-        for key, default in GREEDY_UNREAD.items():
-            if getattr(settings, key) != default:
-                logger.warning("compare.%s=%s has no effect with compare.eval=greedy (one greedy episode per "
-                               "instance); set compare.eval=sampled to use it", key, getattr(settings, key))
     if settings.budget_tokens is None:
         raise CompareError("compare.budget_tokens is not set; give the generated training tokens per method and "
                            "seed, e.g. compare.budget_tokens=20000")
@@ -181,7 +177,7 @@ def _method_data(source: str, data: dict, method: str, overrides: list[str]) -> 
         if key == "compare" or key.startswith("compare."):
             raise CompareError(f"compare.methods.{method} sets {key}; a method's overrides may not change the "
                                "comparison's own settings: set them once under compare")
-        if _covered(key, SET_KEYS) or key == "run" or any(k.startswith(key + ".") for k in SET_KEYS):
+        if _covered(key, SET_KEYS) or any(k.startswith(key + ".") for k in SET_KEYS):   # a key, or "run"
             raise CompareError(f"compare.methods.{method} sets {key}, which the comparison sets for every run itself "
                                "(run.seed from compare.seeds, run.steps from the budget, the run's name, directory "
                                "and evaluations); drop it from the method")
@@ -319,9 +315,8 @@ def settings_of(plan: Plan) -> dict:
     each method's config (the keys a comparison sets itself aside)."""
     compare = {k: v for k, v in plan.compare.__dict__.items()
                if k not in ("seeds", "output_dir", "methods", "keep_checkpoints")}
-    if compare["eval"] == "greedy":   # unread under greedy (load_plan warned): their defaults, so that they
-        compare.update(eval_samples=GREEDY_UNREAD["eval_samples"],   # never keep a resume or merge apart
-                       eval_temperature=GREEDY_UNREAD["eval_temperature"])
+    if compare["eval"] == "greedy":   # unread under greedy: their defaults, never keeping a resume or merge apart
+        compare.update({k: CompareConfig.__dataclass_fields__[k].default for k in GREEDY_UNREAD})
     methods = {}
     for m, data in plan.methods.items():
         flat = _flat(config_from_dict(copy.deepcopy(data)).to_dict())

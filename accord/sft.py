@@ -225,8 +225,7 @@ def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
     except FileExistsError as err:
         raise DemoError(f"{path} already exists; give a new path for the demonstrations (or delete it)") from err
     with f:
-        for d in demos:
-            f.write(json.dumps(d.to_json(), ensure_ascii=False) + "\n")
+        f.write(_demos_text(demos))
 
 
 def held_out_rows(cfg: Config) -> list[dict]:

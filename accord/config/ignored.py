@@ -215,6 +215,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora",), "specialization is not lora",
          lambda cfg, _: None if cfg.specialization == "lora" else f"with specialization={cfg.specialization}",
          "the lora section configures the adapters of specialization=lora", "remove it or set specialization=lora"),
+    # compare.run_one: _eval_settings reads them only for eval=sampled (settings_of stores their defaults)
+    Rule(("compare.eval_samples", "compare.eval_temperature"), "compare.eval=greedy",
+         lambda cfg, _: "with compare.eval=greedy" if cfg.compare.eval == "greedy" else None,
+         "they set accord compare's sampled evaluation; greedy plays one episode per instance",
+         "remove it or set compare.eval=sampled"),
 )
 
 
