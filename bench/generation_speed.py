@@ -29,7 +29,8 @@ the rounds alternate between the paths, so that the load of a shared machine fal
   settings, when ``vllm`` is importable; otherwise the path is skipped with a line saying so.
 
 The bound is the least time this machine needs for the work the call must do: the prefill of each
-distinct prompt once, and for each decoding step the products of the rows still generating (a row stops
+distinct prompt once (a prefix that several prompts share once: each node of the prompts' token trie), and for
+each decoding step the products of the rows still generating (a row stops
 at its EOS) against every weight, and their attention over their prompt and tokens so far. A step takes
 at least max(FLOP / GEMM rate, bytes / bandwidth), where the bytes are every weight once and each distinct
 prompt's keys and values once plus each row's own; the prefill is counted at the GEMM rate. The GEMM rate
@@ -109,6 +110,20 @@ def machine_rates(threads: int) -> dict[str, float]:
     return {"gemm_gflops": 2 * 2048**3 / gemm / 1e9, "read_gbs": x.numel() * 4 / read / 1e9}
 
 
+def prompt_trie_positions(prompts: list[list[int]]) -> list[int]:
+    """The position of each node of the token trie of ``prompts``: every distinct prefix once."""
+    root: dict = {}
+    positions = []
+    for prompt in prompts:
+        node = root
+        for i, token in enumerate(prompt):
+            if token not in node:
+                node[token] = {}
+                positions.append(i)
+            node = node[token]
+    return positions
+
+
 def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: dict[str, float]) -> dict[str, float]:
     """Least time for a generate call that produced completions of ``lengths`` tokens from ``prompts``
     (see the module docstring): FLOP at the GEMM rate, bytes at the read bandwidth, per decoding step the
@@ -126,7 +141,10 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
     prompt_len = [0] * len(distinct)
     for p, u in zip(prompts, row_prompt):
         prompt_len[u] = len(p)
-    prefill_flop = sum(2 * body * n + 2 * layers * q * n * (n + 1) + 2 * head for n in prompt_len)
+    # the prefill: each position of the prompts' trie once (a prefix several prompts share is computed once),
+    # its products and its attention over the positions before it, and the head at each prompt's last token
+    positions = prompt_trie_positions([list(p) for p in distinct])
+    prefill_flop = sum(2 * body + 4 * layers * q * (i + 1) for i in positions) + 2 * head * len(distinct)
     prefill = max(prefill_flop / peak, 4 * (body + head) / bandwidth)
     decode, decode_flop = 0.0, 0
     for s in range(1, max(lengths)):

@@ -8,10 +8,10 @@ Three drivers share that sampler:
 
 * the direct decoding loop (:func:`_decode_direct`) for the models
   :class:`accord.generation.fast_decode.DecodeStep` covers (Llama, Qwen2, Mistral, Qwen3 in fp32, no
-  adapters, hooks or sliding windows): each distinct prompt is prefilled once through the model's forward
-  (prompts of one length in one batch, no padding), its keys and values are shared by its K rows
-  (:class:`accord.generation.fast_decode.SharedPrefixCache`), each decoding step runs as ``DecodeStep``,
-  and a row that emitted EOS leaves the batch;
+  adapters, hooks or sliding windows): each distinct prompt is prefilled once by ``DecodeStep.prefill``
+  (a prefix shared by several prompts once for all of them, no padding), its keys and values are shared
+  by its K rows (:class:`accord.generation.fast_decode.SharedPrefixCache`), each decoding step runs as
+  ``DecodeStep``, and a row that emitted EOS leaves the batch;
 * accord's loop through the model's forward (:func:`_decode`: other models whose cache is a plain
   full-attention ``DynamicCache``, and rows with per-row forward arguments such as PEFT's
   ``adapter_names``): the distinct prompts are prefilled once and their cache copied K times, and the
@@ -376,14 +376,14 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
     adapters = row_args.get("adapter_names")
     index, unique_rows = first_occurrences([(tuple(p), None if adapters is None else adapters[i])
                                             for i, p in enumerate(prompts)])
-    logits, prefix, lengths = _prefill(model, [prompts[r] for r in unique_rows], device,
-                                       None if adapters is None else [adapters[r] for r in unique_rows])
     # rows of one prompt adjacent (the cache's layout); ``rows`` maps them back to the caller's order
     order = sorted(range(n), key=index.__getitem__)
     rows = torch.tensor(order, device=device)
     row_prompt = torch.tensor([index[r] for r in order], device=device)
-    step = DecodeStep(model, int(lengths.max()) + max_new_tokens, rows=n,
+    step = DecodeStep(model, max(len(p) for p in prompts) + max_new_tokens, rows=n,
                       row_adapters=None if adapters is None else [adapters[r] for r in order])
+    logits, prefix, lengths = step.prefill([prompts[r] for r in unique_rows],
+                                           None if adapters is None else [adapters[r] for r in unique_rows])
     cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0), step.row_tags)
     del prefix
     logits, position = logits[row_prompt], lengths.to(device)[row_prompt]
@@ -406,42 +406,6 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
         logits = step(token, position, cache)
         position = position + 1
     return tokens
-
-
-def _prefill(model, prompts: list[list[int]], device, adapters: list[str] | None = None
-             ) -> tuple[torch.Tensor, list, torch.Tensor]:
-    """(last-position logits (prompts, vocab), per layer (keys, values) of shape (prompts, kv_heads, width,
-    head_dim), lengths) of distinct ``prompts`` through the model's forward (``adapters``: each prompt's
-    PEFT adapter name).
-
-    Prompts of one length run as one batch, without padding or mask (left-padding them all to the longest
-    cost the default job a quarter more prefill work); the caches are laid side by side, right-padded to
-    the longest prompt (the padding is masked by the decoding cache).
-    """
-    lengths = torch.tensor([len(p) for p in prompts])
-    width = int(lengths.max())
-    groups: dict[int, list[int]] = {}
-    for u, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(u)
-    logits = prefix = None
-    for length, members in groups.items():
-        cache = DynamicCache(config=peft_base(model)[0].config)
-        extra = {} if adapters is None else {"adapter_names": [adapters[u] for u in members]}
-        out = model(input_ids=torch.tensor([prompts[u] for u in members], device=device), use_cache=True,
-                    **{_cache_kwarg(model): cache}, **_keep_last(model), **extra).logits[:, -1]
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
-        if len(groups) == 1:
-            return out, [(k.contiguous(), v.contiguous()) for k, v in layers], lengths
-        if prefix is None:
-            logits = out.new_empty(len(prompts), out.size(-1))
-            prefix = [(k.new_zeros(len(prompts), k.size(1), width, k.size(3)),
-                       v.new_zeros(len(prompts), v.size(1), width, v.size(3))) for k, v in layers]
-        at = torch.tensor(members, device=device)
-        logits[at] = out
-        for (pk, pv), (k, v) in zip(prefix, layers):
-            pk[at, :, :length] = k
-            pv[at, :, :length] = v
-    return logits, prefix, lengths
 
 
 @functools.lru_cache(maxsize=None)

@@ -240,7 +240,7 @@ def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
 
     import accord.generation.fast_decode as fast_decode
     from accord.generation.fast_decode import DecodeStep, SharedPrefixCache
-    from accord.generation.hf import _prefill, first_occurrences
+    from accord.generation.hf import _cache_kwarg, first_occurrences
 
     if pack and not fast_decode.onednn_linear_available():
         pytest.skip("this torch build has no oneDNN prepacked products")
@@ -251,20 +251,28 @@ def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
     with torch.no_grad():
         for param in model.parameters():  # random biases and norm weights, not zeros and ones
             param.add_(torch.randn_like(param) * 0.05)
+    monkeypatch.setattr(fast_decode, "SHARE_MIN_TOKENS", 3)  # the tiny prompts' shared prefixes run once
     steps = 6
     for prompts in ([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]],                   # one row each, three lengths
                     [[3, 4, 5]] * 3,                                              # one prompt, three rows
-                    [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [12, 13]]):
+                    [[5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [10, 11], [5, 6, 7, 8, 9], [12, 13]],
+                    # shared prefixes: 5-8 by three prompts, then 5-9 by two of them, one prompt within another
+                    [[5, 6, 7, 8, 9, 1], [5, 6, 7, 8, 2, 3], [5, 6, 7, 8, 9, 4, 4], [5, 6, 7, 8, 9, 1, 2], [10, 11]]):
         index, first = first_occurrences([tuple(p) for p in prompts])
         order = sorted(range(len(prompts)), key=index.__getitem__)  # rows of one prompt adjacent
-        with torch.no_grad():
-            logits, prefix, lengths = _prefill(model, [prompts[r] for r in first], torch.device("cpu"))
-            for u, r in enumerate(first):
-                want = model(input_ids=torch.tensor([prompts[r]])).logits[0, -1]
-                assert torch.allclose(logits[u], want, atol=1e-5, rtol=1e-5), (name, "prefill", u)
-        cache = SharedPrefixCache(prefix, lengths, torch.tensor([index[r] for r in order]), steps)
-        step = DecodeStep.build(model, int(lengths.max()) + steps, rows=len(prompts))
+        step = DecodeStep.build(model, max(map(len, prompts)) + steps, rows=len(prompts))
         assert step is not None, name
+        with torch.no_grad():
+            logits, prefix, lengths = step.prefill([prompts[r] for r in first])
+            for u, r in enumerate(first):
+                cache = transformers.DynamicCache(config=config)
+                want = model(input_ids=torch.tensor([prompts[r]]), **{_cache_kwarg(model): cache}).logits[0, -1]
+                assert torch.allclose(logits[u], want, atol=1e-5, rtol=1e-5), (name, "prefill", u)
+                for (keys, values), layer in zip(prefix, cache.layers):
+                    assert torch.allclose(keys[u, :, :len(prompts[r])], layer.keys[0], atol=1e-5), (name, "keys", u)
+                    assert torch.allclose(values[u, :, :len(prompts[r])], layer.values[0], atol=1e-5), (name, u)
+                    assert not keys[u, :, len(prompts[r]):].any()  # right padding
+        cache = SharedPrefixCache(prefix, lengths, torch.tensor([index[r] for r in order]), steps)
         sequences = [list(prompts[r]) for r in order]
         rows = list(range(len(order)))
         tokens = torch.randint(1, config.vocab_size, (steps, len(order)))
@@ -281,6 +289,29 @@ def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
                 want = torch.stack([model(input_ids=torch.tensor([sequences[r]])).logits[0, -1] for r in rows])
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (name, prompts, t, (got - want).abs().max())
         assert cache.length == steps
+
+
+def test_direct_prefill_in_short_passes_and_without_gqa_attention_is_the_same(monkeypatch):
+    """The prefill split into passes of a few tokens, and with the key/value heads copied per query head (torch
+    before 2.5 has no enable_gqa), gives the logits and keys and values of one pass, to rounding."""
+    import transformers
+
+    import accord.generation.fast_decode as fast_decode
+    from accord.generation.fast_decode import DecodeStep
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_decode_step_models()["qwen2 (biases, GQA, tied)"]).eval()
+    prompts = [[5, 6, 7, 8, 9, 1], [5, 6, 7, 8, 2, 3], [5, 6, 7, 8, 9, 4, 4], [10, 11, 12], [13, 14]]
+    monkeypatch.setattr(fast_decode, "SHARE_MIN_TOKENS", 3)
+    step = DecodeStep.build(model, 16)
+    with torch.no_grad():
+        logits, cache, _ = step.prefill(prompts)
+        monkeypatch.setattr(fast_decode, "PREFILL_TOKENS", 3)
+        monkeypatch.setattr(fast_decode, "_SDPA_GQA", False)
+        short_logits, short_cache, _ = step.prefill(prompts)
+    assert torch.allclose(logits, short_logits, atol=1e-6)
+    for (k, v), (sk, sv) in zip(cache, short_cache):
+        assert torch.allclose(k, sk, atol=1e-6) and torch.allclose(v, sv, atol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # raised inside peft
@@ -406,3 +437,32 @@ def test_decoding_and_the_update_forward_raise_no_deprecation_warning(arch):
         assert pol._can_share_prompts(pol.model)
         with torch.no_grad():
             pol._forward_completion(pol.model, samples, want_entropy=False)
+
+
+def test_prefix_tree_shares_what_spares_enough_tokens():
+    """A shared prefix gets a node of its own when (prompts sharing it - 1) x its length reaches the
+    threshold; each prompt keeps its last token for its own leaf; prompts that share nothing are leaves."""
+    from accord.generation.fast_decode import prefix_tree
+
+    def shape(nodes):
+        return [(n.start, n.end, n.members, shape(n.children)) for n in nodes]
+
+    a, b, c = [1] * 10 + [2, 3], [1] * 10 + [2, 4, 5], [1] * 10 + [6]
+    # ten tokens shared by three spare 20; the eleventh, shared by a and b, spares 1
+    assert shape(prefix_tree([a, b, c], min_tokens=20)) == [
+        (0, 10, [0, 1, 2], [(10, 12, [0], []), (10, 13, [1], []), (10, 11, [2], [])])]
+    assert shape(prefix_tree([a, b, c], min_tokens=1)) == [
+        (0, 10, [0, 1, 2], [(10, 11, [0, 1], [(11, 12, [0], []), (11, 13, [1], [])]), (10, 11, [2], [])])]
+    # above 20 the ten are not worth a pass, nor a and b's eleven (11 x 1)
+    assert shape(prefix_tree([a, b, c], min_tokens=21)) == [(0, 12, [0], []), (0, 13, [1], []), (0, 11, [2], [])]
+    # ... but a and b's eleven are when they spare enough, after the prompts that share less are split off
+    assert shape(prefix_tree([a, b, c], min_tokens=11)) == [
+        (0, 10, [0, 1, 2], [(10, 12, [0], []), (10, 13, [1], []), (10, 11, [2], [])])]
+    assert shape(prefix_tree([a, b, [9] + c], min_tokens=11)) == [
+        (0, 11, [0, 1], [(11, 12, [0], []), (11, 13, [1], [])]), (0, 12, [2], [])]
+    # one prompt inside another: the shorter keeps its last token for its own leaf
+    assert shape(prefix_tree([[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]], min_tokens=3)) == [
+        (0, 3, [0, 1], [(3, 4, [0], []), (3, 6, [1], [])])]
+    assert shape(prefix_tree([[7, 8], [9]], min_tokens=1)) == [(0, 2, [0], []), (0, 1, [1], [])]
+    assert shape(prefix_tree([[7, 8]], min_tokens=0)) == [(0, 2, [0], [])]
+    assert shape(prefix_tree([[1], [1, 2]], min_tokens=0)) == [(0, 1, [0], []), (0, 2, [1], [])]  # no empty node

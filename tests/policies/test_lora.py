@@ -138,25 +138,31 @@ def test_mixed_batch_equals_per_adapter_with_the_same_sampling_stream():
 @pytest.mark.parametrize("targets", [FEW, None], ids=["q_v", "every projection"])
 def test_direct_decoding_step_with_adapters_matches_peft_forward(targets, monkeypatch):
     """Mixed-adapter generation through accord's direct decoding step (each row's adapter applied by a
-    mask over the stacked LoRA factors) draws the tokens of the loop through PEFT's forward with
-    ``adapter_names``, from the same stream, log-probs within 1e-5."""
+    mask over the stacked LoRA factors), with the prompts' shared prefixes prefilled once per adapter or
+    not, draws the tokens of the loop through PEFT's forward with ``adapter_names``, from the same stream,
+    log-probs within 1e-5."""
+    import accord.generation.fast_decode as fast_decode
     import accord.generation.hf as hf
 
     pols = group_policies(max_new_tokens=12, target_modules=targets)
     group = pols["pe"].group
     assert hf.unsupported_reason(group.model) is None
     p = [pols["pe"].encode_chat(c) for c in chats(3)]
+    assert fast_decode.prefix_tree(p, min_tokens=2)[0].children  # the chats share a prefix worth a pass
     runs = {}
-    for path in ("direct", "forward"):
+    for path in ("direct", "shared prefixes", "forward"):
+        if path == "shared prefixes":
+            monkeypatch.setattr(fast_decode, "SHARE_MIN_TOKENS", 2)
         if path == "forward":
             monkeypatch.setattr(hf, "unsupported_reason", lambda model: "the forward, for comparison")
         for pol in pols.values():
             pol.seed_stream("s", 7)
         runs[path] = group.generate_mixed({"pe": p + p[:1], "po": p}, greedy=False, temperature=1.0, stream="s")
     for n in pols:
-        assert [g.ids for g in runs["direct"][n]] == [g.ids for g in runs["forward"][n]]
-        for a, b in zip(runs["direct"][n], runs["forward"][n]):
-            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        for path in ("direct", "shared prefixes"):
+            assert [g.ids for g in runs[path][n]] == [g.ids for g in runs["forward"][n]]
+            for a, b in zip(runs[path][n], runs["forward"][n]):
+                assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     assert [g.ids for g in runs["direct"]["pe"][:3]] != [g.ids for g in runs["direct"]["po"]]  # adapters differ
 
 
