@@ -585,11 +585,18 @@ class DecodeStep:
         device = self.embed.device
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
-        ids, spans = [], []
+        # per node: its first row, size, members, and which position each of its tokens may see (None: the
+        # causal mask of a node without a prefix); torch's fused CPU attention takes 4-D inputs, where it never
+        # holds all scores
+        ids, positions, plans = [], [], []
         for node in level:
-            spans.append((len(ids), node))
+            size = node.end - node.start
+            visible = None if node.start == 0 else torch.ones(size, node.end, dtype=torch.bool, device=device).tril(
+                node.start)
+            plans.append((len(ids), size, node, torch.tensor(node.members, device=device), visible))
             ids += prompts[node.members[0]][node.start:node.end]
-        positions = torch.cat([torch.arange(node.start, node.end) for node in level]).to(device)
+            positions += range(node.start, node.end)
+        positions = torch.tensor(positions, device=device)
         x = F.embedding(torch.tensor(ids, device=device), self.embed)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         masks = None
@@ -597,14 +604,6 @@ class DecodeStep:
             tags = [self.adapters.get(adapters[node.members[0]], -1) for node in level
                     for _ in range(node.end - node.start)]
             masks = {"rows": torch.tensor(tags, device=device)}
-        # per node: its members, and which position each of its tokens may see (None: the causal mask of a
-        # node without a prefix); torch's fused CPU attention takes 4-D inputs, where it never holds all scores
-        plans = []
-        for row, node in spans:
-            size = node.end - node.start
-            visible = None if node.start == 0 else torch.ones(size, node.end, dtype=torch.bool, device=device).tril(
-                node.start)
-            plans.append((row, size, node, torch.tensor(node.members, device=device), visible))
         gqa = {"enable_gqa": True} if _SDPA_GQA else {}
         for i, layer in enumerate(self.layers):
             q, k, v = self._attention_inputs(x, layer, cos, sin, masks)

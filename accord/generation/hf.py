@@ -7,15 +7,16 @@ distribution sampled from is exactly the one the learner evaluates.
 Three drivers share that sampler:
 
 * the direct decoding loop (:func:`_decode_direct`) for the models
-  :class:`accord.generation.fast_decode.DecodeStep` covers (Llama, Qwen2, Mistral, Qwen3 in fp32, no
-  adapters, hooks or sliding windows): each distinct prompt is prefilled once by ``DecodeStep.prefill``
+  :class:`accord.generation.fast_decode.DecodeStep` covers (Llama, Qwen2, Mistral, Qwen3 in fp32, plain
+  LoRA adapters included, no hooks or sliding windows): each distinct prompt is prefilled once by ``DecodeStep.prefill``
   (a prefix shared by several prompts once for all of them, no padding), its keys and values are shared
   by its K rows (:class:`accord.generation.fast_decode.SharedPrefixCache`), each decoding step runs as
   ``DecodeStep``, and a row that emitted EOS leaves the batch;
 * accord's loop through the model's forward (:func:`_decode`: other models whose cache is a plain
-  full-attention ``DynamicCache``, and rows with per-row forward arguments such as PEFT's
-  ``adapter_names``): the distinct prompts are prefilled once and their cache copied K times, and the
-  cache grows in place by doubling instead of being concatenated anew at every token;
+  full-attention ``DynamicCache``, and rows with per-row forward arguments, such as PEFT's
+  ``adapter_names`` on adapters ``DecodeStep`` does not cover): the distinct prompts are prefilled once and
+  their cache copied K times, and the cache grows in place by doubling instead of being concatenated anew at
+  every token;
 * Hugging Face ``generate`` for every other model (sliding-window or hybrid caches, state-space
   layers, encoder-decoders), in greedy mode with a neutral generation config and the sampler as its
   only logits processor.
