@@ -195,7 +195,21 @@ def env_info(env) -> EnvInfo:
     """What the config's rollout rules read of ``env`` (:class:`accord.config.rules.EnvInfo`)."""
     return EnvInfo(name=str(getattr(env, "name", type(env).__name__)), agents=tuple(env.agents),
                    single_turn=isinstance(env, SingleTurnEnv), max_turns=int(getattr(env, "max_turns", 0) or 0),
-                   simultaneous=bool(getattr(env, "simultaneous", False)))
+                   simultaneous=bool(getattr(env, "simultaneous", False)), min_new_tokens=task_floors(env))
+
+
+def task_floors(env) -> tuple[tuple[str, int], ...]:
+    """The completion floors an environment (or its single-turn task) declares as ``min_new_tokens``: one
+    number for every agent or ``{agent: tokens}`` (the fewest tokens a scoring answer can have), as
+    (agent, tokens) pairs; () where it declares none."""
+    floors = getattr(env, "min_new_tokens", None)
+    if floors is None and isinstance(env, SingleTurnEnv):
+        floors = getattr(env.task, "min_new_tokens", None)
+    if not floors:
+        return ()
+    if isinstance(floors, int):
+        floors = {a: floors for a in env.agents}
+    return tuple((str(a), int(n)) for a, n in floors.items() if a in env.agents and int(n) > 0)
 
 
 def check_run(cfg: Config, env) -> dict[str, int]:

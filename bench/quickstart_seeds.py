@@ -16,8 +16,9 @@ time includes loading the model and writing the final checkpoint; set-up (`scrip
 a fresh machine, seconds with the venv in place) and `accord report` (about 5 s) are not in it: add them.
 
 The machine's other load inflates the times: the load average is printed next to them; measure on a quiet
-machine for numbers to publish. ``OMP_WAIT_POLICY=PASSIVE`` is set for the runs (idle OpenMP threads sleep
-instead of spinning, which costs little when the machine is quiet and much when it is shared).
+machine for numbers to publish. The runs get this process's environment as it is (``OMP_WAIT_POLICY`` is not
+set for them, as `scripts/quickstart.sh` does not set it: on a quiet 2-core AVX2 CPU ``PASSIVE`` made the default
+job's generation 1.5x slower, bench/README.md).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def run_seed(seed: int, out: Path, overrides: list[str], threads: int | None) ->
     """`accord train` of the default job (plus ``overrides``) with ``seed`` into ``out/seed-N``: (run directory,
     wall seconds, load average before, after)."""
     run_dir = out / f"seed-{seed}"
-    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
     cmd = [sys.executable, "-m", "accord.cli", "train", f"run.seed={seed}", f"run.run_dir={run_dir}",
            "logging.console=false", *overrides, "--overwrite"]
     if threads is not None:

@@ -25,7 +25,8 @@ from accord import metric_names as mn
 
 
 def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
-                   top_p: float | torch.Tensor = 1.0, keep: torch.Tensor | None = None) -> torch.Tensor:
+                   top_p: float | torch.Tensor = 1.0, keep: torch.Tensor | None = None,
+                   blocked: torch.Tensor | None = None, blocked_ids: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logits of the sampling distribution: divided by temperature, truncated to -inf.
 
     The truncation mask is computed without gradient; the kept logits keep theirs. ``keep`` (the
@@ -38,8 +39,16 @@ def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     the logits' leading axes: ``(rows,)`` for ``(rows, V)`` or ``(rows, C, V)`` logits), so that rows of
     agents with different sampling settings share one batch; a row's result is the same as with its
     settings given as numbers (top-k 0 and top-p 1 mean no truncation).
+
+    ``blocked`` (bool, the logits' shape without the vocabulary axis) marks the positions where the tokens
+    ``blocked_ids`` (the EOS ids) may not be drawn: ``min_new_tokens``. They get -inf before the temperature
+    and the truncation (the order of Hugging Face's processors), so top-k / top-p choose among the rest.
     """
     logits = logits.float()
+    if blocked is not None and bool(blocked.any()):
+        vocab = torch.zeros(logits.size(-1), dtype=torch.bool, device=logits.device)
+        vocab[blocked_ids.to(logits.device)] = True
+        logits = logits.masked_fill(blocked.to(logits.device).unsqueeze(-1) & vocab, float("-inf"))
     if isinstance(temperature, torch.Tensor):
         logits = logits / _per_row(temperature.to(logits.dtype), logits)
     elif temperature != 1.0:

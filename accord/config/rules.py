@@ -113,6 +113,12 @@ def check_agents(cfg: _Config) -> None:
     window = cfg.algorithm.overlong.window
     for a in cfg.agents:
         cap = a.sampling.max_new_tokens or cfg.rollout.max_new_tokens
+        floor = a.sampling.min_new_tokens if a.sampling.min_new_tokens is not None else cfg.rollout.min_new_tokens
+        if floor and floor >= cap:
+            key = (f"agents.{a.name}.sampling.min_new_tokens" if a.sampling.min_new_tokens is not None
+                   else "rollout.min_new_tokens")
+            raise ConfigError(f"{key}={floor} is not below agent {a.name!r}'s length cap of {cap} tokens: every "
+                              "completion would run to the cap; lower the floor or raise max_new_tokens")
         if window and window >= cap:
             key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens
                    else "rollout.max_new_tokens")
@@ -270,6 +276,7 @@ class EnvInfo:
     single_turn: bool                # a single-turn task (accord.envs.single_turn.SingleTurnEnv)
     max_turns: int = 1               # its turn limit (rollout.max_turns overrides it)
     simultaneous: bool = False       # every agent acts at once in a turn
+    min_new_tokens: tuple[tuple[str, int], ...] = ()   # (agent, floor) pairs the task declares (rollout.min_new_tokens)
 
 
 EPISODE_ALGORITHMS = ("iac", "maac", "madpo")   # sample independent episodes on a multi-turn environment
@@ -293,6 +300,12 @@ def check_rollout(cfg: _Config, env: EnvInfo) -> None:
     single-turn task's team reward, sizes that split into mini-batches, counterfactual credit's agents, cross
     mode's joint actions, a MAGRPO tree's size, AT-GRPO's turn-based environment."""
     cfg.resolve_agents(env.agents)
+    if cfg.rollout.min_new_tokens is None:   # null: the task's floors, for agents that set none
+        floors = dict(env.min_new_tokens)
+        for a in cfg.agents:
+            if a.sampling.min_new_tokens is None and floors.get(a.name):
+                a.sampling.min_new_tokens = floors[a.name]
+        check_agents(cfg)
     algo = cfg.algorithm
     kind = rollout_for(algo.name, env.single_turn)
     if cfg.training.audit == "strict" and kind == "episodes":

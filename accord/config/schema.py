@@ -119,7 +119,7 @@ class PolicyConfig:
             _positive("policies.<name>", "replicas", self.replicas)
 
 
-def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens) -> None:
+def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens, min_new_tokens=None) -> None:
     """The rules of the sampling settings, shared by ``rollout`` and ``agents[].sampling`` (None: not set)."""
     if temperature is not None and temperature <= 0:
         raise ConfigError(f"{where}temperature={temperature} must be > 0 for training (sampling log-probs are needed); "
@@ -130,6 +130,9 @@ def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens) -> No
         raise ConfigError(f"{where}top_k={top_k} must be >= 0 (0: off)")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"{where}max_new_tokens={max_new_tokens} must be >= 1")
+    if min_new_tokens is not None and (isinstance(min_new_tokens, bool) or not isinstance(min_new_tokens, int)
+                                       or min_new_tokens < 0):
+        raise ConfigError(f"{where}min_new_tokens={min_new_tokens!r} must be an integer >= 0 (0: EOS allowed at once)")
 
 
 @dataclass
@@ -142,6 +145,8 @@ class SamplingConfig:
                            "renormalise over it.")
     max_new_tokens: int | None = _f(None, "This agent's completion length cap (null: rollout.max_new_tokens); must "
                                     "fit the model's context with the prompt.")
+    min_new_tokens: int | None = _f(None, "This agent's floor: EOS may not be drawn before this many tokens (null: "
+                                    "rollout.min_new_tokens); its training log-probs renormalise without EOS there.")
 
 
 @dataclass
@@ -151,14 +156,15 @@ class AgentConfig:
     trainable: bool = _f(True, "false: the agent acts with its policy but its samples never reach an optimizer (its "
                          "weights stay as loaded); a policy acting for a frozen and a trained agent is an error.")
     sampling: SamplingConfig = _f(help="This agent's sampling, overriding rollout's: {temperature, top_p, top_k, "
-                                  "max_new_tokens}; generation applies it per row of a batch and the learner applies "
+                                  "max_new_tokens, min_new_tokens}; generation applies it per row of a batch and the learner applies "
                                   "the same logit processing to this agent's samples.", factory=SamplingConfig)
     advantage: str | None = _f(None, "This agent's advantage estimator (a registered name; null: "
                                "algorithm.advantage), for agents that need different baselines.")
 
     def __post_init__(self) -> None:
         s = self.sampling
-        _check_sampling(f"agent {self.name!r}: sampling.", s.temperature, s.top_p, s.top_k, s.max_new_tokens)
+        _check_sampling(f"agent {self.name!r}: sampling.", s.temperature, s.top_p, s.top_k, s.max_new_tokens,
+                        s.min_new_tokens)
         if self.advantage is not None and (not isinstance(self.advantage, str) or not self.advantage.isidentifier()):
             raise ConfigError(f"agent {self.name!r}: advantage={self.advantage!r} must be the name of a registered "
                               "advantage estimator (e.g. mean, rloo) or null for algorithm.advantage")
@@ -340,6 +346,12 @@ class AlgorithmConfig:
 class RolloutConfig:
     batch_size: int = _f(3, "B: task instances per training step.")
     max_new_tokens: int = _f(80, "Completion length cap in tokens.")
+    min_new_tokens: int | None = _f(None, "Completion floor in tokens: EOS may not be drawn before this many tokens "
+                                    "(Hugging Face generate's min_new_tokens, vLLM's min_tokens), in training and "
+                                    "evaluation, greedy too; training log-probs renormalise without EOS there, as "
+                                    "sampling did. null: each agent's floor that the task declares (the fewest tokens "
+                                    "a scoring answer can have: the writing task's 8, for its 8-word gate; 0 where "
+                                    "the task declares none); a number: every agent's (0: off).")
     max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens; a longer prompt is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
     top_p: float = _f(1.0, "Nucleus sampling; training log-probs renormalise over the same nucleus.")
@@ -378,7 +390,7 @@ class RolloutConfig:
         _positive("rollout", "max_new_tokens", self.max_new_tokens)
         _positive("rollout", "max_prompt_tokens", self.max_prompt_tokens)
         _positive("rollout", "generation_batch_size", self.generation_batch_size)
-        _check_sampling("rollout.", self.temperature, self.top_p, self.top_k, None)
+        _check_sampling("rollout.", self.temperature, self.top_p, self.top_k, None, self.min_new_tokens)
         _positive("rollout", "max_extra_rounds", self.max_extra_rounds, 0)
         _positive("rollout", "eval_temperature", self.eval_temperature, 0)
         if self.max_turns is not None:

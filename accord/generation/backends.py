@@ -74,12 +74,13 @@ def settings(rollout: RolloutConfig, temperature: float, sampling: list[Sampling
     else ``row_sampling`` (and the largest length cap as ``max_new_tokens``)."""
     if sampling is None:
         return dict(max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_k=rollout.top_k,
-                    top_p=rollout.top_p)
+                    top_p=rollout.top_p, min_new_tokens=rollout.min_new_tokens or 0)
     first = sampling[0] if sampling else None
     if first is None or all(s == first for s in sampling):
-        first = first or Sampling(temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens)
+        first = first or Sampling(temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens,
+                                  rollout.min_new_tokens or 0)
         return dict(max_new_tokens=first.max_new_tokens, temperature=first.temperature, top_k=first.top_k,
-                    top_p=first.top_p)
+                    top_p=first.top_p, min_new_tokens=first.min_new_tokens)
     return dict(max_new_tokens=max(s.max_new_tokens for s in sampling), row_sampling=list(sampling))
 
 

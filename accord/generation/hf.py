@@ -81,9 +81,16 @@ class _Sampler(LogitsProcessor):
 
     def __init__(self, temperature: float | torch.Tensor, top_k: int | torch.Tensor, top_p: float | torch.Tensor,
                  greedy: bool, name: str, generator: torch.Generator | None = None,
-                 row_generators: list[torch.Generator] | None = None, caps: torch.Tensor | None = None):
+                 row_generators: list[torch.Generator] | None = None, caps: torch.Tensor | None = None,
+                 floors: int | torch.Tensor = 0, eos: list[int] | None = None):
         # temperature / top_k / top_p: one number, or one value per row (rows of agents with their own settings)
         self.temperature, self.top_k, self.top_p, self.greedy, self.name = temperature, top_k, top_p, greedy, name
+        # floors: min_new_tokens, one number or one per row: no token of ``eos`` is drawn before that many tokens
+        self.floors = floors
+        self.eos = None if eos is None else torch.tensor(eos)
+        self.longest_floor = int(floors.max()) if isinstance(floors, torch.Tensor) and floors.numel() else int(floors)
+        if self.longest_floor and self.eos is None:
+            raise ValueError("min_new_tokens needs the EOS ids to hold back")
         self.generator = generator
         self.row_generators = row_generators
         self.caps = caps   # (rows,) each row's length cap, or None: every row runs to max_new_tokens
@@ -104,7 +111,18 @@ class _Sampler(LogitsProcessor):
                 temperature, top_k, top_p = self.temperature, self.top_k, self.top_p
             if rows is not None:
                 temperature, top_k, top_p = temperature[rows], top_k[rows], top_p[rows]
-        processed = process_logits(scores, temperature, top_k, top_p)
+        blocked = None
+        step = len(self.logprobs)
+        if step < self.longest_floor:   # min_new_tokens: this step's rows still under their floor draw no EOS
+            floors = self.floors
+            if isinstance(floors, torch.Tensor):
+                floors = floors.to(scores.device)
+                if rows is not None:
+                    floors = floors[rows]
+                blocked = step < floors
+            else:
+                blocked = torch.ones(scores.size(0), dtype=torch.bool, device=scores.device)
+        processed = process_logits(scores, temperature, top_k, top_p, blocked=blocked, blocked_ids=self.eos)
         log_probs = torch.log_softmax(processed, dim=-1)
         if self.greedy:
             logp, tokens = log_probs.max(dim=-1, keepdim=True)
@@ -177,7 +195,7 @@ class _GrowingLayer(DynamicLayer or object):
         return self._length
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model, tokenizer) -> list[int]:
     ids = model.generation_config.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
@@ -204,6 +222,7 @@ def generate(
     row_args: dict[str, list] | None = None,
     row_generators: list[torch.Generator] | None = None,
     row_sampling: list | None = None,
+    min_new_tokens: int = 0,
 ) -> list[Generation]:
     """Generate one completion per prompt (repeat a prompt K times for K samples).
 
@@ -215,10 +234,14 @@ def generate(
     ``row_args`` are equal. ``row_generators``: one random stream per prompt instead of ``generator``
     (a row then samples the same tokens whichever batch, or data-parallel rank, decodes it; see
     :mod:`accord.distributed.data_parallel`). ``row_sampling``: one object per prompt with ``temperature``,
-    ``top_k``, ``top_p`` and ``max_new_tokens`` (:class:`accord.rollout.sample.Sampling`) that replace the
-    scalar settings row by row, so agents with different settings share one batch; a row draws and
-    records what the scalar settings would give it, and ends at its own cap (``finish_reason`` length).
+    ``top_k``, ``top_p``, ``max_new_tokens`` and ``min_new_tokens`` (:class:`accord.rollout.sample.Sampling`)
+    that replace the scalar settings row by row, so agents with different settings share one batch; a row draws
+    and records what the scalar settings would give it, and ends at its own cap (``finish_reason`` length).
+    ``min_new_tokens``: no EOS id is drawn before this many tokens (greedy too); the recorded log-probs are
+    those of the distribution without EOS there.
     """
+    if min_new_tokens < 0 or (row_sampling is None and 0 < max_new_tokens <= min_new_tokens):
+        raise ValueError(f"min_new_tokens={min_new_tokens} must be >= 0 and below max_new_tokens={max_new_tokens}")
     if row_sampling is not None and len(row_sampling) != len(prompts):
         raise ValueError(f"row_sampling has {len(row_sampling)} entries for {len(prompts)} prompts; give one per prompt")
     if row_generators is not None and len(row_generators) != len(prompts):
@@ -227,7 +250,7 @@ def generate(
     for key, values in row_args.items():
         if len(values) != len(prompts):
             raise ValueError(f"row_args[{key!r}] has {len(values)} entries for {len(prompts)} prompts; give one per prompt")
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     own_loop = supports_own_loop(model)
     # the direct decoding step takes one per-row forward argument: PEFT's LoRA adapter names
@@ -248,9 +271,10 @@ def generate(
             steps = max_new_tokens
             if row_sampling is None:
                 sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
-                                   greedy, name, generator, rows)
+                                   greedy, name, generator, rows, floors=min_new_tokens, eos=eos)
             else:
-                sampler, steps = _row_sampler(row_sampling[start:start + batch_size], greedy, name, generator, rows)
+                sampler, steps = _row_sampler(row_sampling[start:start + batch_size], greedy, name, generator, rows,
+                                              eos)
             decode = _decode_direct if direct else _decode if own_loop else _hf_generate
             completions = decode(model, chunk, args, eos, pad, steps, sampler)
             out.extend(_finish(completions, sampler, eos, name))
@@ -259,10 +283,11 @@ def generate(
     return out
 
 
-def _row_sampler(settings: list, greedy: bool, name: str, generator, rows) -> tuple[_Sampler, int]:
+def _row_sampler(settings: list, greedy: bool, name: str, generator, rows, eos: list[int]) -> tuple[_Sampler, int]:
     """A sampler with each row's own settings, and the decoding steps (the largest cap); rows whose cap is
     that largest one need no cap of their own (``caps`` None when every row has it)."""
     caps = torch.tensor([s.max_new_tokens for s in settings])
+    floors = torch.tensor([s.min_new_tokens for s in settings])
     steps = int(caps.max())
     if greedy:
         temperature, top_k, top_p = 1.0, 0, 1.0
@@ -271,7 +296,7 @@ def _row_sampler(settings: list, greedy: bool, name: str, generator, rows) -> tu
         top_k = torch.tensor([int(s.top_k) for s in settings])
         top_p = torch.tensor([float(s.top_p) for s in settings], dtype=torch.float32)
     return _Sampler(temperature, top_k, top_p, greedy, name, generator, rows,
-                    None if bool((caps == steps).all()) else caps), steps
+                    None if bool((caps == steps).all()) else caps, floors, eos), steps
 
 
 class _RowCaps(StoppingCriteria):
@@ -346,7 +371,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
             layer.select_rows(expand)
         logits, attention, positions = logits[expand], attention[expand], positions[expand]
     n = len(prompts)
-    eos_ids = torch.tensor(eos, device=device)
+    eos_t = torch.tensor(eos, device=device)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     caps = None if sampler.caps is None else sampler.caps.to(device)
     tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
@@ -356,7 +381,7 @@ def _decode(model, prompts, row_args, eos, pad, max_new_tokens, sampler) -> torc
     for t in range(max_new_tokens):
         token = sampler.draw(logits.float()).squeeze(1).masked_fill_(finished, pad)
         tokens[:, t] = token
-        finished |= torch.isin(token, eos_ids)
+        finished |= torch.isin(token, eos_t)
         if caps is not None:   # rows with their own length cap end there
             finished |= caps <= t + 1
         if t + 1 == max_new_tokens or bool(finished.all()):
@@ -388,7 +413,7 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
     cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0), step.row_tags)
     del prefix
     logits, position = logits[row_prompt], lengths.to(device)[row_prompt]
-    eos_ids = torch.tensor(eos, device=device)
+    eos_t = torch.tensor(eos, device=device)
     caps = None if sampler.caps is None else sampler.caps.to(device)
     tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
@@ -396,7 +421,7 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
         tokens[rows, t] = token
         if t + 1 == max_new_tokens:
             break
-        going = ~torch.isin(token, eos_ids)
+        going = ~torch.isin(token, eos_t)
         if caps is not None:   # rows with their own length cap end there
             going &= caps[rows] > t + 1
         if not bool(going.all()):  # rows that emitted EOS or reached their cap leave the batch

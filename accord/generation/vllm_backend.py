@@ -104,7 +104,7 @@ import torch
 
 from accord.algorithms.losses import gather_logprobs, process_logits
 from accord.config import ConfigError
-from accord.generation.hf import Generation, GenerationError, _eos_ids
+from accord.generation.hf import Generation, GenerationError, eos_ids
 
 logger = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class VLLMGenerator:
         self.name = name
         self.tokenizer = tokenizer
         self.peft = is_peft_model(model)
-        self.eos = _eos_ids(model, tokenizer)
+        self.eos = eos_ids(model, tokenizer)
         param = next(model.parameters())
         self.device = param.device
         if self.device.type == "cuda" and (self.device.index or 0) != 0:
@@ -419,8 +419,12 @@ class VLLMGenerator:
     def generate(self, model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, greedy: bool = False, name: str | None = None,
                  generator: torch.Generator | None = None,
-                 adapters: list[str | None] | str | None = None) -> list[Generation]:
+                 adapters: list[str | None] | str | None = None, min_new_tokens: int = 0) -> list[Generation]:
         """One completion per prompt, as :func:`accord.generation.hf.generate` returns them.
+
+        ``min_new_tokens`` goes to vLLM as ``min_tokens``; the log-probs of such a call are then recomputed
+        through the HF model with EOS held back as the learner does (what vLLM reports for those
+        positions is not relied on).
 
         ``model`` is the HF model whose current weights must be used (synced first if they changed).
         ``adapters`` (LoRA engines): one adapter name for all prompts, or one per prompt (mixed batches
@@ -439,7 +443,7 @@ class VLLMGenerator:
         if any(a is not None for a in adapters) and not self.peft:
             raise ValueError("LoRA adapters were named, but this engine serves a model without adapters")
         self._ready(model, sorted({a for a in adapters if a is not None}))
-        self.eos = _eos_ids(model, self.tokenizer)  # read per call, like the HF backend
+        self.eos = eos_ids(model, self.tokenizer)  # read per call, like the HF backend
         if greedy:
             temperature, top_k, top_p = 0.0, 0, 1.0
             seeds = [None] * len(prompts)
@@ -448,7 +452,7 @@ class VLLMGenerator:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator, device=device).tolist()
         params = [SamplingParams(n=1, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_new_tokens,
                                  seed=s, logprobs=0, stop_token_ids=list(self.eos), detokenize=False,
-                                 skip_special_tokens=False)
+                                 skip_special_tokens=False, min_tokens=min_new_tokens)
                   for s in seeds]
         lora = [self._adapters[a] if a is not None else None for a in adapters] if self.peft else None
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
@@ -467,14 +471,16 @@ class VLLMGenerator:
                 raise GenerationError(f"policy {name!r}: vLLM ended a completion with finish_reason="
                                       f"{c.finish_reason!r} (stop_reason={c.stop_reason!r}) before EOS or the "
                                       "length cap")
-            if self.recompute:
+            recompute = self.recompute or min_new_tokens > 0
+            if recompute:
                 lps = [0.0] * len(ids)
             else:
                 lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
             results.append(Generation(ids, lps, reason))
-        if self.recompute:
+        if self.recompute or min_new_tokens > 0:
             results = recompute_logprobs(model, prompts, results, 1.0 if greedy else temperature, top_k, top_p,
-                                         adapters=adapters if self.peft else None)
+                                         adapters=adapters if self.peft else None, min_new_tokens=min_new_tokens,
+                                         eos=self.eos)
         for g in results:
             if any(math.isnan(x) for x in g.logprobs):
                 raise GenerationError(
@@ -511,9 +517,11 @@ class VLLMGenerator:
 
 @torch.no_grad()
 def recompute_logprobs(model, prompts, generations: list[Generation], temperature: float, top_k: int, top_p: float,
-                       adapters=None, batch_size: int = 16) -> list[Generation]:
+                       adapters=None, batch_size: int = 16, min_new_tokens: int = 0,
+                       eos: list[int] | None = None) -> list[Generation]:
     """Log-probs of each completion under the processed distribution, from one forward pass of the HF
-    model per batch (for vLLMs that can only return raw log-probs)."""
+    model per batch (for vLLMs that can only return raw log-probs, and for calls with ``min_new_tokens``:
+    ``eos`` held back at a completion's first that many positions)."""
     was = model.training
     model.eval()
     try:
@@ -540,7 +548,13 @@ def recompute_logprobs(model, prompts, generations: list[Generation], temperatur
                 extra["adapter_names"] = [adapters[i] if adapters[i] is not None else "__base__" for i in chunk]
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **extra).logits[:, -(c + 1):-1]
-            logp = gather_logprobs(process_logits(logits, temperature, top_k, top_p), targets)
+            blocked = None
+            if min_new_tokens:   # completions right-aligned: column j holds token j - (c - n)
+                lengths = torch.tensor([len(generations[i].ids) for i in chunk], device=device)
+                index = torch.arange(c, device=device)[None, :] - (c - lengths)[:, None]
+                blocked = (index >= 0) & (index < min_new_tokens)
+            logp = gather_logprobs(process_logits(logits, temperature, top_k, top_p, blocked=blocked,
+                                                  blocked_ids=None if eos is None else torch.tensor(eos)), targets)
             for row, i in enumerate(chunk):
                 g = generations[i]
                 n = len(g.ids)

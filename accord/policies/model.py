@@ -39,7 +39,7 @@ from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutCon
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
-from accord.generation.hf import first_occurrences, left_pad, supports_own_loop
+from accord.generation.hf import eos_ids, first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
@@ -179,7 +179,8 @@ class ModelPolicy:
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **kwargs).logits
         logp, ent, full = self._completion_logprobs(logits[:, -(c + 1):-1], targets, want_entropy, untruncated,
-                                                    kl_too, self._row_settings(batch), entropy_grad)
+                                                    kl_too, self._row_settings(batch), entropy_grad,
+                                                    self._floor_mask(batch, c, right_aligned=True))
         return (logp, ent, mask, full) if kl_too else (logp, ent, mask)
 
     def _row_settings(self, batch: list[Sample]) -> tuple:
@@ -193,13 +194,34 @@ class ModelPolicy:
         return (torch.tensor(temperature, dtype=torch.float32, device=self.device),
                 torch.tensor(top_k, device=self.device), torch.tensor(top_p, dtype=torch.float32, device=self.device))
 
+    def _floor_mask(self, batch: list[Sample], c: int, right_aligned: bool) -> torch.Tensor | None:
+        """(b, C) bool: the completion positions where a sample's ``min_new_tokens`` held EOS back when it was
+        drawn (completions right-aligned in C columns, or left-aligned); None when no sample had a floor."""
+        default = rollout_sampling(self.rollout).min_new_tokens
+        floors = [(s.sampling.min_new_tokens if s.sampling is not None else default) for s in batch]
+        if not any(floors):
+            return None
+        floors = torch.tensor(floors)
+        index = torch.arange(c)[None, :]
+        if right_aligned:
+            index = index - (c - torch.tensor([len(s.completion_ids) for s in batch]))[:, None]
+        return ((index >= 0) & (index < floors[:, None])).to(self.device)
+
+    def _eos(self) -> torch.Tensor:
+        """The EOS ids generation holds back under ``min_new_tokens`` (those :func:`accord.generation.hf.generate`
+        stops at)."""
+        if getattr(self, "_eos_cache", None) is None:
+            self._eos_cache = torch.tensor(eos_ids(self.model, self.tokenizer), device=self.device)
+        return self._eos_cache
+
     def _completion_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, want_entropy: bool,
                              untruncated: bool = False, kl_too: bool = False, settings: tuple | None = None,
-                             entropy_grad: bool = False):
+                             entropy_grad: bool = False, blocked: torch.Tensor | None = None):
         """Log-probs of ``targets`` (and entropies) under the sampling transform of ``logits`` (b, C, V)
         (without its top-k / top-p truncation when ``untruncated``), and, with ``kl_too``, the
         untruncated log-probs as a third value (the same tensor when sampling is not truncated).
-        ``settings``: (temperature, top_k, top_p) from :meth:`_row_settings` (None: the rollout config's)."""
+        ``settings``: (temperature, top_k, top_p) from :meth:`_row_settings` (None: the rollout config's).
+        ``blocked`` (b, C): where EOS was held back (:meth:`_floor_mask`), in both distributions."""
         r = self.rollout
         temperature, top_k, top_p = settings if settings is not None else (r.temperature, r.top_k, r.top_p)
         if isinstance(top_k, torch.Tensor):
@@ -207,13 +229,16 @@ class ModelPolicy:
         else:
             truncated = top_k > 0 or top_p < 1.0
         truncated = truncated and not untruncated
+        floor = {} if blocked is None else {"blocked": blocked, "blocked_ids": self._eos()}
         processed = process_logits(logits, temperature, top_k if truncated else 0, top_p if truncated else 1.0,
-                                   keep=targets if truncated else None)
-        logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated, entropy_grad)
+                                   keep=targets if truncated else None, **floor)
+        # a held-back EOS is a -inf logit too: the entropy skips it as it skips truncated tokens
+        logp, ent = logprobs_and_entropy(processed, targets, want_entropy, truncated or blocked is not None,
+                                         entropy_grad)
         full = None
         if kl_too:
             full = logp if not truncated else logprobs_and_entropy(
-                process_logits(logits, temperature), targets, want_entropy=False, truncated=False)[0]
+                process_logits(logits, temperature, **floor), targets, want_entropy=False, truncated=False)[0]
         return logp, ent, full
 
     def _can_share_prompts(self, model) -> bool:
@@ -262,7 +287,8 @@ class ModelPolicy:
             else:
                 logits = head
         logp, ent, full = self._completion_logprobs(logits, completion, want_entropy, untruncated, kl_too,
-                                                    self._row_settings(batch), entropy_grad)
+                                                    self._row_settings(batch), entropy_grad,
+                                                    self._floor_mask(batch, c, right_aligned=False))
         # right-align like the full-sequence forward: column j holds completion token j - (C - n)
         steps = torch.arange(c, device=self.device)[None, :]
         source = (steps - (c - lengths)[:, None]).clamp(min=0)

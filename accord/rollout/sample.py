@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Sampling:
-    """How one completion is sampled: temperature, top-k (0: off), top-p (1: off) and its length cap. The
-    learner recomputes a sample's log-probs with the same temperature and truncation."""
+    """How one completion is sampled: temperature, top-k (0: off), top-p (1: off), its length cap and its
+    floor (EOS may not be drawn before ``min_new_tokens`` tokens). The learner recomputes a sample's log-probs
+    with the same temperature, truncation and floor."""
 
     temperature: float
     top_k: int
     top_p: float
     max_new_tokens: int
+    min_new_tokens: int = 0
 
 
 def agent_sampling(cfg) -> dict[str, Sampling]:
@@ -26,13 +28,15 @@ def agent_sampling(cfg) -> dict[str, Sampling]:
         out[a.name] = Sampling(r.temperature if s.temperature is None else s.temperature,
                                r.top_k if s.top_k is None else s.top_k,
                                r.top_p if s.top_p is None else s.top_p,
-                               r.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens)
+                               r.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens,
+                               s.min_new_tokens if s.min_new_tokens is not None else r.min_new_tokens or 0)
     return out
 
 
 def rollout_sampling(rollout) -> Sampling:
     """The rollout config's own sampling (a sample that records none was drawn with it)."""
-    return Sampling(rollout.temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens)
+    return Sampling(rollout.temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens,
+                    rollout.min_new_tokens or 0)
 
 
 @dataclass

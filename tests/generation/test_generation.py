@@ -1,5 +1,7 @@
 """Generation: prompt/completion boundaries, EOS-aware masks, stored log-probs = training log-probs."""
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -466,3 +468,86 @@ def test_prefix_tree_shares_what_spares_enough_tokens():
     assert shape(prefix_tree([[7, 8], [9]], min_tokens=1)) == [(0, 2, [0], []), (0, 1, [1], [])]
     assert shape(prefix_tree([[7, 8]], min_tokens=0)) == [(0, 2, [0], [])]
     assert shape(prefix_tree([[1], [1, 2]], min_tokens=0)) == [(0, 1, [0], []), (0, 2, [1], [])]  # no empty node
+
+
+def _eos_likely(pol, prompt, scale=5.0):
+    """Raise EOS's logit after ``prompt`` so that completions often stop within a few tokens."""
+    with torch.no_grad():
+        hidden = pol.model.model(input_ids=torch.tensor([prompt])).last_hidden_state[0].mean(0)
+        pol.model.lm_head.weight[pol.tokenizer.eos_token_id] = hidden * (scale / hidden.dot(hidden))
+
+
+@pytest.mark.parametrize("path", ["direct", "forward", "hf"])
+def test_min_new_tokens_holds_eos_back_and_the_learner_renormalises_the_same(path, monkeypatch):
+    """No completion ends before its floor (rows with floors 0 and 4 in one batch, sampled and greedy), and the
+    learner's log-probs of the samples, told each sample's floor, equal the stored sampling log-probs; without
+    the floor the learner's would differ (the test can fail) and unfloored rows do stop early."""
+    import accord.generation.hf as hf
+    from accord.rollout.sample import Sampling
+
+    pol = make_policy(pad_is_eos=False, max_new_tokens=12, temperature=1.0)
+    tok = pol.tokenizer
+    prompt = pol.encode_chat([{"role": "user", "content": "write a long answer please"}])
+    _eos_likely(pol, prompt, scale=8.0)
+    if path == "forward":
+        monkeypatch.setattr(hf, "unsupported_reason", lambda model: "the test's forward path")
+    elif path == "hf":
+        _hf_path(monkeypatch)
+    free, floored = Sampling(1.0, 0, 1.0, 12, 0), Sampling(1.0, 0, 1.0, 12, 4)
+    rows = [free, floored] * 12
+    gens = generate(pol.model, tok, [prompt] * len(rows), max_new_tokens=12, row_sampling=rows,
+                    generator=torch.Generator().manual_seed(0))
+    eos = tok.eos_token_id
+    assert all(eos not in g.ids[:4] for g in gens[1::2])
+    assert any(g.finish_reason == "stop" and len(g.ids) <= 4 for g in gens[0::2])   # the free rows stop early
+    assert any(g.finish_reason == "stop" for g in gens[1::2])   # floored rows stop too, after their floor
+    samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=prompt, completion_ids=g.ids,
+                      logprobs=g.logprobs, finish_reason=g.finish_reason, sampling=s) for g, s in zip(gens, rows)]
+    with torch.no_grad():
+        logp, _, mask = pol._forward_completion(pol.model, samples, want_entropy=True)
+        shared = pol._forward_shared_prompts(pol.model, samples, want_entropy=False)[0]
+        unfloored = pol._forward_completion(pol.model, [dataclasses.replace(s, sampling=free) for s in samples],
+                                            want_entropy=False)[0]
+    stored = torch.cat([torch.tensor(g.logprobs) for g in gens])
+    assert torch.allclose(logp[mask], stored, atol=1e-4)
+    assert torch.allclose(shared[mask], stored, atol=1e-4)
+    assert not torch.allclose(unfloored[mask], stored, atol=1e-2)
+    greedy = generate(pol.model, tok, [prompt] * 2, max_new_tokens=12, greedy=True, row_sampling=[free, floored])
+    assert greedy[0].ids == [eos] and eos not in greedy[1].ids[:4]
+
+
+def test_min_new_tokens_settings_resolve_per_agent_and_bad_floors_are_refused():
+    """rollout.min_new_tokens null takes the task's floor (the writing task: L1's 8 words), a number every
+    agent's, an agent's own setting wins; a floor at or above the cap and a negative one are one-line errors."""
+    from accord.build import build_env, env_info
+    from accord.config import ConfigError, load_config
+    from accord.config.rules import check_rollout
+    from accord.rollout.sample import agent_sampling
+
+    def floors(*overrides):
+        cfg = load_config(None, [*overrides] if "task.name=relay" in overrides else
+                          ["task.options.source=offline", *overrides])
+        check_rollout(cfg, env_info(build_env(cfg)))
+        return {a: s.min_new_tokens for a, s in agent_sampling(cfg).items()}
+
+    assert floors() == {"concise": 8, "detailed": 8}
+    assert floors("rollout.min_new_tokens=0") == {"concise": 0, "detailed": 0}
+    assert floors("rollout.min_new_tokens=3") == {"concise": 3, "detailed": 3}
+    relay = floors("task.name=relay")
+    assert relay and set(relay.values()) == {0}
+    with pytest.raises(ConfigError, match=r"rollout.min_new_tokens=80 is not below agent 'concise'.s length cap"):
+        floors("rollout.min_new_tokens=80")
+    with pytest.raises(ConfigError, match=r"min_new_tokens=-1 must be an integer >= 0"):
+        floors("rollout.min_new_tokens=-1")
+    with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=8 .*|min_new_tokens=8 is not below"):
+        floors("rollout.max_new_tokens=8")
+
+
+def test_a_task_declares_its_floor_as_a_number_or_per_agent():
+    from types import SimpleNamespace
+
+    from accord.build import task_floors
+
+    assert task_floors(SimpleNamespace(agents=("a", "b"), min_new_tokens=3)) == (("a", 3), ("b", 3))
+    assert task_floors(SimpleNamespace(agents=("a", "b"), min_new_tokens={"b": 5, "a": 0})) == (("b", 5),)
+    assert task_floors(SimpleNamespace(agents=("a",))) == ()

@@ -51,6 +51,10 @@ a small Jaccard cap (0.03) means almost any shared content word earns the full
 overlap credit. A rising team reward says the pair fits these proxies better,
 not that the summaries got better.
 
+L1's word floor is also the task's completion floor (``WritingTask.min_new_tokens``): with
+``rollout.min_new_tokens`` null, generation holds EOS back for each agent's first 8 tokens (tldr; 128 for
+arxiv), since a shorter completion cannot have 8 words when each word takes at least one token.
+
 Faithfulness term (optional, off by default: the default is the paper's reward)
 ----------------------------------------------------------------------------
 ``faithfulness=w`` (``task.options.faithfulness``, w > 0) adds
@@ -100,6 +104,7 @@ __all__ = [
     "TRANSITION_CATEGORIES",
     "WritingDataUnavailable",
     "writing_agents",
+    "writing_min_words",
     "transition_categories",
     "transition_score",
     "content_jaccard",
@@ -271,6 +276,11 @@ def _check_variant(variant: str) -> str:
 def writing_agents(variant: str = "tldr") -> tuple[str, ...]:
     """Agent names of a variant, agent 1 first."""
     return _AGENTS[_check_variant(variant)]
+
+
+def writing_min_words(variant: str = "tldr") -> int:
+    """L1's floor: the fewest whitespace-separated words each agent's text needs for any reward."""
+    return _SPECS[_check_variant(variant)].min_tokens
 
 
 def writing_reward_levels(text1: str, text2: str, variant: str = "tldr") -> dict[str, float]:

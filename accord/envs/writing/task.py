@@ -23,7 +23,7 @@ from accord.envs.registry import Messages, TaskError, register_task
 import math
 
 from accord.envs.writing.core import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
-                                 writing_prompt, writing_reward_parts)
+                                 writing_min_words, writing_prompt, writing_reward_parts)
 
 WRITER = "writer"
 
@@ -67,6 +67,9 @@ class WritingTask:
         self.name = f"writing-{variant}" + ("-single" if single_agent else "")
         self.roles = TLDR_AGENTS if variant == "tldr" else ARXIV_AGENTS
         self.agents = (WRITER,) if single_agent else self.roles
+        # rollout.min_new_tokens null: no EOS before L1's word floor (a word takes at least one token in a tokenizer
+        # that splits at spaces, so a shorter completion can never score)
+        self.min_new_tokens = writing_min_words(variant)
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         rows = load_writing_rows(self.variant, split, source=self.source, limit=limit, seed=seed,
