@@ -303,9 +303,17 @@ def check_rollout(cfg: _Config, env: EnvInfo) -> None:
     if cfg.rollout.min_new_tokens is None:   # null: the task's floors, for agents that set none
         floors = dict(env.min_new_tokens)
         for a in cfg.agents:
-            if a.sampling.min_new_tokens is None and floors.get(a.name):
-                a.sampling.min_new_tokens = floors[a.name]
-        check_agents(cfg)
+            floor = floors.get(a.name, 0)
+            if a.sampling.min_new_tokens is not None or not floor:
+                continue
+            cap = a.sampling.max_new_tokens or cfg.rollout.max_new_tokens
+            if floor < cap:
+                a.sampling.min_new_tokens = floor
+            else:
+                logger.warning("agent %r: task %r declares a completion floor of %d tokens, which its length cap of %d "
+                               "leaves no room for, so it gets none; answers this short may never score: raise "
+                               "max_new_tokens above %d (or set rollout.min_new_tokens=0 to silence this)",
+                               a.name, cfg.task.name, floor, cap, floor)
     algo = cfg.algorithm
     kind = rollout_for(algo.name, env.single_turn)
     if cfg.training.audit == "strict" and kind == "episodes":

@@ -539,8 +539,21 @@ def test_min_new_tokens_settings_resolve_per_agent_and_bad_floors_are_refused():
         floors("rollout.min_new_tokens=80")
     with pytest.raises(ConfigError, match=r"min_new_tokens=-1 must be an integer >= 0"):
         floors("rollout.min_new_tokens=-1")
-    with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=8 .*|min_new_tokens=8 is not below"):
-        floors("rollout.max_new_tokens=8")
+    with pytest.raises(ConfigError, match=r"agents.concise.sampling.min_new_tokens=9 is not below agent 'concise'"):
+        floors("rollout.max_new_tokens=9", "agents=[{name: concise, sampling: {min_new_tokens: 9}}, {name: detailed}]")
+
+
+def test_a_task_floor_that_the_cap_leaves_no_room_for_is_not_applied_and_says_so(caplog):
+    from accord.build import build_env, env_info
+    from accord.config import load_config
+    from accord.config.rules import check_rollout
+    from accord.rollout.sample import agent_sampling
+
+    cfg = load_config(None, ["task.options.source=offline", "rollout.max_new_tokens=8"])
+    with caplog.at_level("WARNING", logger="accord.config.rules"):
+        check_rollout(cfg, env_info(build_env(cfg)))
+    assert {s.min_new_tokens for s in agent_sampling(cfg).values()} == {0}
+    assert "declares a completion floor of 8 tokens, which its length cap of 8 leaves no room for" in caplog.text
 
 
 def test_a_task_declares_its_floor_as_a_number_or_per_agent():
