@@ -156,8 +156,9 @@ class AgentConfig:
     trainable: bool = _f(True, "false: the agent acts with its policy but its samples never reach an optimizer (its "
                          "weights stay as loaded); a policy acting for a frozen and a trained agent is an error.")
     sampling: SamplingConfig = _f(help="This agent's sampling, overriding rollout's: {temperature, top_p, top_k, "
-                                  "max_new_tokens, min_new_tokens}; generation applies it per row of a batch and the learner applies "
-                                  "the same logit processing to this agent's samples.", factory=SamplingConfig)
+                                  "max_new_tokens, min_new_tokens}; generation applies it per row of a batch and the "
+                                  "learner applies the same logit processing to this agent's samples.",
+                                  factory=SamplingConfig)
     advantage: str | None = _f(None, "This agent's advantage estimator (a registered name; null: "
                                "algorithm.advantage), for agents that need different baselines.")
 
