@@ -77,6 +77,16 @@ def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     return logits
 
 
+def floor_mask(lengths: torch.Tensor, floors: torch.Tensor, width: int, right_aligned: bool) -> torch.Tensor:
+    """(rows, width) bool: the completion positions under each row's ``min_new_tokens`` (``floors``), for
+    completions of ``lengths`` tokens laid out in ``width`` columns, right-aligned (column j holds token
+    j - (width - length)) or left-aligned: ``process_logits``'s ``blocked``."""
+    index = torch.arange(width, device=floors.device)[None, :]
+    if right_aligned:
+        index = index - (width - lengths.to(floors.device))[:, None]
+    return (index >= 0) & (index < floors[:, None])
+
+
 def _spare(drop: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     """``drop`` with the ``keep`` token of each position cleared."""
     if keep is None:

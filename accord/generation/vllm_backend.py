@@ -102,7 +102,7 @@ from pathlib import Path
 
 import torch
 
-from accord.algorithms.losses import gather_logprobs, process_logits
+from accord.algorithms.losses import floor_mask, gather_logprobs, process_logits
 from accord.config import ConfigError
 from accord.generation.hf import Generation, GenerationError, eos_ids
 
@@ -458,6 +458,7 @@ class VLLMGenerator:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
                                  use_tqdm=False, lora_request=lora)
         eos = set(self.eos)
+        recompute = self.recompute or min_new_tokens > 0
         results = []
         for out in outs:
             c = out.outputs[0]
@@ -471,13 +472,12 @@ class VLLMGenerator:
                 raise GenerationError(f"policy {name!r}: vLLM ended a completion with finish_reason="
                                       f"{c.finish_reason!r} (stop_reason={c.stop_reason!r}) before EOS or the "
                                       "length cap")
-            recompute = self.recompute or min_new_tokens > 0
             if recompute:
                 lps = [0.0] * len(ids)
             else:
                 lps = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
             results.append(Generation(ids, lps, reason))
-        if self.recompute or min_new_tokens > 0:
+        if recompute:
             results = recompute_logprobs(model, prompts, results, 1.0 if greedy else temperature, top_k, top_p,
                                          adapters=adapters if self.peft else None, min_new_tokens=min_new_tokens,
                                          eos=self.eos)
@@ -549,10 +549,10 @@ def recompute_logprobs(model, prompts, generations: list[Generation], temperatur
             logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False,
                            **extra).logits[:, -(c + 1):-1]
             blocked = None
-            if min_new_tokens:   # completions right-aligned: column j holds token j - (c - n)
-                lengths = torch.tensor([len(generations[i].ids) for i in chunk], device=device)
-                index = torch.arange(c, device=device)[None, :] - (c - lengths)[:, None]
-                blocked = (index >= 0) & (index < min_new_tokens)
+            if min_new_tokens:   # completions right-aligned, as the targets above
+                lengths = torch.tensor([len(generations[i].ids) for i in chunk])
+                blocked = floor_mask(lengths, torch.full((len(chunk),), min_new_tokens), c,
+                                     right_aligned=True).to(device)
             logp = gather_logprobs(process_logits(logits, temperature, top_k, top_p, blocked=blocked,
                                                   blocked_ids=None if eos is None else torch.tensor(eos)), targets)
             for row, i in enumerate(chunk):

@@ -32,8 +32,8 @@ from safetensors.torch import load_model, save_model
 from transformers import DynamicCache
 
 from accord import metric_names as mn
-from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, logprobs_and_entropy,
-                                      policy_loss, process_logits, tis_weights)
+from accord.algorithms.losses import (KL_LOSS_ESTIMATORS, LOSS_SPECS, LossSpec, LossTotals, floor_mask,
+                                      logprobs_and_entropy, policy_loss, process_logits, tis_weights)
 from accord.allocator import bound_retained_memory
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, resolve_bf16, restore_generator
@@ -201,11 +201,8 @@ class ModelPolicy:
         floors = [(s.sampling.min_new_tokens if s.sampling is not None else default) for s in batch]
         if not any(floors):
             return None
-        floors = torch.tensor(floors)
-        index = torch.arange(c)[None, :]
-        if right_aligned:
-            index = index - (c - torch.tensor([len(s.completion_ids) for s in batch]))[:, None]
-        return ((index >= 0) & (index < floors[:, None])).to(self.device)
+        lengths = torch.tensor([len(s.completion_ids) for s in batch])
+        return floor_mask(lengths, torch.tensor(floors), c, right_aligned).to(self.device)
 
     def _eos(self) -> torch.Tensor:
         """The EOS ids generation holds back under ``min_new_tokens`` (those :func:`accord.generation.hf.generate`
