@@ -49,7 +49,8 @@ CASES = [
     ("algorithm.alpha=0.7", IAC, False, ATGRPO, False),
     ("algorithm.alpha=0.7", ATGRPO + ["algorithm.baseline=independent"], False, ATGRPO, False),
     ("algorithm.joint_mode=cross", ATGRPO, False, [], True),
-    ("algorithm.max_cross_joint=64", [], True, ["algorithm.joint_mode=cross"], True),
+    ("algorithm.max_cross_joint=64", ["algorithm.joint_mode=aligned"], True, ["algorithm.joint_mode=cross"], True),
+    ("algorithm.max_cross_joint=64", ATGRPO, False, [], True),   # joint_mode null: it decides cross or aligned
     ("algorithm.max_cross_joint=64", ["algorithm.joint_mode=cross"], False, ["algorithm.joint_mode=cross"], True),
     ("algorithm.max_cross_joint=64", ATGRPO + ["algorithm.joint_mode=cross"], False, ["algorithm.joint_mode=cross"],
      True),

@@ -50,6 +50,30 @@ def test_rollout_tier_checks_the_config_against_the_environment(tiny_cfg):
     check_rollout(config_from_dict(tiny_cfg()), LETTERS)   # a good config passes
 
 
+def test_joint_mode_null_is_resolved_by_the_rollout_tier(tiny_cfg):
+    """algorithm.joint_mode: null (the default) becomes cross for single-turn MAGRPO with team credit, two or more
+    agents and K^N within max_cross_joint, aligned for every other MAGRPO rollout and trainer; AT-GRPO, which
+    reads no joint mode, keeps null. An explicit value is kept."""
+    def resolved(env=LETTERS, **sections):
+        cfg = config_from_dict(tiny_cfg(**sections))
+        assert cfg.algorithm.joint_mode is None or "joint_mode" in sections.get("algorithm", {})
+        check_rollout(cfg, env)
+        return cfg.algorithm.joint_mode
+
+    assert resolved() == "cross"
+    assert config_from_dict({}).algorithm.joint_mode is None   # the default job too (the writing task's two agents)
+    assert resolved(algorithm={"joint_mode": "aligned"}) == "aligned"
+    assert resolved(algorithm={"credit": "counterfactual"}) == "aligned"
+    assert resolved(algorithm={"max_cross_joint": 15}) == "aligned"   # K^N = 4^2 = 16
+    assert resolved(algorithm={"max_cross_joint": 16}) == "cross"
+    assert resolved(algorithm={"name": "iac", "num_generations": 1}) == "aligned"
+    assert resolved(algorithm={"name": "marlhf"}) == "aligned"
+    assert resolved(EnvInfo(name="letters", agents=("solo",), single_turn=True),
+                    agents=[{"name": "solo", "policy": "main"}]) == "aligned"
+    assert resolved(RELAY, task={"name": "relay"}) == "aligned"   # a tree: cross would branch K^N ways
+    assert resolved(RELAY, task={"name": "relay"}, algorithm={"name": "atgrpo"}) is None
+
+
 def test_build_check_run_goes_through_the_rollout_tier(tiny_cfg, monkeypatch):
     from accord import build
 

@@ -103,10 +103,14 @@ RULES: tuple[Rule, ...] = (
     Rule(("algorithm.joint_mode",), "algorithm.name=atgrpo", _name_in("atgrpo"),
          "it pairs the agents' samples into MAGRPO's joint actions; AT-GRPO samples one agent's K candidates at "
          "a time from one state", "remove it or set algorithm.name=magrpo"),
-    # read by rollout/magrpo.py JointRollout.check only in cross mode
+    # read by rollout/magrpo.py JointRollout.check in cross mode, and by rules.joint_mode_for when it resolves
+    # joint_mode: null (which may have chosen aligned because K^N exceeded it: then it was read, no line)
     Rule(("algorithm.max_cross_joint",), "algorithm.joint_mode=aligned",
-         lambda cfg, _: "with algorithm.joint_mode=aligned" if cfg.algorithm.joint_mode == "aligned" else None,
-         "it caps the K^N joint actions per instance of cross mode", "remove it or set algorithm.joint_mode=cross"),
+         lambda cfg, _: "with algorithm.joint_mode=aligned" if cfg.algorithm.joint_mode == "aligned"
+         and cfg.algorithm.num_generations ** max(len(cfg.agents), 2) <= cfg.algorithm.max_cross_joint else
+         "under algorithm.name=atgrpo" if cfg.algorithm.joint_mode is None and cfg.algorithm.name == "atgrpo" else None,
+         "it caps the K^N joint actions per instance of cross mode",
+         lambda cfg: "remove it" if cfg.algorithm.name == "atgrpo" else "remove it or set algorithm.joint_mode=cross"),
     Rule(("algorithm.max_cross_joint",), "cross mode under atgrpo, or on a multi-turn task",
          lambda cfg, st: None if cfg.algorithm.joint_mode != "cross" else
          "under algorithm.name=atgrpo" if cfg.algorithm.name == "atgrpo" else

@@ -293,6 +293,21 @@ def rollout_for(algorithm: str, single_turn: bool) -> str:
     return "magrpo_joint" if single_turn else "magrpo_tree"
 
 
+def joint_mode_for(cfg: _Config, kind: str, n_agents: int) -> str:
+    """What ``algorithm.joint_mode: null`` stands for in a run of rollout ``kind`` (:func:`rollout_for`) with
+    ``n_agents`` agents: ``cross`` for single-turn MAGRPO with team credit, two or more agents and K^N joint
+    actions within ``algorithm.max_cross_joint`` (each sample is credited with its mean over all the partners'
+    samples, so a partner's draw does not decide its advantage; the generation is the same, the team reward is
+    called on K^N joint actions), ``aligned`` elsewhere: a MAGRPO tree (cross would branch K^N ways per node),
+    counterfactual credit (it splits aligned joint actions), and the actor-critic and preference trainers
+    (their critics, candidates and reward model see aligned joint actions)."""
+    algo = cfg.algorithm
+    if (kind == "magrpo_joint" and algo.name == "magrpo" and algo.credit == "team" and n_agents >= 2
+            and algo.num_generations ** n_agents <= algo.max_cross_joint):
+        return "cross"
+    return "aligned"
+
+
 def check_rollout(cfg: _Config, env: EnvInfo) -> None:
     """The rollout tier: the config against the environment. Fills or checks ``agents`` against the
     environment's (``Config.resolve_agents``), then the rules of the algorithm and of the rollout it runs
@@ -327,6 +342,9 @@ def check_rollout(cfg: _Config, env: EnvInfo) -> None:
         raise ConfigError(f"algorithm.name=marlhf needs a single-turn task (its reward model scores one joint action "
                           f"of all agents); {cfg.task.name!r} is a multi-turn environment: use madpo, iac or maac")
     agents = [a.name for a in cfg.agents]
+    if algo.joint_mode is None and kind != "atgrpo":   # null: written into the config (config.yaml records it)
+        algo.joint_mode = joint_mode_for(cfg, kind, len(agents))
+        logger.info("algorithm.joint_mode=null: %s joint actions (docs/magrpo.md)", algo.joint_mode)
     if kind == "magrpo_joint":
         if algo.baseline == "independent":
             raise ConfigError(f"algorithm.baseline=independent needs per-agent local rewards; the single-turn task "
@@ -490,5 +508,5 @@ def check_ray_devices(cfg: _Config, requests: dict[str, tuple[float, float]]) ->
 
 
 __all__ = ["EPISODE_ALGORITHMS", "EnvInfo", "TreeTooLargeError", "check_agents", "check_config", "check_distributed",
-           "check_lora_policies", "check_ray_devices", "check_rollout", "check_sizes", "check_tree_size",
+           "check_lora_policies", "check_ray_devices", "check_rollout", "check_sizes", "check_tree_size", "joint_mode_for",
            "policy_setting", "replicated", "rollout_for", "tree_generations"]

@@ -213,7 +213,11 @@ class AlgorithmConfig:
                        "agent trained on its local reward only).")
     num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2; iac, maac and marlhf "
                               "with an actor-critic stage: >= 1; madpo: the candidates per prompt).")
-    joint_mode: str = _f("aligned", "'aligned': j-th samples form K joint actions; 'cross': all K^N combinations.")
+    joint_mode: str | None = _f(None, "'aligned': the j-th samples of all agents form K joint actions; 'cross': all "
+                                "K^N combinations, each sample's return the mean over its K^(N-1) partners (no more "
+                                "generation, K^N reward calls); null: cross for single-turn magrpo with two or more "
+                                "agents, team credit and K^N <= max_cross_joint, aligned elsewhere (the run's "
+                                "config.yaml records which). docs/magrpo.md.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
                         "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
     normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
@@ -315,7 +319,8 @@ class AlgorithmConfig:
                 f"algorithm.num_generations={self.num_generations}: group-relative advantages need K >= 2 "
                 "samples per group; set algorithm.num_generations=4 (the papers' default)"
             )
-        _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
+        if self.joint_mode is not None:
+            _choice("algorithm", "joint_mode", self.joint_mode, ("aligned", "cross"))
         for key in ("advantage", "loss"):  # registered names: checked against the registries when a run is built
             if not isinstance(getattr(self, key), str) or not getattr(self, key).isidentifier():
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)!r} must be the name of a registered "

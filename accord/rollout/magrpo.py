@@ -32,6 +32,7 @@ from accord.algorithms.advantages import cross_marginals
 from accord.algorithms.credit import counterfactual_credit, credit_rng
 from accord.audit import AuditRecorder
 from accord.config import ConfigError
+from accord.config.rules import joint_mode_for
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.envs.single_turn import RewardError, SingleTurnEnv, call_reward, call_reward_components  # noqa: F401
 from accord.rollout.sample import Sample
@@ -161,19 +162,20 @@ class JointRollout(Rollout):
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         algo = self.cfg.algorithm
         k = algo.num_generations
+        mode = algo.joint_mode or joint_mode_for(self.cfg, "magrpo_joint", len(self.agents))   # null: as check_rollout
         with phase("gen"):
             prompt_ids, prompt_texts, gens, texts = self.sample(rows, generate, k, greedy=False)
         with phase("reward"):
-            joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, algo.joint_mode,
+            joint = score_joint_actions(self.env, self.agents, rows, texts, prompt_texts, k, mode,
                                         recorder=self.recorder)
-            returns = sample_returns(joint, len(rows), len(self.agents), k, algo.joint_mode)
+            returns = sample_returns(joint, len(rows), len(self.agents), k, mode)
         metrics: dict[str, list[float]] = {mn.TEAM_REWARD: list(joint.rewards)}
         if algo.credit == "counterfactual":
             with phase("credit"):
                 returns, credit_metrics = self.counterfactual(rows, texts, prompt_texts, joint, k, step)
             metrics.update(credit_metrics)
         samples = build_samples(self.agents, self.agent_policy, prompt_ids, prompt_texts, gens, texts, returns,
-                                aligned=algo.joint_mode == "aligned", components=joint.components)
+                                aligned=mode == "aligned", components=joint.components)
         if algo.credit == "counterfactual":
             for s in samples:   # the joint action's team reward, beside the credit the sample's return carries
                 s.extra["team_reward"] = joint.rewards[s.extra["joint"]]

@@ -50,6 +50,7 @@ from accord import metric_names as mn
 from accord.algorithms.credit import counterfactual_credit, credit_rng as step_credit_rng
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
+from accord.config.rules import joint_mode_for
 from accord.envs.protocol import Env, Messages, StepResult, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
@@ -479,7 +480,8 @@ class TreeRollout(_EpisodeRollout):
         with phase("rollout"):
             samples, raw = magrpo_tree(
                 self.make_env, rows, generate, agent_policy=self.agent_policy, k=algo.num_generations,
-                turns=self.turns, mode=algo.joint_mode, gamma=algo.gamma,
+                turns=self.turns, mode=algo.joint_mode or joint_mode_for(self.cfg, "magrpo_tree", len(self.agents)),
+                gamma=algo.gamma,
                 reward_mode="local" if algo.baseline == "independent" else "team",
                 early_stop_reward=algo.early_stop_reward, history_turns=r.history_turns,
                 seed=self.seed(step, len(rows)),
