@@ -195,7 +195,20 @@ def env_info(env) -> EnvInfo:
     """What the config's rollout rules read of ``env`` (:class:`accord.config.rules.EnvInfo`)."""
     return EnvInfo(name=str(getattr(env, "name", type(env).__name__)), agents=tuple(env.agents),
                    single_turn=isinstance(env, SingleTurnEnv), max_turns=int(getattr(env, "max_turns", 0) or 0),
-                   simultaneous=bool(getattr(env, "simultaneous", False)), min_new_tokens=task_floors(env))
+                   simultaneous=bool(getattr(env, "simultaneous", False)), min_new_tokens=task_floors(env),
+                   joint_mode=task_joint_mode(env))
+
+
+def task_joint_mode(env) -> str | None:
+    """The joint mode an environment (or its single-turn task) declares as ``joint_mode`` for
+    ``algorithm.joint_mode: null`` ('aligned' or 'cross'); None where it declares none."""
+    mode = getattr(env, "joint_mode", None)
+    if mode is None and isinstance(env, SingleTurnEnv):
+        mode = getattr(env.task, "joint_mode", None)
+    if mode not in (None, "aligned", "cross"):
+        raise ConfigError(f"task {getattr(env, 'name', type(env).__name__)!r} declares joint_mode={mode!r}; a task "
+                          "may declare 'aligned' or 'cross' (or nothing)")
+    return mode
 
 
 def task_floors(env) -> tuple[tuple[str, int], ...]:

@@ -51,27 +51,47 @@ def test_rollout_tier_checks_the_config_against_the_environment(tiny_cfg):
 
 
 def test_joint_mode_null_is_resolved_by_the_rollout_tier(tiny_cfg):
-    """algorithm.joint_mode: null (the default) becomes cross for single-turn MAGRPO with team credit, two or more
-    agents and K^N within max_cross_joint, aligned for every other MAGRPO rollout and trainer; AT-GRPO, which
-    reads no joint mode, keeps null. An explicit value is kept."""
-    def resolved(env=LETTERS, **sections):
+    """algorithm.joint_mode: null (the default) becomes the mode the task declares where the run can use it:
+    cross only for single-turn MAGRPO with team credit, two or more agents and K^N within max_cross_joint; aligned
+    for a task that declares nothing and for every other MAGRPO rollout and trainer. AT-GRPO, which reads no joint
+    mode, keeps null. An explicit value is kept."""
+    crossed = EnvInfo(name="letters", agents=("e", "o"), single_turn=True, joint_mode="cross")
+
+    def resolved(env=crossed, **sections):
         cfg = config_from_dict(tiny_cfg(**sections))
         assert cfg.algorithm.joint_mode is None or "joint_mode" in sections.get("algorithm", {})
         check_rollout(cfg, env)
         return cfg.algorithm.joint_mode
 
     assert resolved() == "cross"
-    assert config_from_dict({}).algorithm.joint_mode is None   # the default job too (the writing task's two agents)
+    assert resolved(LETTERS) == "aligned"   # the task declares nothing
+    assert resolved(EnvInfo(name="letters", agents=("e", "o"), single_turn=True, joint_mode="aligned")) == "aligned"
     assert resolved(algorithm={"joint_mode": "aligned"}) == "aligned"
+    assert resolved(LETTERS, algorithm={"joint_mode": "cross"}) == "cross"
     assert resolved(algorithm={"credit": "counterfactual"}) == "aligned"
     assert resolved(algorithm={"max_cross_joint": 15}) == "aligned"   # K^N = 4^2 = 16
     assert resolved(algorithm={"max_cross_joint": 16}) == "cross"
     assert resolved(algorithm={"name": "iac", "num_generations": 1}) == "aligned"
     assert resolved(algorithm={"name": "marlhf"}) == "aligned"
-    assert resolved(EnvInfo(name="letters", agents=("solo",), single_turn=True),
+    assert resolved(EnvInfo(name="letters", agents=("solo",), single_turn=True, joint_mode="cross"),
                     agents=[{"name": "solo", "policy": "main"}]) == "aligned"
-    assert resolved(RELAY, task={"name": "relay"}) == "aligned"   # a tree: cross would branch K^N ways
-    assert resolved(RELAY, task={"name": "relay"}, algorithm={"name": "atgrpo"}) is None
+    tree = EnvInfo(name="relay", agents=("a", "b"), single_turn=False, max_turns=3, joint_mode="cross")
+    assert resolved(tree, task={"name": "relay"}) == "aligned"   # a tree: cross would branch K^N ways
+    assert resolved(tree, task={"name": "relay"}, algorithm={"name": "atgrpo"}) is None
+
+
+def test_the_default_job_declares_cross_joint_actions_and_a_bad_declaration_is_named():
+    from types import SimpleNamespace
+
+    from accord import build
+
+    cfg = config_from_dict({})   # the default job: the writing task's two agents
+    assert cfg.algorithm.joint_mode is None
+    build.check_run(cfg, build.build_env(cfg))
+    assert cfg.algorithm.joint_mode == "cross"
+    with pytest.raises(ConfigError, match="task 'odd' declares joint_mode='diagonal'; a task may declare 'aligned' or "
+                                          "'cross'"):
+        build.task_joint_mode(SimpleNamespace(name="odd", joint_mode="diagonal"))
 
 
 def test_build_check_run_goes_through_the_rollout_tier(tiny_cfg, monkeypatch):

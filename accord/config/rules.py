@@ -277,6 +277,7 @@ class EnvInfo:
     max_turns: int = 1               # its turn limit (rollout.max_turns overrides it)
     simultaneous: bool = False       # every agent acts at once in a turn
     min_new_tokens: tuple[tuple[str, int], ...] = ()   # (agent, floor) pairs the task declares (rollout.min_new_tokens)
+    joint_mode: str | None = None    # the joint mode the task declares for algorithm.joint_mode: null (None: aligned)
 
 
 EPISODE_ALGORITHMS = ("iac", "maac", "madpo")   # sample independent episodes on a multi-turn environment
@@ -293,17 +294,19 @@ def rollout_for(algorithm: str, single_turn: bool) -> str:
     return "magrpo_joint" if single_turn else "magrpo_tree"
 
 
-def joint_mode_for(cfg: _Config, kind: str, n_agents: int) -> str:
+def joint_mode_for(cfg: _Config, kind: str, n_agents: int, declared: str | None = None) -> str:
     """What ``algorithm.joint_mode: null`` stands for in a run of rollout ``kind`` (:func:`rollout_for`) with
-    ``n_agents`` agents: ``cross`` for single-turn MAGRPO with team credit, two or more agents and K^N joint
-    actions within ``algorithm.max_cross_joint`` (each sample is credited with its mean over all the partners'
-    samples, so a partner's draw does not decide its advantage; the generation is the same, the team reward is
-    called on K^N joint actions), ``aligned`` elsewhere: a MAGRPO tree (cross would branch K^N ways per node),
-    counterfactual credit (it splits aligned joint actions), and the actor-critic and preference trainers
-    (their critics, candidates and reward model see aligned joint actions)."""
+    ``n_agents`` agents on a task that declares the joint mode ``declared`` (its ``joint_mode`` attribute):
+    ``cross`` where the task declares it and the run can use it (single-turn MAGRPO with team credit, two or
+    more agents, K^N joint actions within ``algorithm.max_cross_joint``), ``aligned`` everywhere else: a task
+    that declares nothing, a MAGRPO tree (cross would branch K^N ways per node), counterfactual credit (it splits
+    aligned joint actions), the actor-critic and preference trainers (their critics, candidates and reward model
+    see aligned joint actions). Cross credits each sample with its mean over all the partners' samples, so a
+    partner's draw does not decide its advantage; aligned pairs keep the partners' successes correlated, which
+    a task whose agents must settle on a convention needs (docs/magrpo.md)."""
     algo = cfg.algorithm
-    if (kind == "magrpo_joint" and algo.name == "magrpo" and algo.credit == "team" and n_agents >= 2
-            and algo.num_generations ** n_agents <= algo.max_cross_joint):
+    if (declared == "cross" and kind == "magrpo_joint" and algo.name == "magrpo" and algo.credit == "team"
+            and n_agents >= 2 and algo.num_generations ** n_agents <= algo.max_cross_joint):
         return "cross"
     return "aligned"
 
@@ -343,7 +346,7 @@ def check_rollout(cfg: _Config, env: EnvInfo) -> None:
                           f"of all agents); {cfg.task.name!r} is a multi-turn environment: use madpo, iac or maac")
     agents = [a.name for a in cfg.agents]
     if algo.joint_mode is None and kind != "atgrpo":   # null: written into the config (config.yaml records it)
-        algo.joint_mode = joint_mode_for(cfg, kind, len(agents))
+        algo.joint_mode = joint_mode_for(cfg, kind, len(agents), env.joint_mode)
         logger.info("algorithm.joint_mode=null: %s joint actions (docs/magrpo.md)", algo.joint_mode)
     if kind == "magrpo_joint":
         if algo.baseline == "independent":

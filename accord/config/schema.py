@@ -215,9 +215,10 @@ class AlgorithmConfig:
                               "with an actor-critic stage: >= 1; madpo: the candidates per prompt).")
     joint_mode: str | None = _f(None, "'aligned': the j-th samples of all agents form K joint actions; 'cross': all "
                                 "K^N combinations, each sample's return the mean over its K^(N-1) partners (no more "
-                                "generation, K^N reward calls); null: cross for single-turn magrpo with two or more "
-                                "agents, team credit and K^N <= max_cross_joint, aligned elsewhere (the run's "
-                                "config.yaml records which). docs/magrpo.md.")
+                                "generation, K^N reward calls); null: the mode the task declares (the writing task: "
+                                "cross) where single-turn magrpo with team credit, two or more agents and K^N <= "
+                                "max_cross_joint can use it, aligned elsewhere (the run's config.yaml records which). "
+                                "docs/magrpo.md.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
                         "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
     normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")

@@ -162,7 +162,8 @@ class JointRollout(Rollout):
     def collect(self, rows: list[dict], generate: Generate, *, step: int, phase: Phase) -> RolloutResult:
         algo = self.cfg.algorithm
         k = algo.num_generations
-        mode = algo.joint_mode or joint_mode_for(self.cfg, "magrpo_joint", len(self.agents))   # null: as check_rollout
+        mode = algo.joint_mode or joint_mode_for(self.cfg, "magrpo_joint", len(self.agents),   # null: as check_rollout
+                                                 getattr(self.env.task, "joint_mode", None))
         with phase("gen"):
             prompt_ids, prompt_texts, gens, texts = self.sample(rows, generate, k, greedy=False)
         with phase("reward"):

@@ -41,7 +41,8 @@ def writing_run(tmp_path_factory):
         "policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}},
         "agents": [{"name": "concise", "policy": "main"}, {"name": "detailed", "policy": "main"}],
         "task": {"name": "writing", "eval_size": 2, "options": {"source": "offline"}},
-        "algorithm": {"num_generations": 2},
+        # aligned (the writing task declares cross): the report's table pairs the agents of each joint action
+        "algorithm": {"num_generations": 2, "joint_mode": "aligned"},
         "rollout": {"batch_size": 2, "max_new_tokens": 12, "temperature": 1.0, "eval_temperature": 1.0},
         "training": {"lr": 1e-3, "micro_batch_size": 8},
         "logging": {"console": False, "tensorboard": False, "completions_every": 2},
