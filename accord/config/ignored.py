@@ -104,7 +104,8 @@ RULES: tuple[Rule, ...] = (
          "it pairs the agents' samples into MAGRPO's joint actions; AT-GRPO samples one agent's K candidates at "
          "a time from one state", "remove it or set algorithm.name=magrpo"),
     # read by rollout/magrpo.py JointRollout.check in cross mode, and by rules.joint_mode_for when it resolves
-    # joint_mode: null (which may have chosen aligned because K^N exceeded it: then it was read, no line)
+    # joint_mode: null for a task that declares cross (where K^N exceeds it, it may be why null became aligned:
+    # no line then)
     Rule(("algorithm.max_cross_joint",), "algorithm.joint_mode=aligned",
          lambda cfg, _: "with algorithm.joint_mode=aligned" if cfg.algorithm.joint_mode == "aligned"
          and cfg.algorithm.num_generations ** max(len(cfg.agents), 2) <= cfg.algorithm.max_cross_joint else

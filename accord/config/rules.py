@@ -302,8 +302,9 @@ def joint_mode_for(cfg: _Config, kind: str, n_agents: int, declared: str | None 
     that declares nothing, a MAGRPO tree (cross would branch K^N ways per node), counterfactual credit (it splits
     aligned joint actions), the actor-critic and preference trainers (their critics, candidates and reward model
     see aligned joint actions). Cross credits each sample with its mean over all the partners' samples, so a
-    partner's draw does not decide its advantage; aligned pairs keep the partners' successes correlated, which
-    a task whose agents must settle on a convention needs (docs/magrpo.md)."""
+    partner's draw does not decide its advantage; aligned pairs reward both members of a pair that agreed in the
+    same step, and on a convention game (the single-turn handoff) aligned learned where cross did not
+    (docs/magrpo.md)."""
     algo = cfg.algorithm
     if (declared == "cross" and kind == "magrpo_joint" and algo.name == "magrpo" and algo.credit == "team"
             and n_agents >= 2 and algo.num_generations ** n_agents <= algo.max_cross_joint):
