@@ -8,8 +8,10 @@ by the quickstart's two criteria, with the time it took on this CPU.
 
 Per seed: the held-out team reward at step 0 and at the last evaluation, their per-text paired difference
 with its 95 % Student-t interval (the same held-out texts at both steps: `eval_completions/step_N.jsonl`), the
-sampled training team reward's mean over the first and the last third of the steps, the seconds per step
-(generating + updating, from `time/*`), the run's wall time and the load average before and after. A seed
+sampled training team reward's mean over the first and the last third of the steps, how many different answers
+each agent wrote over the held-out texts at the last evaluation (far fewer than the texts: one answer for every
+text, which the writing task's lexical reward can still pay for; it does not decide the verdict), the seconds per
+step (generating + updating, from `time/*`), the run's wall time and the load average before and after. A seed
 passes when the held-out reward rose by at least ``--min-gain`` (0.4 of the nominal 3.0) and the last third's
 training reward lies above the first third's. Each run goes through the real CLI in a subprocess, so the wall
 time includes loading the model and writing the final checkpoint; set-up (`scripts/setup.sh`, about 2.5 min on
@@ -50,6 +52,16 @@ def eval_rewards(run_dir: Path, step: int) -> dict[str, float]:
     return out
 
 
+def distinct_answers(run_dir: Path, step: int) -> dict[str, int]:
+    """Per agent, how many different completions it wrote over the held-out texts at ``step``: far fewer than
+    the texts means one answer for every text, which a lexical reward can still pay for (docs/quickstart.md)."""
+    seen: dict[str, set[str]] = {}
+    for line in eval_completions_path(run_dir, step).read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        seen.setdefault(str(row["agent"]), set()).add(row["completion"])
+    return {agent: len(texts) for agent, texts in seen.items()}
+
+
 def judge_run(run_dir: str | Path, min_gain: float = 0.4) -> dict:
     """The quickstart's criteria and times of one finished run, from its metrics and evaluation completions."""
     run_dir = Path(run_dir)
@@ -79,7 +91,7 @@ def judge_run(run_dir: str | Path, min_gain: float = 0.4) -> dict:
         "held_out": {str(s): sum(eval_rewards(run_dir, s).values()) / len(ids) for s in evals},
         "held_out_gain": diff, "train_first_third": first, "train_last_third": last,
         "steps": len(train), "s_per_step": mean_of("time/step"), "s_gen": mean_of("time/gen"),
-        "s_update": mean_of("time/update"),
+        "s_update": mean_of("time/update"), "distinct_answers": distinct_answers(run_dir, evals[-1]),
         "passes": diff["mean"] >= min_gain and last > first,
     }
 
@@ -109,14 +121,17 @@ def _ci(d: dict) -> str:
 def table(results: list[dict]) -> str:
     """Markdown table of judged runs."""
     lines = ["| run | held-out before -> after (texts) | paired gain, 95 % t | train first -> last third | "
-             "s/step (gen + update) | wall | load avg before / after | passes |", "|---|---|---|---|---|---|---|---|"]
+             "distinct answers at the last evaluation | s/step (gen + update) | wall | load avg before / after | passes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         steps = r["eval_steps"]
         held = " -> ".join(f"{r['held_out'][str(s)]:.2f}" for s in steps)
         wall = f"{r['wall_s'] / 60:.1f} min" if "wall_s" in r else "—"
         load = (f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f}" if "load_before" in r else "—")
+        distinct = ", ".join(f"{agent} {n}/{r['texts']}" for agent, n in r["distinct_answers"].items())
         lines.append(f"| {Path(r['run_dir']).name} | {held} (steps {', '.join(map(str, steps))}; {r['texts']}) | "
                      f"{_ci(r['held_out_gain'])} | {r['train_first_third']:.2f} -> {r['train_last_third']:.2f} | "
+                     f"{distinct} | "
                      f"{r['s_per_step']:.1f} ({r['s_gen']:.1f} + {r['s_update']:.1f}) | {wall} | {load} | "
                      f"{'yes' if r['passes'] else 'NO'} |")
     return "\n".join(lines)

@@ -48,6 +48,10 @@ def test_runs_the_default_job_per_seed_and_judges_it(tmp_path):
     assert result["steps"] == 3 and result["eval_steps"] == [0, 3] and result["seed"] == 3
     assert result["passes"] == (mean >= 0.4 and result["train_last_third"] > result["train_first_third"])
     assert result["wall_s"] > 0 and result["s_per_step"] > 0
+    last = [json.loads(line) for line in (run / "eval_completions" / "step_000003.jsonl").open()]
+    assert result["distinct_answers"] == {a: len({r["completion"] for r in last if r["agent"] == a})
+                                          for a in ("concise", "detailed")}
+    assert f"concise {result['distinct_answers']['concise']}/3" in proc.stdout
     assert "| seed-3 |" in proc.stdout and "all pass:" in proc.stdout
     # judging the finished run again gives the same verdict, without training
     again = _script("--runs", str(run))
