@@ -35,7 +35,7 @@ from accord.distributed.data_parallel import LocalGroups, wants_data_parallel
 from accord.envs.registry import TaskBuilder, as_env, import_modules
 from accord.envs.centralized import centralize
 from accord.envs.protocol import task_instances
-from accord.envs.single_turn import SingleTurnEnv
+from accord.envs.single_turn import SingleTurnEnv, declared
 from accord.policies.agents import AgentGenerator
 from accord.generation.backends import GENERATION_BACKENDS
 from accord.policies import Policy
@@ -202,9 +202,7 @@ def env_info(env) -> EnvInfo:
 def task_joint_mode(env) -> str | None:
     """The joint mode an environment (or its single-turn task) declares as ``joint_mode`` for
     ``algorithm.joint_mode: null`` ('aligned' or 'cross'); None where it declares none."""
-    mode = getattr(env, "joint_mode", None)
-    if mode is None and isinstance(env, SingleTurnEnv):
-        mode = getattr(env.task, "joint_mode", None)
+    mode = declared(env, "joint_mode")
     if mode not in (None, "aligned", "cross"):
         raise ConfigError(f"task {getattr(env, 'name', type(env).__name__)!r} declares joint_mode={mode!r}; a task "
                           "may declare 'aligned' or 'cross' (or nothing)")
@@ -215,9 +213,7 @@ def task_floors(env) -> tuple[tuple[str, int], ...]:
     """The completion floors an environment (or its single-turn task) declares as ``min_new_tokens``: one
     number for every agent or ``{agent: tokens}`` (the fewest tokens a scoring answer can have), as
     (agent, tokens) pairs; () where it declares none."""
-    floors = getattr(env, "min_new_tokens", None)
-    if floors is None and isinstance(env, SingleTurnEnv):
-        floors = getattr(env.task, "min_new_tokens", None)
+    floors = declared(env, "min_new_tokens")
     if not floors:
         return ()
     if isinstance(floors, int):

@@ -193,3 +193,13 @@ class SingleTurnEnv:
         c = SingleTurnEnv(self.task)
         c._row, c._done = self._row, self._done
         return c
+
+
+def declared(env: Any, name: str) -> Any:
+    """What an environment declares as attribute ``name`` (a task's ``min_new_tokens`` or ``joint_mode``), or,
+    for a single-turn task wrapped in :class:`SingleTurnEnv`, what the task object declares; None where neither
+    does."""
+    value = getattr(env, name, None)
+    if value is None and isinstance(env, SingleTurnEnv):
+        value = getattr(env.task, name, None)
+    return value

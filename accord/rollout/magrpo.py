@@ -34,7 +34,8 @@ from accord.audit import AuditRecorder
 from accord.config import ConfigError
 from accord.config.rules import joint_mode_for
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
-from accord.envs.single_turn import RewardError, SingleTurnEnv, call_reward, call_reward_components  # noqa: F401
+from accord.envs.single_turn import (RewardError, SingleTurnEnv, call_reward, call_reward_components,  # noqa: F401
+                                     declared)
 from accord.rollout.sample import Sample
 
 
@@ -163,7 +164,7 @@ class JointRollout(Rollout):
         algo = self.cfg.algorithm
         k = algo.num_generations
         mode = algo.joint_mode or joint_mode_for(self.cfg, "magrpo_joint", len(self.agents),   # null: as check_rollout
-                                                 getattr(self.env.task, "joint_mode", None))
+                                                 declared(self.env, "joint_mode"))
         with phase("gen"):
             prompt_ids, prompt_texts, gens, texts = self.sample(rows, generate, k, greedy=False)
         with phase("reward"):
