@@ -351,9 +351,9 @@ def _bf16_guess(setting, device: str) -> bool:
 
             return cuda_bf16(torch.device(device))
         return True  # the papers' GPUs (A100, H100) have bf16
-    from accord.devices import cpu_bf16_units
+    from accord.devices import cpu_bf16_matrix_units
 
-    return cpu_bf16_units() is True
+    return cpu_bf16_matrix_units() is True
 
 
 def _planned_device(setting: str, backend: str, gpus: float) -> str:

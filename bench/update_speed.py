@@ -9,7 +9,8 @@ prompts of about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, adv
 micro-batches of ``--micro-batch-size``, with prompt sharing on (the default) and off. The two
 paths compute the same loss and gradients (``tests/generation/test_generation.py``); this measures the time.
 Best of ``--rounds`` updates per setting, run in alternating order. bf16 is only fast on CPUs with bf16
-matrix units (AMX, AVX512-BF16); elsewhere measure ``--precision fp32``.
+matrix units (AMX; AVX512-BF16 alone measured slower than fp32, bench/README.md); elsewhere measure
+``--precision fp32``.
 """
 
 from __future__ import annotations

@@ -176,12 +176,16 @@ def test_bf16_autocast_keeps_fp32_master_weights_and_gradients(tiny_cfg):
 
 
 def test_bf16_unit_detection_reads_cpu_flags():
-    from accord.devices import cpu_bf16_units
+    from accord.devices import cpu_bf16_matrix_units, cpu_bf16_units
 
-    assert cpu_bf16_units("processor : 0\nflags : fpu sse avx2 avx512f amx_bf16 amx_tile\n") is True
-    assert cpu_bf16_units("flags : fpu sse avx2 avx512f avx512_bf16\n") is True
-    assert cpu_bf16_units("Features : fp asimd bf16 i8mm\n") is True  # Arm
-    assert cpu_bf16_units("flags : fpu sse avx2 fma\n") is False
+    amx = "processor : 0\nflags : fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    avx512_bf16 = "flags : fpu sse avx2 avx512f avx512_bf16\n"
+    arm = "Features : fp asimd bf16 i8mm\n"
+    avx2 = "flags : fpu sse avx2 fma\n"
+    # bf16 instructions at all (not emulated): what the warning on training.bf16=true reads
+    assert [cpu_bf16_units(c) for c in (amx, avx512_bf16, arm, avx2)] == [True, True, True, False]
+    # bf16 matrix units (what training.bf16=auto reads): AVX512-BF16 without AMX made updates slower than fp32
+    assert [cpu_bf16_matrix_units(c) for c in (amx, avx512_bf16, arm, avx2)] == [True, False, True, False]
 
 
 def test_bf16_auto_follows_the_cpu_and_config_takes_true_false_auto(monkeypatch):
@@ -194,7 +198,7 @@ def test_bf16_auto_follows_the_cpu_and_config_takes_true_false_auto(monkeypatch)
     with pytest.raises(ConfigError, match="training.bf16='maybe' must be true, false or auto"):
         config_from_dict({"training": {"bf16": "maybe"}})
     for units, expected in ((True, True), (False, False), (None, False)):
-        monkeypatch.setattr(devices, "cpu_bf16_units", lambda units=units: units)
+        monkeypatch.setattr(devices, "cpu_bf16_matrix_units", lambda units=units: units)
         assert devices.resolve_bf16("auto") is expected
         assert devices.resolve_bf16(False) is False
     assert devices.resolve_bf16(True) is True        # honoured (with a warning where the units are missing)
