@@ -142,7 +142,14 @@ def cuda_bf16(device: torch.device) -> bool:
 # --- bf16: whether this device has the units, and training.bf16 as a decision -------------------------
 
 
-def _cpu_flags(cpuinfo: str) -> set[str]:
+def _cpu_flags(cpuinfo: str | None) -> set[str] | None:
+    """The flags of ``cpuinfo`` (x86 ``flags``, Arm ``Features``), read from ``/proc/cpuinfo`` when None; None when
+    there is no /proc to read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -155,14 +162,10 @@ def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
     """Whether this CPU has bf16 instructions at all (AMX or AVX512-BF16 on x86, BF16 on Arm), so that bf16
     matmuls are not emulated, from torch's dispatch level or the flags of ``/proc/cpuinfo`` (``cpuinfo``: its
     text, for tests); None when it cannot be told (no /proc)."""
-    if cpuinfo is None:
-        if torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX"):
-            return True
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    return bool(_cpu_flags(cpuinfo) & {"amx_bf16", "avx512_bf16", "bf16"})
+    if cpuinfo is None and torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX"):
+        return True
+    flags = _cpu_flags(cpuinfo)
+    return None if flags is None else bool(flags & {"amx_bf16", "avx512_bf16", "bf16"})
 
 
 def cpu_bf16_matrix_units(cpuinfo: str | None = None) -> bool | None:
@@ -172,14 +175,10 @@ def cpu_bf16_matrix_units(cpuinfo: str | None = None) -> bool | None:
     autocast against 14.4 s in fp32 (``bench/update_speed.py``, 2026-11-29), where a Xeon with AMX took 8.0 s
     against 12.0 s. ``cpuinfo`` as for :func:`cpu_bf16_units` (a plain ``bf16`` flag is Arm's; x86 spells its
     flags ``avx512_bf16`` and ``amx_bf16``); None when it cannot be told."""
-    if cpuinfo is None:
-        if torch.backends.cpu.get_cpu_capability() == "AMX":
-            return True
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    return bool(_cpu_flags(cpuinfo) & {"amx_bf16", "bf16"})
+    if cpuinfo is None and torch.backends.cpu.get_cpu_capability() == "AMX":
+        return True
+    flags = _cpu_flags(cpuinfo)
+    return None if flags is None else bool(flags & {"amx_bf16", "bf16"})
 
 
 def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> bool:
@@ -207,9 +206,9 @@ def resolve_bf16(setting: bool | str, device: torch.device | None = None) -> boo
 
 
 def warn_if_no_bf16_units() -> None:
-    """training.bf16 on a CPU without bf16 matrix units: matmuls fall back to slow emulation."""
+    """training.bf16 on a CPU without bf16 instructions: matmuls fall back to slow emulation."""
     if cpu_bf16_units() is False:
         logger.warning(
-            "training.bf16=true on a CPU without bf16 matrix units (no amx_bf16, avx512_bf16 or bf16 flag; torch "
+            "training.bf16=true on a CPU without bf16 instructions (no amx_bf16, avx512_bf16 or bf16 flag; torch "
             "reports %s): bf16 matmuls run 10-100x slower than fp32 here; set training.bf16=false",
             torch.backends.cpu.get_cpu_capability())
