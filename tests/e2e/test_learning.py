@@ -1,13 +1,20 @@
-"""Learning regression tests: on every training path, a seeded tiny random model must reach a stated held-out team
-reward on the cooperation task ``handoff`` within N steps; independent learners must not.
+"""Learning regression tests: on every training path, seeded tiny random models must reach a stated held-out team
+reward on the cooperation task ``handoff``; independent learners must not.
 
 The task (docs/tasks-cooperation.md): the first agent writes the first letter of a path around the cycle ``a o``,
 the second continues from where the first stopped; the team reward counts the second's letter only when it
 continues what the first actually wrote (``start: fixed``: the path starts at the cycle's first letter, so the
 first's half is learnable from its own step, which AT-GRPO's per-turn credit needs). One-token completions keep
 a step cheap; evaluation is sampled (temperature 1) over 128 held-out instances, so the bars are expected
-rewards, not the argmax of a collapsed policy. Before training every path is near 0.2 (the first's clean letter
-is right half the time, the second's continuation a coin flip); the maximum is 1.
+rewards, not the argmax of a collapsed policy. Before training every path is near 0 (at most 0.2); the maximum
+is 1.
+
+Each path runs several seeds and its bar is on their mean. One seed's outcome is a property of the CPU's
+arithmetic as much as of the method (a run either finds the convention or collapses to a wrong one, and which
+it does changed between an AVX2 EPYC and an AVX512 Xeon for the same seed), so a pinned seed is a coin that a
+new CPU kind re-tosses. The learning rate (0.01, the single-turn form 0.005) and step counts are where most
+seeds of each path learn on the probe runs in docs/tasks-cooperation.md, so the mean over the seeds clears the
+bar unless most of them fail.
 
 Each run uses one torch thread: the model is tiny, and on a 2-core machine shared with other jobs two threads
 spin against each other (a step measured 15x slower with two than with one at load 12).
@@ -17,11 +24,12 @@ replaced by a constant, or group ids shuffled) is run by hand with a throwaway s
 docs/tasks-cooperation.md.
 """
 
+import copy
 import json
 
 import pytest
 
-pytestmark = pytest.mark.slow   # each about 10 s of CPU (see the module docstring)
+pytestmark = pytest.mark.slow   # each 12-35 s of CPU (docs/tasks-cooperation.md)
 
 from accord.config import config_from_dict
 from accord.sft import run_sft
@@ -31,7 +39,8 @@ from accord.trainer import Trainer
 EVAL = 128
 
 
-def learn(tiny_cfg, steps: int, seed: int = 0, options: dict | None = None, **sections) -> tuple[dict, dict]:
+def learn(tiny_cfg, steps: int, seed: int = 0, lr: float = 0.01, options: dict | None = None,
+          **sections) -> tuple[dict, dict]:
     """Held-out metrics before and after ``steps`` training steps of a seeded tiny run on ``handoff``."""
     data = tiny_cfg(
         run={"steps": steps, "seed": seed, "threads": 1, "eval_before": False, "eval_after": True, "eval_every": 0,
@@ -39,7 +48,7 @@ def learn(tiny_cfg, steps: int, seed: int = 0, options: dict | None = None, **se
         task={"name": "handoff", "options": {"letters": "ao", "start": "fixed", **(options or {})}, "eval_size": EVAL},
         algorithm={"num_generations": 4, "normalize_std": True},
         rollout={"batch_size": 16, "max_new_tokens": 1, "temperature": 1.0, "eval_temperature": 1.0},
-        training={"lr": 0.05, "micro_batch_size": 128, "weight_decay": 0.0},
+        training={"lr": lr, "micro_batch_size": 128, "weight_decay": 0.0},
         logging={"console": False, "tensorboard": False, "completions_every": 1},
     )
     for key, value in sections.items():
@@ -47,6 +56,7 @@ def learn(tiny_cfg, steps: int, seed: int = 0, options: dict | None = None, **se
             data.setdefault(key, {}).update(value)
         else:
             data[key] = value
+    data["run"]["run_dir"] += f"-seed{seed}"   # a test's seeds run one after another: each its own directory
     return train_checked(data)
 
 
@@ -83,55 +93,67 @@ TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers":
 PER_ROLE = {"policies": two_policies(TINY),
             "agents": [{"name": "first", "policy": "first"}, {"name": "second", "policy": "second"}]}
 
-# path id -> (steps, held-out team reward to reach, the run's config sections)
+SEEDS = (0, 1, 2)
+
+# path id -> (steps, learning rate, seeds, the bar on the seeds' mean held-out team reward, the run's config sections)
 PATHS = {
     # the simultaneous form: the second cannot read the first, so the pair must find a convention; with a fixed
-    # start the first's letter is prescribed and the search is slower, so this path starts free (any first letter)
-    "magrpo_single_turn": (20, 0.7, {"options": {"single_turn": True, "start": "free", "letters": "aoi"}}),
-    "magrpo_tree": (20, 0.7, {"algorithm": {"name": "magrpo"}}),
-    "atgrpo_shared": (20, 0.7, {"algorithm": {"name": "atgrpo"}}),
+    # start the first's letter is prescribed and the search is slower, so this path starts free (any first letter).
+    # Some seeds settle on a wrong convention (0.25-0.5; 4 of 24 at lr 0.005, 9 of 24 at lr 0.01 in 80 steps),
+    # hence the lower learning rate and five seeds
+    "magrpo_single_turn": (160, 0.005, (0, 1, 2, 3, 4), 0.55,
+                           {"options": {"single_turn": True, "start": "free", "letters": "aoi"}}),
+    "magrpo_tree": (80, 0.01, SEEDS, 0.6, {"algorithm": {"name": "magrpo"}}),
+    "atgrpo_shared": (80, 0.01, SEEDS, 0.6, {"algorithm": {"name": "atgrpo"}}),
     # adapters on the output head too: a random base's frozen head and final norm cap every logit near 0.2, so
     # adapters of the decoder's projections alone leave the output uniform (entropy stayed at log 2048)
-    "atgrpo_lora": (20, 0.7, {"algorithm": {"name": "atgrpo"}, "specialization": "lora",
-                              "lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj", "lm_head"]},
-                              **PER_ROLE}),
-    "atgrpo_separate": (20, 0.7, {"algorithm": {"name": "atgrpo"}, "specialization": "separate", **PER_ROLE}),
-    # one agent writes both letters in two tokens; within 20-30 steps it learns the first ("a", 0.5 of the team
-    # reward) but not yet the second, whose credit it shares with the first token of the same completion
-    "single_agent": (20, 0.45, {"options": {"single_agent": True}, "algorithm": {"baseline": "single_agent"},
-                               "agents": [{"name": "solo", "policy": "main"}], "rollout": {"max_new_tokens": 2}}),
+    "atgrpo_lora": (80, 0.01, SEEDS, 0.6, {"algorithm": {"name": "atgrpo"}, "specialization": "lora",
+                                           "lora": {"r": 8, "alpha": 16,
+                                                    "target_modules": ["q_proj", "v_proj", "lm_head"]},
+                                           **PER_ROLE}),
+    "atgrpo_separate": (80, 0.01, SEEDS, 0.6, {"algorithm": {"name": "atgrpo"}, "specialization": "separate",
+                                               **PER_ROLE}),
+    # one agent writes both letters in two tokens; it learns the first ("a", 0.5 of the team reward) but within 80
+    # steps not the second, whose credit it shares with the first token of the same completion
+    "single_agent": (80, 0.01, SEEDS, 0.45, {"options": {"single_agent": True},
+                                             "algorithm": {"baseline": "single_agent"},
+                                             "agents": [{"name": "solo", "policy": "main"}],
+                                             "rollout": {"max_new_tokens": 2}}),
 }
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_path_learns_the_handoff(tiny_cfg, restore_threads, path):
-    steps, bar, sections = PATHS[path]
-    before, after = learn(tiny_cfg, steps, **sections)
-    assert before["eval/team/reward"] < 0.4, before
-    assert after["eval/team/reward"] >= bar, (before["eval/team/reward"], after["eval/team/reward"])
+    steps, lr, seeds, bar, sections = PATHS[path]
+    runs = {seed: learn(tiny_cfg, steps, seed=seed, lr=lr, **copy.deepcopy(sections)) for seed in seeds}
+    reached = {seed: (round(b["eval/team/reward"], 3), round(a["eval/team/reward"], 3)) for seed, (b, a) in runs.items()}
+    assert all(before < 0.4 for before, _ in reached.values()), reached
+    assert sum(after for _, after in reached.values()) / len(seeds) >= bar, reached
 
 
 def test_independent_learners_do_not_learn_the_partner_dependent_part(tiny_cfg, restore_threads):
     """Local rewards only (format: a clean letter, whichever): each agent learns to write one clean letter (its
     local-reward bar), but nothing rewards the second for continuing the first, so the held-out team reward
-    stays far below the team methods' bar."""
-    before, after = learn(tiny_cfg, 20, algorithm={"name": "atgrpo", "baseline": "independent"})
-    local = {k: (before[k], after[k]) for k in after if k.endswith("/return") and k.startswith("eval/")}
-    assert len(local) == 2 and all(a >= 0.08 for _, a in local.values()), local   # of 0.1: a clean letter each
-    assert after["eval/team/reward"] < 0.55, after["eval/team/reward"]
-
+    stays far below the team methods' bar (the AT-GRPO paths' settings and seeds)."""
+    locals_, team = {}, {}
+    for seed in SEEDS:
+        before, after = learn(tiny_cfg, 80, seed=seed, algorithm={"name": "atgrpo", "baseline": "independent"})
+        locals_[seed] = {k: round(after[k], 3) for k in after if k.endswith("/return") and k.startswith("eval/")}
+        team[seed] = round(after["eval/team/reward"], 3)
+    # of 0.1: a clean letter each
+    assert all(len(v) == 2 and min(v.values()) >= 0.08 for v in locals_.values()), locals_
+    assert sum(team.values()) / len(team) < 0.55, team
 
 
 def test_centralized_learns_the_handoff_from_a_wrong_warm_start(tiny_cfg, restore_threads, tmp_path):
     """The centralized baseline (one model writes ``<first>..</first><second>..</second>``): a random model
     never writes that format, so the run starts from a warm start of 150 SFT steps on oracle demonstrations of
     which 75 % are wrong on purpose (``sft.noise``: one letter of each role replaced). Its greedy answer is the
-    wrong pair (team reward -1.0 on the held-out play), its samples right about a quarter of the time; 20
-    AT-GRPO steps at lr 2e-3 must make the right pair the likely one. Seeds 0, 1, 2 reached 0.86, 0.88, 0.28
-    (docs/tasks-cooperation.md); with the advantage's sign flipped seed 0 ended at -2.00 (the format lost),
-    with a constant training reward at -0.97."""
+    wrong pair (team reward -1.0 on the held-out play), its samples right about a quarter of the time; 40
+    AT-GRPO steps at lr 1e-3 must make the right pair the likely one. Seeds 0-11 reached 0.79-0.94 on the probe
+    runs (docs/tasks-cooperation.md, with the mutation check), so one seed is enough here."""
     data = tiny_cfg(
-        run={"steps": 20, "seed": 0, "threads": 1, "eval_before": False, "eval_after": True, "eval_every": 0,
+        run={"steps": 40, "seed": 0, "threads": 1, "eval_before": False, "eval_after": True, "eval_every": 0,
              "checkpoint_every": 0},
         task={"name": "handoff", "options": {"letters": "ao", "start": "fixed"}, "eval_size": EVAL},
         algorithm={"name": "atgrpo", "baseline": "centralized", "num_generations": 4, "normalize_std": True},
@@ -143,7 +165,7 @@ def test_centralized_learns_the_handoff_from_a_wrong_warm_start(tiny_cfg, restor
     warm = run_sft(config_from_dict(data))
     assert warm["after"]["sft/eval/success"] == 0.0, warm["after"]   # the greedy warm start answers wrongly
     data["policies"] = {"main": {"model": str(tmp_path / "warm" / "main")}}
-    data["training"]["lr"] = 0.002
+    data["training"]["lr"] = 0.001
     before, after = train_checked(data)
     assert before["eval/team/reward"] < 0.0, before
     assert after["eval/team/reward"] >= 0.6, (before["eval/team/reward"], after["eval/team/reward"])

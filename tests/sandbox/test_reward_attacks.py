@@ -270,13 +270,15 @@ def test_memory_cap_covers_the_whole_run():
     if not iso.memory_cgroup:
         pytest.skip(f"no memory cgroup here: {iso.notes}")
     box = Sandbox(SandboxConfig(timeout_s=20.0, memory_mb=256))
-    code = ("import os\nkids = []\n"
-            "for _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
+    # each child holds its 150 MiB until the parent has forked all four (the pipe's end of file), so
+    # the four overlap however the scheduler orders them: each process is under its own 256 MiB
+    # address-space limit; together they need 600 MiB
+    code = ("import os\nr, w = os.pipe()\nkids = []\n"
+            "for _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n        os.close(w)\n"
             "        b = bytearray(150 * 2**20)\n        b[::4096] = b'x' * len(b[::4096])\n"
-            "        os._exit(0)\n    kids.append(pid)\n"
-            "ok = sum(os.waitpid(p, 0)[1] == 0 for p in kids)\nprint(ok)\n")
+            "        os.read(r, 1)\n        os._exit(0)\n    kids.append(pid)\n"
+            "os.close(w)\nok = sum(os.waitpid(p, 0)[1] == 0 for p in kids)\nprint(ok)\n")
     result = box.run(code)
-    # each process is under its own 256 MiB address-space limit; together they need 600 MiB
     assert result.status == "memory" or (result.status == "ok" and int(result.stdout) < 4), result
 
 
