@@ -26,39 +26,6 @@ def critic_weights(trainer):
     return out
 
 
-def learn(tiny_cfg, **sections):
-    """A seeded run on letters (or relay) with held-out evaluation before and after; its metrics."""
-    base = dict(run={"steps": 20, "eval_before": True, "eval_after": True, "eval_every": 0},
-                task={"name": "letters", "eval_size": 16},
-                rollout={"batch_size": 8, "max_new_tokens": 12, "temperature": 1.0, "eval_temperature": 1.0},
-                training={"lr": 2e-2, "micro_batch_size": 64})
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value}
-    trainer = Trainer(config_from_dict(tiny_cfg(**base)))
-    trainer.train()
-    recs = read_metrics(trainer.run_dir)
-    return [r["eval/team/reward"] for r in recs if "eval/team/reward" in r], recs
-
-
-def learn_seeds(tiny_cfg, tmp_path, seeds, **sections) -> tuple[dict, list]:
-    """:func:`learn` on each seed (its own run directory): {seed: (before, after)}, and each run's metrics."""
-    reached, runs = {}, []
-    for seed in seeds:
-        run = {**sections.get("run", {}), "seed": seed, "run_dir": str(tmp_path / f"run{seed}")}
-        evals, recs = learn(tiny_cfg, **{**sections, "run": run})
-        reached[seed] = (round(evals[0], 3), round(evals[-1], 3))
-        runs.append(recs)
-    return reached, runs
-
-
-def mean_after(reached: dict) -> float:
-    return sum(after for _, after in reached.values()) / len(reached)
-
-
-def mean_rise(reached: dict) -> float:
-    return sum(after - before for before, after in reached.values()) / len(reached)
-
-
 # The learning tests: several seeds each, the bars on their mean (one seed's outcome changes with the CPU kind).
 # Held-out reward of the tiny random model before training: 0.44-0.49 (letters), 0.47-0.55 (relay). On a 2-core
 # AVX512 Xeon (2026-11-29, one torch thread) 20 steps left seeds 0-7 at 0.63-0.98 (iac, letters), 0.51-1.00 (maac)
@@ -66,29 +33,26 @@ def mean_rise(reached: dict) -> float:
 # them to 0.94-1.00. With the advantage's sign flipped (a throwaway patch of the advantages) each run ends below
 # where it started (docs/algorithms-actor-critic.md), so each test fails.
 @pytest.mark.slow
-def test_iac_learns_letters_with_one_sample_per_prompt(tiny_cfg, tmp_path):
-    reached, runs = learn_seeds(tiny_cfg, tmp_path, (0, 1, 2), run={"steps": 40},
-                                algorithm={"name": "iac", "num_generations": 1})
-    assert mean_after(reached) > 0.75 and mean_rise(reached) > 0.2, f"held-out reward did not rise past 0.75: {reached}"
-    assert all(recs[-1]["critic/main/value_loss"] < 0.05 for recs in runs)   # the heads learned the reward's scale
+def test_iac_learns_letters_with_one_sample_per_prompt(learn_seeds):
+    runs = learn_seeds((0, 1, 2), run={"steps": 40}, algorithm={"name": "iac", "num_generations": 1})
+    assert runs.mean_after() > 0.75 and runs.mean_rise() > 0.2, f"held-out reward did not rise past 0.75: {runs.reached}"
+    assert all(recs[-1]["critic/main/value_loss"] < 0.05 for recs in runs.metrics)   # the heads learned the reward's scale
 
 
 @pytest.mark.slow
-def test_iac_learns_relay_multi_turn_with_separate_critics(tiny_cfg, tmp_path):
-    reached, runs = learn_seeds(tiny_cfg, tmp_path, (0, 1), run={"steps": 40},
-                                algorithm={"name": "iac", "num_generations": 1, "gamma": 1.0},
-                                critic={"mode": "separate", "gae_lambda": 0.9, "lr": 5e-3},
-                                task={"name": "relay", "eval_size": 16})
-    assert mean_after(reached) > 0.7 and mean_rise(reached) > 0.2, f"held-out return did not rise past 0.7: {reached}"
-    assert {"critic/e/value_loss", "critic/o/value_loss", "critic/e/explained_variance"} <= set(runs[-1][-1])
+def test_iac_learns_relay_multi_turn_with_separate_critics(learn_seeds):
+    runs = learn_seeds((0, 1), run={"steps": 40}, algorithm={"name": "iac", "num_generations": 1, "gamma": 1.0},
+                       critic={"mode": "separate", "gae_lambda": 0.9, "lr": 5e-3}, task={"name": "relay", "eval_size": 16})
+    assert runs.mean_after() > 0.7 and runs.mean_rise() > 0.2, f"held-out return did not rise past 0.7: {runs.reached}"
+    assert {"critic/e/value_loss", "critic/o/value_loss", "critic/e/explained_variance"} <= set(runs.metrics[-1][-1])
 
 
 @pytest.mark.slow
-def test_maac_learns_letters_with_a_centralised_critic(tiny_cfg, tmp_path):
-    reached, runs = learn_seeds(tiny_cfg, tmp_path, (0, 1, 2), run={"steps": 40},
-                                algorithm={"name": "maac", "num_generations": 1}, critic={"lr": 5e-3})
-    assert mean_after(reached) > 0.65 and mean_rise(reached) > 0.2, f"held-out reward did not rise past 0.65: {reached}"
-    assert "critic/joint/value_loss" in runs[-1][-1]
+def test_maac_learns_letters_with_a_centralised_critic(learn_seeds):
+    runs = learn_seeds((0, 1, 2), run={"steps": 40}, algorithm={"name": "maac", "num_generations": 1},
+                       critic={"lr": 5e-3})
+    assert runs.mean_after() > 0.65 and runs.mean_rise() > 0.2, f"held-out reward did not rise past 0.65: {runs.reached}"
+    assert "critic/joint/value_loss" in runs.metrics[-1][-1]
 
 
 @pytest.mark.parametrize("mode", ["head", "separate"])
