@@ -25,6 +25,8 @@ import contextlib
 import copy
 import inspect
 import logging
+from array import array
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -53,6 +55,40 @@ logger = logging.getLogger(__name__)
 
 # the token statistics the update adds to those of the loss (entropy, the sampler/learner mismatch)
 _EVERY_EPOCH = (mn.ENTROPY, mn.LOGP_DIFF, mn.TIS_WEIGHT, mn.TIS_CAPPED, mn.MISMATCH_KL)
+
+
+CHAT_CACHE_SIZE = 2048   # prompts whose token ids a policy keeps (most recently used first out last)
+
+
+def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template and the assistant turn's opening
+    (without a template: the contents joined by blank lines). ``cache`` maps messages seen before to their ids:
+    a task shows the same prompt many times (every evaluation, every epoch, several agents or instances alike),
+    and rendering the template costs more than a small model's step; messages with a field that is not a string
+    are rendered every time."""
+    key = None
+    if cache is not None:
+        try:
+            key = tuple(tuple(sorted(m.items())) for m in messages)
+            hash(key)
+        except (AttributeError, TypeError):   # not dicts, or a field that cannot be hashed (a list of parts)
+            key = None
+    if key is not None and (hit := cache.get(key)) is not None:
+        cache.move_to_end(key)
+        return hit.tolist()
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+    else:
+        text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    ids = list(ids)
+    if key is not None:
+        cache[key] = array("q", ids)
+        if len(cache) > CHAT_CACHE_SIZE:
+            cache.popitem(last=False)
+    return ids
 
 
 class ModelPolicy:
@@ -96,14 +132,7 @@ class ModelPolicy:
     def encode_chat(self, messages: list[dict[str, str]], max_new_tokens: int | None = None) -> list[int]:
         """Token ids of a chat prompt ending with the assistant turn's opening; it must leave room in the
         model's context for ``max_new_tokens`` (default ``rollout.max_new_tokens``: an agent's own cap)."""
-        if self.tokenizer.chat_template:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-        else:
-            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
-        ids = list(ids)
+        ids = chat_ids(self.tokenizer, messages, vars(self).setdefault("_chat_ids", OrderedDict()))
         limit = self.rollout.max_prompt_tokens
         if len(ids) > limit:
             raise PromptTooLongError(
