@@ -9,6 +9,7 @@ this machine's bound.
     python bench/generation_speed.py --profile new           # where one call's time goes (torch profiler)
     python bench/generation_speed.py --machine               # only this machine's fp32 GEMM rate and bandwidth
     python bench/generation_speed.py --kernels 1 12 24 48    # one decoding step's products alone, per row count
+    python bench/generation_speed.py --paths new old --set rollout.top_p=0.9   # the job with a nucleus
 
 The workload is the generate call of the first step of the writing job with one model for both agents (the
 default job with ``specialization=shared task.eval_size=12``, as measured for issue 25; the default job's
@@ -58,9 +59,9 @@ PATHS = ("new", "old", "hf", "vllm")
 
 
 # --- the workload ---------------------------------------------------------------------------------
-def default_job_requests(model: str) -> dict:
+def default_job_requests(model: str, overrides: list[str] | None = None) -> dict:
     """Token ids and sampling settings of the first step's generate call of ``accord train`` (no config),
-    with ``policies.main.model`` set to ``model``."""
+    with ``policies.main.model`` set to ``model`` and the config ``overrides`` (``KEY=VALUE``) applied."""
     import random
     from types import SimpleNamespace
 
@@ -71,7 +72,7 @@ def default_job_requests(model: str) -> dict:
     from accord.seeding import epoch_order_seed, policy_seed, sampling_stream_seed
 
     cfg = load_config(None, [f"policies.main.model={model}", f"run.run_dir={tempfile.mkdtemp()}",
-                             "specialization=shared", "task.eval_size=12"])
+                             "specialization=shared", "task.eval_size=12", *(overrides or [])])
     env = build_env(cfg)
     check_run(cfg, env)
     train_rows, _ = split_data(cfg, env)
@@ -344,7 +345,7 @@ def compare(args) -> dict:
     import torch
     from accord.models import load_model_and_tokenizer
 
-    job = default_job_requests(args.model)
+    job = default_job_requests(args.model, args.set)
     work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
     work.write_text(json.dumps(job))
     paths = [p for p in args.paths if p != "vllm" or importlib.util.find_spec("vllm") is not None]
@@ -422,7 +423,7 @@ def compare(args) -> dict:
 
 def profile_path(args) -> None:
     """One profiled generate call of a path: seconds by kind of work, then the operator table."""
-    job = default_job_requests(args.model)
+    job = default_job_requests(args.model, args.set)
     work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
     work.write_text(json.dumps(job))
     old = old_tree(args.old_ref) if args.profile == "old" else None
@@ -455,6 +456,8 @@ def main() -> None:
     p.add_argument("--machine", action="store_true", help="only measure the GEMM rate and memory bandwidth")
     p.add_argument("--kernels", type=int, nargs="+", metavar="ROWS",
                    help="only time one decoding step's products alone at these row counts, against the bound")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides of the workload's job (e.g. rollout.top_p=0.9)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, help=argparse.SUPPRESS)

@@ -63,18 +63,41 @@ def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     rows_p = isinstance(top_p, torch.Tensor)
     if (rows_p and bool((top_p < 1.0).any())) or (not rows_p and top_p < 1.0):
         with torch.no_grad():
-            sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
-            probs = sorted_logits.softmax(-1)
-            # drop a token when the mass strictly before it already reaches top_p (the first always stays)
-            before = probs.cumsum(-1) - probs
-            if rows_p:
-                p = _per_row(top_p.to(logits.dtype), logits)
-                drop_sorted = (before >= p) & (p < 1.0)
-            else:
-                drop_sorted = before >= top_p
-            drop = _spare(torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted), keep)
+            p = _per_row(top_p.to(logits.dtype), logits) if rows_p else top_p
+            drop = _spare(_top_p_drop(logits, p), keep)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+TOP_P_FIRST_K = 64   # the candidates a top-p search looks at first; widened eightfold while a row needs more
+
+
+def _top_p_drop(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
+    """bool, the logits' shape: the tokens top-p drops. A token is dropped when the probability mass of the
+    tokens ranked above it already reaches ``p`` (the first always stays; ``p`` >= 1 drops nothing). Instead of
+    sorting the whole vocabulary, it ranks the largest ``TOP_P_FIRST_K`` logits, and more only where their mass
+    stays under ``p``: every token past the boundary is dropped, ranked or not. The probabilities are
+    ``exp(logit - logsumexp)`` over the whole vocabulary; tied logits at the boundary are ranked as ``topk``
+    returns them."""
+    vocab = logits.size(-1)
+    flat = logits.reshape(-1, vocab)
+    rows = flat.size(0)
+    limit = (p if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=flat.dtype, device=flat.device))
+    limit = limit.expand(*logits.shape[:-1], 1).reshape(rows, 1)
+    lse = torch.logsumexp(flat, dim=-1, keepdim=True)
+    k = min(TOP_P_FIRST_K, vocab)
+    while True:
+        values, index = torch.topk(flat, k, dim=-1)
+        probs = (values - lse).exp()
+        drop_ranked = (probs.cumsum(-1) - probs) >= limit
+        # a row is decided once its boundary lies among the ranked tokens (its last one is dropped), or when
+        # every token is ranked
+        if k == vocab or bool((drop_ranked[:, -1] | (limit >= 1.0).squeeze(1)).all()):
+            break
+        k = min(vocab, k * 8)
+    drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, index, drop_ranked)
+    drop &= limit < 1.0
+    return drop.view(logits.shape)
 
 
 def floor_mask(lengths: torch.Tensor, floors: torch.Tensor, width: int, right_aligned: bool) -> torch.Tensor:

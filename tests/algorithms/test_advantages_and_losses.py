@@ -112,6 +112,39 @@ def test_logprobs_match_reference(temperature, top_k, top_p):
     assert logprobs_and_entropy(processed, targets, want_entropy=False)[1] is None
 
 
+def sorted_top_p_drop(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Top-p by sorting the whole vocabulary: drop a token when the mass ranked strictly above it reaches p."""
+    ordered, idx = torch.sort(logits, dim=-1, descending=True)
+    probs = ordered.softmax(-1)
+    drop_sorted = ((probs.cumsum(-1) - probs) >= p) & (p < 1.0)
+    return torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+
+
+def test_top_p_search_drops_what_a_full_sort_drops():
+    """The top-p search ranks the largest 64 logits first and widens only for rows whose nucleus is larger: the
+    kept tokens are a full sort's on peaked rows, flat rows (a nucleus of thousands), rows with -inf entries
+    (EOS blocked, top-k) and per-row p, 1.0 (no truncation) included."""
+    from accord.algorithms import losses
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 8000
+    peaked = torch.randn(6, vocab, generator=g) * 4
+    flat = torch.randn(6, vocab, generator=g) * 0.05          # the nucleus spans most of the vocabulary
+    blocked = torch.randn(4, vocab, generator=g) * 2
+    blocked[:, ::3] = float("-inf")
+    logits = torch.cat([peaked, flat, blocked])
+    p = torch.tensor([0.5, 0.9, 0.99, 1.0, 0.1, 0.95] * 2 + [0.9, 0.7, 1.0, 0.3])[:, None]
+    want = sorted_top_p_drop(logits, p)
+    got = losses._top_p_drop(logits, p)
+    assert torch.equal(got, want)
+    kept = (~got).sum(-1)
+    assert kept[3] == vocab and kept[6:12].max() > 512   # rows that needed the widened search, and a p of 1.0
+    # one number for every row, and logits with a position axis
+    assert torch.equal(losses._top_p_drop(logits, 0.9), sorted_top_p_drop(logits, torch.tensor(0.9)))
+    three = logits.view(2, 8, vocab)
+    assert torch.equal(losses._top_p_drop(three, p.view(2, 8, 1)), want.view(2, 8, vocab))
+
+
 def slow_loss(logp, old, adv, mask, eps_lo, eps_hi, agg, kl_coef, ref, est):
     per_seq, tok_sum, tok_count = [], 0.0, 0
     for b in range(logp.size(0)):
