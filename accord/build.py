@@ -196,7 +196,19 @@ def env_info(env) -> EnvInfo:
     return EnvInfo(name=str(getattr(env, "name", type(env).__name__)), agents=tuple(env.agents),
                    single_turn=isinstance(env, SingleTurnEnv), max_turns=int(getattr(env, "max_turns", 0) or 0),
                    simultaneous=bool(getattr(env, "simultaneous", False)), min_new_tokens=task_floors(env),
-                   joint_mode=task_joint_mode(env))
+                   joint_mode=task_joint_mode(env), top_p=task_top_p(env))
+
+
+def task_top_p(env) -> float | None:
+    """The nucleus an environment (or its single-turn task) declares as ``top_p`` for ``rollout.top_p: null``
+    (a number in (0, 1]); None where it declares none."""
+    top_p = declared(env, "top_p")
+    if top_p is None:
+        return None
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ConfigError(f"task {getattr(env, 'name', type(env).__name__)!r} declares top_p={top_p!r}; a task may "
+                          "declare a nucleus in (0, 1] (or nothing)")
+    return float(top_p)
 
 
 def task_joint_mode(env) -> str | None:

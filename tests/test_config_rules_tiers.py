@@ -94,6 +94,30 @@ def test_the_default_job_declares_cross_joint_actions_and_a_bad_declaration_is_n
         build.task_joint_mode(SimpleNamespace(name="odd", joint_mode="diagonal"))
 
 
+def test_rollout_top_p_null_takes_the_tasks_nucleus(tiny_cfg):
+    """rollout.top_p: null is the nucleus the task declares (the writing task's 0.9), else 1.0; a number the config
+    gives wins; a bad declaration is named. The resolved value is written into the config (config.yaml)."""
+    from types import SimpleNamespace
+
+    from accord import build
+    from accord.rollout.sample import agent_sampling, rollout_sampling
+
+    cfg = config_from_dict({})   # the default job: the writing task
+    assert cfg.rollout.top_p is None and rollout_sampling(cfg.rollout).top_p == 1.0   # unresolved: no nucleus
+    build.check_run(cfg, build.build_env(cfg))
+    assert cfg.rollout.top_p == 0.9 and {s.top_p for s in agent_sampling(cfg).values()} == {0.9}
+    mine = config_from_dict({"rollout": {"top_p": 1.0}})
+    build.check_run(mine, build.build_env(mine))
+    assert mine.rollout.top_p == 1.0
+    letters = config_from_dict(tiny_cfg())   # declares none
+    build.check_run(letters, build.build_env(letters))
+    assert letters.rollout.top_p == 1.0
+    for bad in (0.0, 1.5, True, "0.9"):
+        with pytest.raises(ConfigError, match=f"task 'odd' declares top_p={bad!r}; a task may declare a nucleus in "
+                                              r"\(0, 1\]"):
+            build.task_top_p(SimpleNamespace(name="odd", top_p=bad))
+
+
 def test_build_check_run_goes_through_the_rollout_tier(tiny_cfg, monkeypatch):
     from accord import build
 

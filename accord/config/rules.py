@@ -278,6 +278,7 @@ class EnvInfo:
     simultaneous: bool = False       # every agent acts at once in a turn
     min_new_tokens: tuple[tuple[str, int], ...] = ()   # (agent, floor) pairs the task declares (rollout.min_new_tokens)
     joint_mode: str | None = None    # the joint mode the task declares for algorithm.joint_mode: null (None: aligned)
+    top_p: float | None = None       # the nucleus the task declares for rollout.top_p: null (None: 1.0)
 
 
 EPISODE_ALGORITHMS = ("iac", "maac", "madpo")   # sample independent episodes on a multi-turn environment
@@ -319,6 +320,10 @@ def check_rollout(cfg: _Config, env: EnvInfo) -> None:
     single-turn task's team reward, sizes that split into mini-batches, counterfactual credit's agents, cross
     mode's joint actions, a MAGRPO tree's size, AT-GRPO's turn-based environment."""
     cfg.resolve_agents(env.agents)
+    if cfg.rollout.top_p is None:   # null: the task's nucleus (written into the config: config.yaml records it)
+        cfg.rollout.top_p = 1.0 if env.top_p is None else env.top_p
+        if env.top_p is not None:
+            logger.info("rollout.top_p=null: task %r samples from the nucleus %.2f", cfg.task.name, env.top_p)
     if cfg.rollout.min_new_tokens is None:   # null: the task's floors, for agents that set none
         floors = dict(env.min_new_tokens)
         for a in cfg.agents:

@@ -361,7 +361,9 @@ class RolloutConfig:
                                     "the task declares none); a number: every agent's (0: off).")
     max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens; a longer prompt is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
-    top_p: float = _f(1.0, "Nucleus sampling; training log-probs renormalise over the same nucleus.")
+    top_p: float | None = _f(None, "Nucleus sampling: draw from the most likely tokens whose probability mass reaches "
+                             "top_p; training log-probs renormalise over the same nucleus. null: the nucleus the "
+                             "task declares (the writing task's 0.9, as in MAGRPO's writing runs), else 1.0 (none).")
     top_k: int = _f(0, "Top-k sampling (0: off); training log-probs renormalise over the same k tokens.")
     generation_batch_size: int = _f(64, "Most sequences in one generate call (larger batches are chunked).")
     eval_temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")

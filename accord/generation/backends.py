@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from accord.config import ConfigError
-from accord.rollout.sample import Sampling
+from accord.rollout.sample import Sampling, rollout_top_p
 
 if TYPE_CHECKING:
     import torch
@@ -74,10 +74,10 @@ def settings(rollout: RolloutConfig, temperature: float, sampling: list[Sampling
     else ``row_sampling`` (and the largest length cap as ``max_new_tokens``)."""
     if sampling is None:
         return dict(max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_k=rollout.top_k,
-                    top_p=rollout.top_p, min_new_tokens=rollout.min_new_tokens or 0)
+                    top_p=rollout_top_p(rollout), min_new_tokens=rollout.min_new_tokens or 0)
     first = sampling[0] if sampling else None
     if first is None or all(s == first for s in sampling):
-        first = first or Sampling(temperature, rollout.top_k, rollout.top_p, rollout.max_new_tokens,
+        first = first or Sampling(temperature, rollout.top_k, rollout_top_p(rollout), rollout.max_new_tokens,
                                   rollout.min_new_tokens or 0)
         return dict(max_new_tokens=first.max_new_tokens, temperature=first.temperature, top_k=first.top_k,
                     top_p=first.top_p, min_new_tokens=first.min_new_tokens)
