@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 _EVERY_EPOCH = (mn.ENTROPY, mn.LOGP_DIFF, mn.TIS_WEIGHT, mn.TIS_CAPPED, mn.MISMATCH_KL)
 
 
-CHAT_CACHE_SIZE = 2048   # prompts whose token ids a policy keeps (most recently used first out last)
+CHAT_CACHE_SIZE = 2048   # distinct prompts whose token ids a policy keeps (the least recently used goes first)
 
 
 def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) -> list[int]:
