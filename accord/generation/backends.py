@@ -20,10 +20,11 @@ log-probs sets ``sampling_logprobs = False`` (its Generations carry empty lists)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from accord.config import ConfigError
-from accord.rollout.sample import Sampling, rollout_top_p
+from accord.rollout.sample import Sampling, rollout_sampling
 
 if TYPE_CHECKING:
     import torch
@@ -72,13 +73,9 @@ def settings(rollout: RolloutConfig, temperature: float, sampling: list[Sampling
     """Keyword arguments of :func:`accord.generation.hf.generate` for a call: the rollout config's settings at
     ``temperature``; with ``sampling`` (one per prompt), its settings as numbers when every prompt has the same,
     else ``row_sampling`` (and the largest length cap as ``max_new_tokens``)."""
-    if sampling is None:
-        return dict(max_new_tokens=rollout.max_new_tokens, temperature=temperature, top_k=rollout.top_k,
-                    top_p=rollout_top_p(rollout), min_new_tokens=rollout.min_new_tokens or 0)
     first = sampling[0] if sampling else None
     if first is None or all(s == first for s in sampling):
-        first = first or Sampling(temperature, rollout.top_k, rollout_top_p(rollout), rollout.max_new_tokens,
-                                  rollout.min_new_tokens or 0)
+        first = first or replace(rollout_sampling(rollout), temperature=temperature)
         return dict(max_new_tokens=first.max_new_tokens, temperature=first.temperature, top_k=first.top_k,
                     top_p=first.top_p, min_new_tokens=first.min_new_tokens)
     return dict(max_new_tokens=max(s.max_new_tokens for s in sampling), row_sampling=list(sampling))

@@ -48,7 +48,7 @@ from accord.policies.learner import (dropout_in_training, enable_gradient_checkp
                                     micro_batches, optimizer_step, right_aligned, scheduler_step,
                                     select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
-from accord.rollout.sample import Sample, Sampling, rollout_sampling, rollout_top_p
+from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,10 @@ class ModelPolicy:
         ``settings``: (temperature, top_k, top_p) from :meth:`_row_settings` (None: the rollout config's).
         ``blocked`` (b, C): where EOS was held back (:meth:`_floor_mask`), in both distributions."""
         r = self.rollout
-        temperature, top_k, top_p = settings if settings is not None else (r.temperature, r.top_k, rollout_top_p(r))
+        if settings is None:
+            s = rollout_sampling(r)
+            settings = (s.temperature, s.top_k, s.top_p)
+        temperature, top_k, top_p = settings
         if isinstance(top_k, torch.Tensor):
             truncated = bool((top_k > 0).any()) or bool((top_p < 1.0).any())
         else:

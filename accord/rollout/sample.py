@@ -27,7 +27,7 @@ def agent_sampling(cfg) -> dict[str, Sampling]:
         s = a.sampling
         out[a.name] = Sampling(r.temperature if s.temperature is None else s.temperature,
                                r.top_k if s.top_k is None else s.top_k,
-                               rollout_top_p(r) if s.top_p is None else s.top_p,
+                               _top_p(r) if s.top_p is None else s.top_p,
                                r.max_new_tokens if s.max_new_tokens is None else s.max_new_tokens,
                                s.min_new_tokens if s.min_new_tokens is not None else r.min_new_tokens or 0)
     return out
@@ -35,11 +35,11 @@ def agent_sampling(cfg) -> dict[str, Sampling]:
 
 def rollout_sampling(rollout) -> Sampling:
     """The rollout config's own sampling (a sample that records none was drawn with it)."""
-    return Sampling(rollout.temperature, rollout.top_k, rollout_top_p(rollout), rollout.max_new_tokens,
+    return Sampling(rollout.temperature, rollout.top_k, _top_p(rollout), rollout.max_new_tokens,
                     rollout.min_new_tokens or 0)
 
 
-def rollout_top_p(rollout) -> float:
+def _top_p(rollout) -> float:
     """The rollout config's nucleus: ``top_p``, or 1.0 (none) while it is null (no task has filled it in: a
     policy built without a run)."""
     return 1.0 if rollout.top_p is None else rollout.top_p

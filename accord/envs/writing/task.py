@@ -73,8 +73,8 @@ class WritingTask:
         # algorithm.joint_mode null: cross, each text credited with its mean over the partner's K (docs/magrpo.md:
         # on the default job it gained more held-out reward than aligned on each of seeds 5-9)
         self.joint_mode = "cross"
-        # rollout.top_p null: a nucleus of 0.9, as MAGRPO's reference trainer samples its writing runs (top-p
-        # 0.6-0.9); on the default job it gained more held-out reward than the whole vocabulary (docs/quickstart.md)
+        # rollout.top_p null: a nucleus of 0.9, within the top-p defaults of MAGRPO's reference trainer (0.6-0.9);
+        # on the default job it gained more held-out reward than the whole vocabulary (docs/quickstart.md)
         self.top_p = 0.9
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
