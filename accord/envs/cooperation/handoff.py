@@ -212,7 +212,10 @@ class HandoffEnv:
         return StepResult(self._observe(), team, local, self._done, info)
 
     def clone(self) -> "HandoffEnv":
-        return copy.deepcopy(self)
+        """An independent copy: the rules are shared (never written after construction), the episode's row copied."""
+        other = copy.copy(self)
+        other._row = copy.deepcopy(self._row)
+        return other
 
 
 class HandoffTask:

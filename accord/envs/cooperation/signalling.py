@@ -208,7 +208,11 @@ class SignalEnv:
         return StepResult({a: self._observe(a) for a in self.agents}, team, local, self._done, info)
 
     def clone(self) -> "SignalEnv":
-        return copy.deepcopy(self)
+        """An independent copy: settings are shared (never written after construction), the episode's state
+        copied."""
+        other = copy.copy(self)
+        other._task, other._said = copy.deepcopy(self._task), list(self._said)
+        return other
 
 
 @register_task("signal", "cooperation: the speaker sees a secret letter, the listener names it from the message alone")
