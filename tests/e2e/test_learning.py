@@ -29,7 +29,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow   # each under 17 s wall in the suite on a 2-core Xeon, the tree 25 s (docs/tasks-cooperation.md)
+pytestmark = pytest.mark.slow   # under 17 s each in the suite (2-core Xeon), the tree 25 s (docs/tasks-cooperation.md)
 
 from accord.config import config_from_dict
 from accord.sft import run_sft
