@@ -29,7 +29,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow   # under 17 s each in the suite (2-core Xeon), the tree 25 s (docs/tasks-cooperation.md)
+pytestmark = pytest.mark.slow   # under 20 s each in the suite (2-core Xeon) but the tree (docs/tasks-cooperation.md)
 
 from accord.config import config_from_dict
 from accord.sft import run_sft
@@ -96,16 +96,16 @@ PER_ROLE = {"policies": two_policies(TINY),
 SEEDS = (0, 1, 2)
 
 # path id -> (steps, learning rate, seeds, the bar on the seeds' mean held-out team reward, the run's config sections).
-# Steps: where the probe runs' held-out curves (docs/tasks-cooperation.md, 16 seeds per path, every 10 steps) show
-# the seeds that learn have learned; a bar of 0.5 where a slow seed may still sit at a wrong convention (0.3-0.5)
-# when the run ends, so that one such seed of three cannot fail the test
+# Steps: where the probe runs' held-out curves (docs/tasks-cooperation.md, 16-32 seeds per path, every 10 or 20
+# steps) show nearly all seeds have learned; the MAGRPO paths' seeds learn late more often, and a bar of 0.5 on
+# their mean passes with one of three still at a wrong convention, and with two unless both end near 0
 PATHS = {
     # the simultaneous form: the second cannot read the first, so the pair must find a convention; with a fixed
     # start the first's letter is prescribed and the search is slower, so this path starts free (any first letter).
     # Some seeds settle on a wrong convention (0.3-0.5) or find the right one late, hence the lower learning rate
-    "magrpo_single_turn": (140, 0.005, SEEDS, 0.5,
+    "magrpo_single_turn": (160, 0.005, SEEDS, 0.5,
                            {"options": {"single_turn": True, "start": "free", "letters": "aoi"}}),
-    "magrpo_tree": (50, 0.01, SEEDS, 0.5, {"algorithm": {"name": "magrpo"}}),
+    "magrpo_tree": (80, 0.01, SEEDS, 0.5, {"algorithm": {"name": "magrpo"}}),
     "atgrpo_shared": (50, 0.01, SEEDS, 0.6, {"algorithm": {"name": "atgrpo"}}),
     # adapters on the output head too: a random base's frozen head and final norm cap every logit near 0.2, so
     # adapters of the decoder's projections alone leave the output uniform (entropy stayed at log 2048)
