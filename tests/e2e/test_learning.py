@@ -98,7 +98,7 @@ SEEDS = (0, 1, 2)
 # path id -> (steps, learning rate, seeds, the bar on the seeds' mean held-out team reward, the run's config sections).
 # Steps: where the probe runs' held-out curves (docs/tasks-cooperation.md, 16-32 seeds per path, every 10 or 20
 # steps) show nearly all seeds have learned; the MAGRPO paths' seeds learn late more often, and a bar of 0.5 on
-# their mean passes with one of three still at a wrong convention, and with two unless both end near 0
+# their mean passes with one of three still at a wrong convention, and with two whose returns add up to 0.5
 PATHS = {
     # the simultaneous form: the second cannot read the first, so the pair must find a convention; with a fixed
     # start the first's letter is prescribed and the search is slower, so this path starts free (any first letter).
