@@ -363,7 +363,8 @@ class RolloutConfig:
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
     top_p: float | None = _f(None, "Nucleus sampling: draw from the most likely tokens whose probability mass reaches "
                              "top_p; training log-probs renormalise over the same nucleus. null: the nucleus the "
-                             "task declares (the writing task's 0.9, within MAGRPO's reference defaults of 0.6-0.9), else 1.0 (none).")
+                             "task declares (the writing task's 0.9, within MAGRPO's reference defaults of "
+                             "0.6-0.9), else 1.0 (none).")
     top_k: int = _f(0, "Top-k sampling (0: off); training log-probs renormalise over the same k tokens.")
     generation_batch_size: int = _f(64, "Most sequences in one generate call (larger batches are chunked).")
     eval_temperature: float = _f(0.0, "Evaluation sampling temperature (0: greedy).")
