@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
+from transformers import DynamicCache
 
 from accord import metric_names as mn
 from accord.algorithms.actor_critic import value_loss
@@ -38,7 +39,9 @@ from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences, left_pad
 from accord.devices import resolve_bf16
-from accord.policies.learner import lr_lambda, make_adamw, micro_batches, right_aligned
+from accord.models.common import cache_kwargs
+from accord.policies.learner import (can_cache_forward, lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan,
+                                    right_aligned)
 from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
 
@@ -53,16 +56,25 @@ TARGET = "value_target"    # Sample.extra: the critic's target (the lambda-retur
 
 def last_hidden(model, inputs: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
     """(b, hidden) last-layer hidden state (after the final norm) at the last token of each input (left-padded;
-    positions count from each input's first real token), from the model's decoder: no logits are computed.
+    positions count from each input's first real token), from the model's decoder: no logits are computed. A
+    prefix that several inputs share (:func:`~accord.policies.learner.prefix_plan`: the instructions of every
+    turn's joint history) runs once, its KV cache copied to them.
 
     Not ``output_hidden_states=True`` on the causal LM: transformers 5 then installs recording hooks on the model
     for good, and later generation calls return log-probs that differ in the last bits (a resumed run would
     no longer replay the uninterrupted one)."""
-    ids, attn = left_pad(inputs, pad)
-    positions = (attn.cumsum(-1) - 1).clamp(min=0)
-    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
     decoder = model.get_decoder()   # a PEFT model passes this to its base: the adapters stay in the path
-    out = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
+    plan = prefix_plan(inputs) if can_cache_forward(model) else None
+    if plan is None:
+        ids, attn = left_pad(inputs, pad)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = decoder(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device),
+                      use_cache=False)
+        return out.last_hidden_state[:, -1]
+    cache = DynamicCache(config=model.config)   # the prefixes that inputs share run once (prefix_plan)
+    ids, attn, positions = prefix_pass(decoder, inputs, pad, device, cache, plan)
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(decoder, cache),
+                  use_cache=True)
     return out.last_hidden_state[:, -1]
 
 

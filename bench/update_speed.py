@@ -3,12 +3,15 @@
 
     python bench/update_speed.py                     # SmolLM2-135M, 4 prompts x K=4, fp32 and bf16 autocast
     python bench/update_speed.py --precision fp32 --prompt-tokens 500
+    python bench/update_speed.py --precision fp32 --prompts 16 --k 1 --shared-prefix 200   # a later turn's prompts
 
 One :meth:`accord.policies.model.ModelPolicy.update` over ``--prompts`` x ``--k`` samples (random token ids:
-prompts of about ``--prompt-tokens`` tokens, completions of 30 to 95 tokens, advantages +-1) in
-micro-batches of ``--micro-batch-size``, with prompt sharing on (the default) and off. The two
+prompts of about ``--prompt-tokens`` tokens, the first ``--shared-prefix`` of them the same in every prompt,
+as instructions are; completions of 30 to 95 tokens, advantages +-1) in micro-batches of
+``--micro-batch-size``, with prompt sharing on (the default), with the shared prefix not run once
+(``no prefix``: only repeated prompts shared; measured when ``--shared-prefix`` is set) and off. The
 paths compute the same loss and gradients (``tests/generation/test_generation.py``); this measures the time.
-Best of ``--rounds`` updates per setting, run in alternating order. bf16 is only fast on CPUs with bf16
+Best of ``--rounds`` updates per setting, the order rotated from round to round. bf16 is only fast on CPUs with bf16
 matrix units (AMX; AVX512-BF16 alone measured slower than fp32, bench/README.md); elsewhere measure
 ``--precision fp32``.
 """
@@ -32,6 +35,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=300)
+    p.add_argument("--shared-prefix", type=int, default=0, help="tokens every prompt starts with (default 0)")
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--precision", choices=("both", "fp32", "bf16"), default="both")
     p.add_argument("--threads", type=int, default=2)
@@ -40,8 +44,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 20000, (args.prompt_tokens + 10 * i,), generator=g).tolist()
-               for i in range(args.prompts)]
+    if not 0 <= args.shared_prefix < args.prompt_tokens:
+        p.error(f"--shared-prefix={args.shared_prefix} must be at least 0 and below --prompt-tokens")
+    head = torch.randint(100, 20000, (args.shared_prefix,), generator=g).tolist()
+    prompts = [head + torch.randint(100, 20000, (args.prompt_tokens - args.shared_prefix + 10 * i,),
+                                    generator=g).tolist() for i in range(args.prompts)]
     completions = [torch.randint(100, 20000, (int(torch.randint(30, 96, (1,), generator=g)),), generator=g).tolist()
                    for _ in range(args.prompts * args.k)]
 
@@ -54,10 +61,13 @@ def main() -> None:
             out.append(s)
         return out
 
+    import accord.policies.model as policy_model
+    plan = policy_model.prefix_plan
+    paths = ("shared", "no prefix", "full") if args.shared_prefix else ("shared", "full")
     results = []
-    print(f"{args.model}: {args.prompts} prompts of ~{args.prompt_tokens} tokens x K={args.k} completions of 30-95 "
-          f"tokens, micro-batches of {args.micro_batch_size}, {args.threads} threads")
-    print(f"{'precision':9} {'shared s':>9} {'full s':>9} {'speed-up':>8}")
+    print(f"{args.model}: {args.prompts} prompts of ~{args.prompt_tokens} tokens ({args.shared_prefix} shared) x "
+          f"K={args.k} completions of 30-95 tokens, micro-batches of {args.micro_batch_size}, {args.threads} threads")
+    print(f"{'precision':9} " + " ".join(f"{p + ' s':>12}" for p in paths) + f" {'speed-up':>8}")
     for precision in (("fp32", "bf16") if args.precision == "both" else (args.precision,)):
         cfg = config_from_dict({"policies": {"main": {"model": args.model}},
                                 "training": {"micro_batch_size": args.micro_batch_size, "lr": 1e-6,
@@ -65,19 +75,24 @@ def main() -> None:
         pol = ModelPolicy("main", cfg.policies["main"], cfg.training, cfg.algorithm, cfg.rollout,
                           total_optimizer_steps=100, seed=0)
         pol.update(samples(), 0)  # warm-up
-        best = {"shared": float("inf"), "full": float("inf")}
+        best = dict.fromkeys(paths, float("inf"))
         for r in range(args.rounds):
-            for path in ("shared", "full"):
+            for path in paths[r % len(paths):] + paths[:r % len(paths)]:   # each path first in some round
                 if path == "full":
                     pol._can_share_prompts = lambda model: False
+                policy_model.prefix_plan = (lambda prompts: None) if path == "no prefix" else plan
                 start = time.perf_counter()
                 pol.update(samples(), r + 1)
                 best[path] = min(best[path], time.perf_counter() - start)
                 pol.__dict__.pop("_can_share_prompts", None)
-        row = {"precision": precision, "shared_s": best["shared"], "full_s": best["full"],
+                policy_model.prefix_plan = plan
+        row = {"precision": precision, **{f"{p.replace(' ', '_')}_s": best[p] for p in paths},
                "speedup": best["full"] / best["shared"]}
+        if args.shared_prefix:
+            row["speedup_of_the_prefix"] = best["no prefix"] / best["shared"]
         results.append(row)
-        print(f"{precision:9} {row['shared_s']:9.2f} {row['full_s']:9.2f} {row['speedup']:7.2f}x", flush=True)
+        print(f"{precision:9} " + " ".join(f"{best[p]:12.2f}" for p in paths) + f" {row['speedup']:7.2f}x"
+              + (f" (the prefix: {row['speedup_of_the_prefix']:.2f}x)" if args.shared_prefix else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "results": results}, f, indent=1)

@@ -14,6 +14,9 @@ import warnings
 import torch
 
 from accord.config import ConfigError, TrainingConfig
+from accord.generation.fast_decode import SHARE_MIN_TOKENS, PrefixNode, prefix_tree
+from accord.generation.hf import left_pad, supports_own_loop
+from accord.models.common import cache_kwargs
 from accord.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -117,6 +120,73 @@ def enable_gradient_checkpointing(model) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def can_cache_forward(model) -> bool:
+    """Whether a forward of ``model`` can run on top of a KV cache, as prompt and prefix sharing need: a plain
+    full-attention cache (as in generation) and no gradient checkpointing (which turns the cache off in
+    training)."""
+    checkpointing = getattr(model, "is_activation_checkpointing", None)   # transformers >= 5
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not checkpointing and supports_own_loop(model)
+
+
+def prefix_plan(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]] | None:
+    """How a forward (the update's, a critic's) runs the distinct ``prompts`` in two passes: ``(prefixes, of)``: the
+    distinct ``prefixes`` run first, once each, and prompt ``u`` then runs its tokens after ``prefixes[of[u]]`` on
+    top of that prefix's cache. A prompt's prefix is the longest one it shares with other prompts that
+    :func:`~accord.generation.fast_decode.prefix_tree` finds worth sharing (the instructions and opening lines
+    every turn of an agent repeats); a prompt that shares none has all but its last token as its own. None when
+    that spares fewer than ``SHARE_MIN_TOKENS`` positions, padding included, of one pass over the left-padded
+    prompts."""
+    if len(prompts) < 2:
+        return None
+    end = [0] * len(prompts)
+
+    def assign(nodes: list[PrefixNode]) -> None:
+        for node in nodes:
+            for child in node.children:
+                if child.children:
+                    assign([child])
+                else:
+                    end[child.members[0]] = node.end
+
+    assign(prefix_tree(prompts))
+    # a prompt that shares no prefix worth it runs all but its last token in the first pass, as its own prefix:
+    # the second pass's width is then that of the shared prefixes' continuations
+    end = [n if n else len(p) - 1 for p, n in zip(prompts, end)]
+    keys = [tuple(p[:n]) for p, n in zip(prompts, end)]
+    index: dict[tuple, int] = {}
+    of = [index.setdefault(k, len(index)) for k in keys]
+    prefixes = [list(k) for k in index]
+    if not all(prefixes):   # a one-token prompt: no first-pass row for it (an all-padding row attends to nothing)
+        return None
+    one_pass = len(prompts) * max(map(len, prompts))
+    two_passes = (len(prefixes) * max(map(len, prefixes))
+                  + len(prompts) * max(len(p) - n for p, n in zip(prompts, end)))
+    return (prefixes, of) if one_pass - two_passes >= SHARE_MIN_TOKENS else None
+
+
+def prefix_pass(model, prompts: list[list[int]], pad: int, device: torch.device, cache, plan, **kwargs
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first of the two passes of ``plan`` (:func:`prefix_plan` of the distinct ``prompts``; None: one pass):
+    the shared prefixes run once each through ``model`` (``kwargs`` go to its call) into ``cache``, whose rows are
+    then copied to the prompts that start with them. Returns what the second pass runs on top of ``cache``: the
+    rest of each prompt left-padded (ids), the attention mask over the prefix and the rest, and the positions
+    (without a plan: the whole prompts, ``cache`` untouched)."""
+    prefixes, of = plan if plan else ([[]], [0] * len(prompts))
+    ids, attn = left_pad([p[len(prefixes[u]):] for p, u in zip(prompts, of)], pad)
+    positions = torch.tensor([len(p) for p in prefixes])[of][:, None] + (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, positions = ids.to(device), attn.to(device), positions.to(device)
+    if plan:
+        prefix_ids, prefix_attn = (t.to(device) for t in left_pad(prefixes, pad))
+        model(input_ids=prefix_ids, attention_mask=prefix_attn, position_ids=(prefix_attn.cumsum(-1) - 1).clamp(min=0),
+              **cache_kwargs(model, cache), use_cache=True, **kwargs)
+        rows = torch.tensor(of, device=device)
+        select_cache_rows(cache, rows)
+        attn = torch.cat([prefix_attn.index_select(0, rows), attn], dim=1)
+    return ids, attn, positions
 
 
 def select_cache_rows(cache, rows: torch.Tensor) -> None:

@@ -41,12 +41,12 @@ from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutCon
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
-from accord.generation.hf import eos_ids, first_occurrences, left_pad, supports_own_loop
+from accord.generation.hf import eos_ids, first_occurrences, left_pad
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
-from accord.policies.learner import (dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
+from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
                                     micro_batches, optimizer_step, right_aligned, scheduler_step,
-                                    select_cache_rows)
+                                    prefix_pass, prefix_plan, select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -182,14 +182,16 @@ class ModelPolicy:
 
         Sequences are left-padded so that every completion ends at the last position; only the last
         C + 1 positions' logits are computed (C = longest completion). When a prompt occurs more than
-        once in ``batch`` (the K samples of one prompt), :meth:`_forward_shared_prompts` computes it once.
+        once in ``batch`` (the K samples of one prompt), or the prompts start with a long common prefix,
+        :meth:`_forward_shared_prompts` computes each prompt, and the common prefix, once.
 
         ``untruncated``: the log-probs are those of the untruncated distribution at the sampling
         temperature (no top-k / top-p), as the KL reference uses. ``kl_too``: also return, as a fourth
         value, the untruncated log-probs from the same forward (the KL penalty's side of the policy).
         ``entropy_grad``: the entropies keep their gradient (the entropy bonus, ``algorithm.entropy_coef``).
         """
-        if len({tuple(s.prompt_ids) for s in batch}) < len(batch) and self._can_share_prompts(model):
+        distinct = {tuple(s.prompt_ids) for s in batch}
+        if self._can_share_prompts(model) and (len(distinct) < len(batch) or prefix_plan(list(distinct))):
             return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated, kl_too=kl_too,
                                                 entropy_grad=entropy_grad)
         c = max(len(s.completion_ids) for s in batch)
@@ -271,18 +273,17 @@ class ModelPolicy:
         return logp, ent, full
 
     def _can_share_prompts(self, model) -> bool:
-        """Prompt sharing needs a KV cache through the forward: a plain full-attention cache (as in
-        generation) and no gradient checkpointing (which turns the cache off in training)."""
-        checkpointing = getattr(model, "is_activation_checkpointing", None)   # transformers >= 5
-        if checkpointing is None:
-            checkpointing = getattr(model, "is_gradient_checkpointing", False)
-        return not checkpointing and supports_own_loop(model)
+        """Prompt sharing needs a KV cache through the forward (:func:`can_cache_forward`)."""
+        return can_cache_forward(model)
 
     def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
                                 kl_too: bool = False, entropy_grad: bool = False):
         """:meth:`_forward_completion` with each distinct prompt run once.
 
-        The distinct prompts (left-padded) run first with a KV cache; the cache rows are then copied
+        When distinct prompts share prefixes long enough to be worth it (:func:`prefix_plan`: the instructions
+        and opening lines every turn of an agent repeats), each such prefix runs once first and its cache is
+        copied to the prompts that start with it; the rest of each distinct prompt (left-padded) then runs on
+        top. The distinct prompts run with a KV cache; the cache rows are then copied
         to the samples (:func:`select_cache_rows`, so gradients from every sample flow back into the one
         prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The
         last prompt position's logits predict each completion's first token. Same log-probs as the full-sequence
@@ -291,19 +292,19 @@ class ModelPolicy:
         index, first = first_occurrences([tuple(s.prompt_ids) for s in batch])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         c = max(len(s.completion_ids) for s in batch)
-        ids, attn = left_pad([batch[r].prompt_ids for r in first], pad)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        distinct = [batch[r].prompt_ids for r in first]
         rows = torch.tensor(index)
         lengths = torch.tensor([len(s.completion_ids) for s in batch])
         completion = torch.full((len(batch), c), pad, dtype=torch.long)
         for i, s in enumerate(batch):
             completion[i, :len(s.completion_ids)] = torch.tensor(s.completion_ids)
         left_mask = torch.arange(c)[None, :] < lengths[:, None]           # (b, C), completions left-aligned
-        ids, attn, positions, rows, lengths, completion, left_mask = (
-            t.to(self.device) for t in (ids, attn, positions, rows, lengths, completion, left_mask))
+        rows, lengths, completion, left_mask = (t.to(self.device) for t in (rows, lengths, completion, left_mask))
         cache = DynamicCache(config=model.config)
         kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
         with self.autocast():
+            ids, attn, positions = prefix_pass(model, distinct, pad, self.device, cache, prefix_plan(distinct),
+                                               **kwargs)
             head = model(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(model, cache),
                          use_cache=True, **kwargs).logits[:, -1:].index_select(0, rows)
             if c > 1:

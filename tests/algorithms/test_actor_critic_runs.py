@@ -30,7 +30,8 @@ def critic_weights(trainer):
 # Held-out reward of the tiny random model before training: 0.44-0.49 (letters), 0.47-0.55 (relay). On a 2-core
 # AVX512 Xeon (2026-11-29, one torch thread) 20 steps left seeds 0-7 at 0.63-0.98 (iac, letters), 0.51-1.00 (maac)
 # and 0.54-0.97 (iac, relay): a quarter to a third of them under the old one-seed bars; 40 steps took every one of
-# them to 0.94-1.00. With the advantage's sign flipped (a throwaway patch of the advantages) each run ends below
+# them to 0.94-1.00 (relay, once the critics ran shared prefixes once, another float stream: 0.97, 0.97, 0.83, 0.50
+# and 1.00 on four). With the advantage's sign flipped (a throwaway patch of the advantages) each run ends below
 # where it started (docs/algorithms-actor-critic.md), so each test fails.
 @pytest.mark.slow
 def test_iac_learns_letters_with_one_sample_per_prompt(learn_seeds):
@@ -242,3 +243,34 @@ def test_critic_regression_runs_a_repeated_input_once_with_the_same_update(clip)
     for a, b in zip(deduped.params, reference.params):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7)
     assert deduped.head.weight.grad.abs().sum() > 0
+
+
+def test_critic_hidden_states_with_a_shared_prefix_run_once_match_the_full_forward(monkeypatch):
+    """The critics' last hidden state (value heads, separate and centralised critics) with a prefix that several
+    inputs share run once gives the one-pass forward's states and parameter gradients."""
+    import accord.critics as critics
+    from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+    from accord.policies.learner import prefix_plan
+    from accord.policies.model import ModelPolicy
+
+    pol = ModelPolicy("p", PolicyConfig(model="tiny-qwen2"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                      RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
+    told = [pol.encode_chat([{"role": "system", "content": "keep the relay going " * 8},
+                             {"role": "user", "content": text}]) for text in ("a", "the next word", "b c d")]
+    inputs = [*told, pol.encode_chat([{"role": "user", "content": "alone"}])]
+    assert prefix_plan(inputs)
+
+    def hidden(share: bool):
+        if not share:
+            monkeypatch.setattr(critics, "prefix_plan", lambda prompts: None)
+        pol.model.zero_grad(set_to_none=True)
+        out = critics.last_hidden(pol.model, inputs, pol.tokenizer.pad_token_id, pol.device)
+        (out * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+        monkeypatch.undo()
+        return out.detach(), [p.grad.clone() for p in pol.params if p.grad is not None]
+
+    (shared, g_shared), (full, g_full) = hidden(True), hidden(False)
+    assert torch.allclose(shared, full, atol=1e-5)
+    assert len(g_shared) == len(g_full) > 0
+    for a, b in zip(g_shared, g_full):   # to float rounding of the largest entry (a sum in another order)
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max()

@@ -270,6 +270,23 @@ def test_handoff_local_rewards_read_neither_start_nor_partner():
         assert len(firsts) == 1 and len(seconds) == 1, text
 
 
+def test_handoff_fingerprint_is_a_clones_and_follows_the_episode():
+    """The audit's fingerprint of a handoff environment: a clone's equals the original's, a step or another row
+    changes it, and so do other settings."""
+    env = make_env("handoff", {"start": "given"})
+    env.reset({"id": "t", "number": 0, "start": "b"})
+    clone = env.clone()
+    assert clone.fingerprint() == env.fingerprint()
+    clone.step({"first": "pip"})
+    assert clone.fingerprint() != env.fingerprint()
+    other = env.clone()
+    other.reset({"id": "t", "number": 0, "start": "g"})
+    assert other.fingerprint() != env.fingerprint()
+    echo = make_env("handoff", {"start": "given", "echo": 4})
+    echo.reset({"id": "t", "number": 0, "start": "b"})
+    assert echo.fingerprint() != env.fingerprint()
+
+
 @pytest.mark.parametrize("options,match", [
     ({"single_turn": True, "start": "given"}, "single_turn=true with start=given cannot work"),
     ({"start": "anywhere"}, "task.options.start='anywhere'"),

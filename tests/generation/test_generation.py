@@ -8,6 +8,7 @@ from transformers import GenerationConfig
 
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.generation import generate
+from accord.policies.learner import prefix_plan
 from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample
 
@@ -386,8 +387,9 @@ def test_sliding_window_models_are_generated_by_hf_generate():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypatch):
-    """The update's forward with each distinct prompt run once (its cache copied to the K samples)
-    gives the full-sequence forward's log-probs, entropies, mask and parameter gradients."""
+    """The update's forward with each distinct prompt run once (its cache copied to the K samples), and a prefix
+    that several distinct prompts share run once before them, gives the full-sequence forward's log-probs,
+    entropies, mask and parameter gradients."""
     pol = ModelPolicy("p", PolicyConfig(model=f"tiny-{arch}", model_kwargs={"pad_is_eos": arch == "llama"}),
                       TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(temperature=0.8, top_p=0.9),
                       total_optimizer_steps=1, seed=0)
@@ -395,19 +397,29 @@ def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypat
     long_prompt = pol.encode_chat([{"role": "user", "content": "tell me a long story " * 5}])
     short = pol.encode_chat([{"role": "user", "content": "hi"}])
     alone = pol.encode_chat([{"role": "user", "content": "once"}])
-    prompts = [long_prompt, short, long_prompt, alone, short, long_prompt]
+    # three prompts that share long instructions (one prefix run for them), one of them twice
+    told = [pol.encode_chat([{"role": "system", "content": "follow these rules carefully " * 6},
+                             {"role": "user", "content": text}]) for text in ("a", "a longer question", "b c")]
+    prompts = [long_prompt, short, long_prompt, alone, short, long_prompt, *told, told[1]]
+    assert prefix_plan(list(dict.fromkeys(map(tuple, prompts))))   # the two-pass forward runs
     gens = generate(pol.model, pol.tokenizer, prompts, max_new_tokens=12, temperature=0.8, top_p=0.9,
                     generator=torch.Generator().manual_seed(0))
-    cut = [12, 3, 7, 1, 12, 5]   # completions of different lengths, one of a single token
+    cut = [12, 3, 7, 1, 12, 5, 4, 1, 12, 9]   # completions of different lengths, some of a single token
     samples = [Sample(agent="a", policy="p", turn=0, group=0, instance=0, prompt_ids=p, completion_ids=g.ids[:n],
                       logprobs=g.logprobs[:n], finish_reason="length") for p, g, n in zip(prompts, gens, cut)]
 
     def forward(share: bool):
         monkeypatch.setattr(pol, "_can_share_prompts", lambda model: share)
+        with torch.no_grad():
+            logp, ent, mask = pol._forward_completion(pol.model, samples, want_entropy=True)
+        # the gradients of the untruncated distribution: a change of float rounding can swap two nearly tied
+        # tokens at the nucleus boundary (seen: one position of one sample), which moves the truncated
+        # distribution's gradients by 1e-4 whichever forward runs; the truncation comes after the forward
         pol.model.zero_grad(set_to_none=True)
-        logp, ent, mask = pol._forward_completion(pol.model, samples, want_entropy=True)
-        ((logp * mask).sum() + (ent * mask).sum()).backward()
-        return logp.detach(), ent.detach(), mask, [p.grad.clone() for p in pol.params]
+        g_logp, g_ent, _ = pol._forward_completion(pol.model, samples, want_entropy=True, untruncated=True,
+                                                   entropy_grad=True)
+        ((g_logp * mask).sum() + (g_ent * mask).sum()).backward()
+        return logp, ent, mask, [p.grad.clone() for p in pol.params]
 
     shared, full = forward(True), forward(False)
     assert torch.equal(shared[2], full[2])
@@ -417,6 +429,18 @@ def test_shared_prompt_forward_matches_the_full_sequence_forward(arch, monkeypat
     assert torch.allclose(shared[0][mask], torch.tensor([x for s in samples for x in s.logprobs]), atol=1e-4)
     for a, b in zip(shared[3], full[3]):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_prefix_plan_runs_a_shared_prefix_once_only_where_it_spares_positions():
+    """Prompts sharing a long prefix get it as one first-pass row; a prompt sharing none keeps all but its last
+    token as its own; prompts with nothing worth sharing, or one prompt, get no plan."""
+    told = [[7] * 40 + [1, 2], [7] * 40 + [3], [7] * 40 + [4, 5, 6]]
+    prefixes, of = prefix_plan([*told, [9] * 30])
+    assert prefixes == [[7] * 40, [9] * 29] and of == [0, 0, 0, 1]
+    assert prefix_plan([[1, 2, 3], [4, 5, 6]]) is None   # two passes would compute as many positions as one
+    assert prefix_plan([[7] * 20 + [1], [7] * 20 + [2]]) is None   # 20 positions spared, under the minimum
+    assert prefix_plan([[7] * 70 + [1], [7] * 70 + [2]])
+    assert prefix_plan([told[0]]) is None
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])

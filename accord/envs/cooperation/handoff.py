@@ -217,6 +217,12 @@ class HandoffEnv:
         other._row = copy.deepcopy(self._row)
         return other
 
+    def fingerprint(self) -> str:
+        """The rollout audit's view of this environment (:func:`accord.audit.state_fingerprint`): the episode's
+        state and the rules' settings, without walking the objects (the tree rollouts fingerprint every clone)."""
+        return repr((vars(self.rules), self.agents, self._row, self._first_text, self._first_score, self._slot,
+                     self._done))
+
 
 class HandoffTask:
     """The simultaneous single-turn form (``single_turn: true``): a task with a batched team reward."""
