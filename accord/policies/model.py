@@ -44,9 +44,9 @@ from accord.generation.backends import make_backend
 from accord.generation.hf import eos_ids, first_occurrences, left_pad
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
-from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda, make_adamw,
-                                    micro_batches, optimizer_step, right_aligned, scheduler_step,
-                                    prefix_pass, prefix_plan, select_cache_rows)
+from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda,
+                                    make_adamw, micro_batches, optimizer_step, prefix_pass, prefix_plan, right_aligned,
+                                    scheduler_step, select_cache_rows)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -182,8 +182,8 @@ class ModelPolicy:
 
         Sequences are left-padded so that every completion ends at the last position; only the last
         C + 1 positions' logits are computed (C = longest completion). When a prompt occurs more than
-        once in ``batch`` (the K samples of one prompt), or the prompts start with a long common prefix,
-        :meth:`_forward_shared_prompts` computes each prompt, and the common prefix, once.
+        once in ``batch`` (the K samples of one prompt), or distinct prompts share a long enough prefix,
+        :meth:`_forward_shared_prompts` computes each prompt, and each such prefix, once.
 
         ``untruncated``: the log-probs are those of the untruncated distribution at the sampling
         temperature (no top-k / top-p), as the KL reference uses. ``kl_too``: also return, as a fourth
@@ -282,8 +282,8 @@ class ModelPolicy:
 
         When distinct prompts share prefixes long enough to be worth it (:func:`prefix_plan`: the instructions
         and opening lines every turn of an agent repeats), each such prefix runs once first and its cache is
-        copied to the prompts that start with it; the rest of each distinct prompt (left-padded) then runs on
-        top. The distinct prompts run with a KV cache; the cache rows are then copied
+        copied to the prompts that start with it (:func:`prefix_pass`); the rest of each distinct prompt
+        (left-padded) then runs on top. The distinct prompts' pass keeps its KV cache, whose rows are then copied
         to the samples (:func:`select_cache_rows`, so gradients from every sample flow back into the one
         prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The
         last prompt position's logits predict each completion's first token. Same log-probs as the full-sequence

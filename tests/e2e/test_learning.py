@@ -29,7 +29,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow   # under 20 s each in the suite (2-core Xeon) but the tree, 22 s: tasks-cooperation.md
+pytestmark = pytest.mark.slow  # each under 20 s in the suite (2-core Xeon), the tree 22 s: docs/tasks-cooperation.md
 
 from accord.config import config_from_dict
 from accord.sft import run_sft
