@@ -270,6 +270,18 @@ def test_handoff_local_rewards_read_neither_start_nor_partner():
         assert len(firsts) == 1 and len(seconds) == 1, text
 
 
+def test_signal_fingerprint_is_a_clones_and_follows_the_episode():
+    env = make_env("signal", {"rounds": 2})
+    env.reset(env.tasks("train", 1)[0])
+    clone = env.clone()
+    assert clone.fingerprint() == env.fingerprint()
+    clone.step({"speaker": "bob"})
+    assert clone.fingerprint() != env.fingerprint()
+    other = make_env("signal", {"rounds": 2, "echo": 4})
+    other.reset(env.tasks("train", 1)[0])
+    assert other.fingerprint() != env.fingerprint()
+
+
 def test_handoff_fingerprint_is_a_clones_and_follows_the_episode():
     """The audit's fingerprint of a handoff environment: a clone's equals the original's, a step or another row
     changes it, and so do other settings."""

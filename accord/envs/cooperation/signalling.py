@@ -214,6 +214,11 @@ class SignalEnv:
         other._task, other._said = copy.deepcopy(self._task), list(self._said)
         return other
 
+    def fingerprint(self) -> str:
+        """The rollout audit's view of this environment (:func:`accord.audit.state_fingerprint`): its settings and
+        the episode's state (plain values only), without walking the objects."""
+        return repr(vars(self))
+
 
 @register_task("signal", "cooperation: the speaker sees a secret letter, the listener names it from the message alone")
 def make_signal(letters: str = "bp", num_items: int = 2, hint: float = 0.5, rounds: int = 1, ask_cost: float = 0.05,
