@@ -37,7 +37,7 @@ from accord import metric_names as mn
 from accord.algorithms.actor_critic import value_loss
 from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss, tis_weights
 from accord.config import ConfigError, CriticConfig, TrainingConfig
-from accord.generation.hf import first_occurrences, left_pad
+from accord.generation.hf import first_occurrences
 from accord.devices import resolve_bf16
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan,
@@ -65,16 +65,10 @@ def last_hidden(model, inputs: list[list[int]], pad: int, device: torch.device) 
     no longer replay the uninterrupted one)."""
     decoder = model.get_decoder()   # a PEFT model passes this to its base: the adapters stay in the path
     plan = prefix_plan(inputs) if can_cache_forward(model) else None
-    if plan is None:
-        ids, attn = left_pad(inputs, pad)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = decoder(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=positions.to(device),
-                      use_cache=False)
-        return out.last_hidden_state[:, -1]
-    cache = DynamicCache(config=model.config)   # the prefixes that inputs share run once (prefix_plan)
-    ids, attn, positions = prefix_pass(decoder, inputs, pad, device, cache, plan)
-    out = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(decoder, cache),
-                  use_cache=True)
+    cache = DynamicCache(config=model.config) if plan else None
+    ids, attn, positions = prefix_pass(decoder, inputs, pad, device, cache, plan)   # without a plan: the inputs
+    on_cache = {**cache_kwargs(decoder, cache), "use_cache": True} if plan else {"use_cache": False}
+    out = decoder(input_ids=ids, attention_mask=attn, position_ids=positions, **on_cache)
     return out.last_hidden_state[:, -1]
 
 

@@ -190,10 +190,11 @@ class ModelPolicy:
         value, the untruncated log-probs from the same forward (the KL penalty's side of the policy).
         ``entropy_grad``: the entropies keep their gradient (the entropy bonus, ``algorithm.entropy_coef``).
         """
-        distinct = {tuple(s.prompt_ids) for s in batch}
-        if self._can_share_prompts(model) and (len(distinct) < len(batch) or prefix_plan(list(distinct))):
-            return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated, kl_too=kl_too,
-                                                entropy_grad=entropy_grad)
+        if self._can_share_prompts(model):
+            layout = self._prompt_layout(batch)
+            if len(layout[1]) < len(batch) or layout[2]:
+                return self._forward_shared_prompts(model, batch, want_entropy, untruncated=untruncated,
+                                                    kl_too=kl_too, entropy_grad=entropy_grad, layout=layout)
         c = max(len(s.completion_ids) for s in batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids, attn = left_pad([s.prompt_ids + s.completion_ids for s in batch], pad)
@@ -276,8 +277,16 @@ class ModelPolicy:
         """Prompt sharing needs a KV cache through the forward (:func:`can_cache_forward`)."""
         return can_cache_forward(model)
 
+    @staticmethod
+    def _prompt_layout(batch: list[Sample]) -> tuple[list[int], list[list[int]], tuple | None]:
+        """(each sample's distinct-prompt number, the distinct prompts in order of first appearance, their
+        :func:`prefix_plan`)."""
+        index, first = first_occurrences([tuple(s.prompt_ids) for s in batch])
+        distinct = [batch[r].prompt_ids for r in first]
+        return index, distinct, prefix_plan(distinct)
+
     def _forward_shared_prompts(self, model, batch: list[Sample], want_entropy: bool, *, untruncated: bool = False,
-                                kl_too: bool = False, entropy_grad: bool = False):
+                                kl_too: bool = False, entropy_grad: bool = False, layout: tuple | None = None):
         """:meth:`_forward_completion` with each distinct prompt run once.
 
         When distinct prompts share prefixes long enough to be worth it (:func:`prefix_plan`: the instructions
@@ -287,12 +296,12 @@ class ModelPolicy:
         to the samples (:func:`select_cache_rows`, so gradients from every sample flow back into the one
         prompt pass, summed in a fixed order), and the completions (right-padded) run on top of them. The
         last prompt position's logits predict each completion's first token. Same log-probs as the full-sequence
-        forward up to float rounding, with the prompt's compute paid once instead of K times.
+        forward up to float rounding, with the prompt's compute paid once instead of K times. ``layout``: the
+        batch's :meth:`_prompt_layout`, when the caller has it.
         """
-        index, first = first_occurrences([tuple(s.prompt_ids) for s in batch])
+        index, distinct, plan = layout or self._prompt_layout(batch)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         c = max(len(s.completion_ids) for s in batch)
-        distinct = [batch[r].prompt_ids for r in first]
         rows = torch.tensor(index)
         lengths = torch.tensor([len(s.completion_ids) for s in batch])
         completion = torch.full((len(batch), c), pad, dtype=torch.long)
@@ -303,8 +312,7 @@ class ModelPolicy:
         cache = DynamicCache(config=model.config)
         kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
         with self.autocast():
-            ids, attn, positions = prefix_pass(model, distinct, pad, self.device, cache, prefix_plan(distinct),
-                                               **kwargs)
+            ids, attn, positions = prefix_pass(model, distinct, pad, self.device, cache, plan, **kwargs)
             head = model(input_ids=ids, attention_mask=attn, position_ids=positions, **cache_kwargs(model, cache),
                          use_cache=True, **kwargs).logits[:, -1:].index_select(0, rows)
             if c > 1:
