@@ -151,10 +151,18 @@ class AuditRecorder:
         return out
 
 
-def sample_record(s) -> dict:
-    """The audit's view of one training sample."""
+def sample_record(s, prompt_hashes: dict | None = None) -> dict:
+    """The audit's view of one training sample; ``prompt_hashes``: the hashes of prompts seen before (samples
+    of one prompt share it), filled in as it goes."""
+    if prompt_hashes is None:
+        prompt = ids_hash(s.prompt_ids)
+    else:
+        key = tuple(s.prompt_ids)
+        prompt = prompt_hashes.get(key)
+        if prompt is None:
+            prompt = prompt_hashes[key] = ids_hash(key)
     return {"group": s.group, "agent": s.agent, "turn": s.turn, "instance": s.instance,
-            "prompt": ids_hash(s.prompt_ids), "completion": text_hash(s.completion_text),
+            "prompt": prompt, "completion": text_hash(s.completion_text),
             "reward": float(s.extra.get("team_reward", s.reward)), "ret": float(s.ret),
             "keys": list(s.extra.get("audit_keys", [])), "prompt_state": s.extra.get("prompt_state"),
             "prompt_shared": bool(s.extra.get("prompt_shared", False))}
@@ -291,7 +299,8 @@ def audit_step(run, step: int, samples: list, rows: list[dict], acc) -> None:
     recorder = run.rollout.recorder
     if recorder is None:
         return
-    records = [sample_record(s) for s in samples]
+    hashes: dict[tuple, str] = {}
+    records = [sample_record(s, hashes) for s in samples]
     scored = recorder.take()
     instances = [str(r.get("id", i)) for i, r in enumerate(rows)]
     write_step(run.run_dir, step, records, scored, instances)

@@ -40,8 +40,8 @@ from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences
 from accord.devices import resolve_bf16
 from accord.models.common import cache_kwargs
-from accord.policies.learner import (can_cache_forward, lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan,
-                                    right_aligned)
+from accord.policies.learner import (can_cache_forward, dropout_in_training, lr_lambda, make_adamw, micro_batches,
+                                    prefix_pass, prefix_plan, right_aligned)
 from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
 
@@ -463,24 +463,44 @@ def ensure_reference(policy) -> None:
         policy.ref_model = policy._reference_model()
 
 
-@torch.no_grad()
-def sequence_logprobs(policy, samples, reference: bool = False) -> list[float]:
+def _signature(samples) -> tuple:
+    """What identifies a list of samples between two calls to one policy (objects are copies on Ray)."""
+    return tuple((s.instance, s.agent, s.turn, tuple(s.prompt_ids), tuple(s.completion_ids)) for s in samples)
+
+
+def sequence_logprobs(policy, samples, reference: bool = False, keep: bool = False) -> list[float]:
     """Sum over each sample's completion tokens of its log-prob under the untruncated distribution at the
-    sampling temperature: of the policy's current weights, or (``reference``) of its frozen reference."""
+    sampling temperature: of the policy's current weights, or (``reference``) of its frozen reference.
+
+    With ``keep``, where the samples are one micro-batch and the model drops nothing in training mode
+    (:func:`~accord.policies.learner.dropout_in_training`), the forward runs in training mode with its graph,
+    kept on the policy for :func:`weighted_logprob_update` of the same samples, which then only runs the
+    backward (the same log-probs: without dropout the two modes compute the same thing); else it runs without
+    a gradient in evaluation mode and the update runs its own forward."""
     _activate(policy)
+    policy._kept_logprobs = None
+    micros = list(micro_batches(samples, policy.training.micro_batch_size, policy.training.micro_batch_tokens))
+    if keep and not reference and len(micros) == 1 and not dropout_in_training(policy.model):
+        policy.model.train()
+        logp, _, mask = policy._forward_completion(policy.model, micros[0], want_entropy=False, untruncated=True)
+        sums = (logp * mask).sum(-1)
+        policy._kept_logprobs = (_signature(micros[0]), sums)
+        return sums.detach().tolist()
     out: list[float] = []
     was = policy.model.training
     policy.model.eval()
     try:
-        for micro in micro_batches(samples, policy.training.micro_batch_size, policy.training.micro_batch_tokens):
-            if reference:
-                logp = policy._reference_logprobs(micro)
-                mask = torch.zeros_like(logp, dtype=torch.bool)
-                for i, s in enumerate(micro):
-                    mask[i, mask.size(1) - len(s.completion_ids):] = True
-            else:
-                logp, _, mask = policy._forward_completion(policy.model, micro, want_entropy=False, untruncated=True)
-            out.extend((logp * mask).sum(-1).tolist())
+        with torch.no_grad():
+            for micro in micros:
+                if reference:
+                    logp = policy._reference_logprobs(micro)
+                    mask = torch.zeros_like(logp, dtype=torch.bool)
+                    for i, s in enumerate(micro):
+                        mask[i, mask.size(1) - len(s.completion_ids):] = True
+                else:
+                    logp, _, mask = policy._forward_completion(policy.model, micro, want_entropy=False,
+                                                               untruncated=True)
+                out.extend((logp * mask).sum(-1).tolist())
     finally:
         policy.model.train(was)
     return out
@@ -495,10 +515,16 @@ def weighted_logprob_update(policy, samples, weights: list[float], step: int) ->
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     by_id = {id(s): w for s, w in zip(samples, weights)}
+    kept, policy._kept_logprobs = getattr(policy, "_kept_logprobs", None), None
     for micro in micro_batches(samples, tr.micro_batch_size, tr.micro_batch_tokens):
-        logp, _, mask = policy._forward_completion(policy.model, micro, want_entropy=False, untruncated=True)
-        w = torch.tensor([by_id[id(s)] for s in micro], dtype=logp.dtype, device=logp.device)
-        loss = (w * (logp * mask).sum(-1)).sum()
+        if kept is not None and kept[0] == _signature(micro):   # sequence_logprobs ran this forward
+            sums = kept[1]
+        else:
+            logp, _, mask = policy._forward_completion(policy.model, micro, want_entropy=False, untruncated=True)
+            sums = (logp * mask).sum(-1)
+        kept = None
+        w = torch.tensor([by_id[id(s)] for s in micro], dtype=sums.dtype, device=sums.device)
+        loss = (w * sums).sum()
         if not torch.isfinite(loss):
             raise TrainingError(f"step {step}: preference loss of policy {policy.name!r} is {loss.item()}; lower "
                                 "training.lr or preference.beta")

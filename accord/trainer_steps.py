@@ -427,7 +427,8 @@ def preference_update(trainer, buf: PairBuffer, step: int, acc: MetricAccumulato
             pairs = buf.pairs[mb::n_mb]
             used = sorted({i for p in pairs for key in _pair_keys(p, agents) for i in buf.members.get(key, [])})
             logp = {}
-            for _, positions, values in _per_policy(trainer, [buf.samples[i] for i in used], used, sequence_logprobs):
+            for _, positions, values in _per_policy(trainer, [buf.samples[i] for i in used], used, sequence_logprobs,
+                                                    keep=True):
                 logp.update(zip(positions, values))
 
             def total(key, table):

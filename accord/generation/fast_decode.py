@@ -581,21 +581,33 @@ class DecodeStep:
     def _prefill_level(self, prompts: list[list[int]], level: list[PrefixNode], cache: list,
                        adapters: list[str] | None) -> tuple[list[int], torch.Tensor]:
         """Run the nodes of one depth, writing their keys and values into ``cache`` for every member; returns
-        the row of each node's last token and the final hidden states (tokens, dim)."""
+        the row of each node's last token and the final hidden states (tokens, dim).
+
+        Nodes of one start and size (the leaves below one shared prefix, say) attend in one call, stacked along
+        the batch: torch's fused CPU attention computes each batch entry and head on its own, as it would in a call
+        of its own."""
         device = self.embed.device
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
-        # per node: its first row, size, members, and which position each of its tokens may see (None: the
-        # causal mask of a node without a prefix); torch's fused CPU attention takes 4-D inputs, where it never
-        # holds all scores
-        ids, positions, plans = [], [], []
+        ids, positions, firsts = [], [], []
         for node in level:
-            size = node.end - node.start
-            visible = None if node.start == 0 else torch.ones(size, node.end, dtype=torch.bool, device=device).tril(
-                node.start)
-            plans.append((len(ids), size, node, torch.tensor(node.members, device=device), visible))
+            firsts.append(len(ids))
             ids += prompts[node.members[0]][node.start:node.end]
             positions += range(node.start, node.end)
+        # per (start, size): the nodes' token rows (nodes, size), their members' cache rows and, per member, its
+        # node's place among them; the positions each token may see (None: the causal mask of a node without a
+        # prefix). torch's fused CPU attention takes 4-D inputs, where it never holds all scores
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for n, node in enumerate(level):
+            shapes.setdefault((node.start, node.end - node.start), []).append(n)
+        plans = []
+        for (start, size), nodes in shapes.items():
+            rows = torch.tensor([[firsts[n] + t for t in range(size)] for n in nodes], device=device)
+            members = [(u, j) for j, n in enumerate(nodes) for u in level[n].members]
+            visible = None if start == 0 else torch.ones(size, start + size, dtype=torch.bool, device=device).tril(start)
+            plans.append((start, size, rows, torch.tensor([level[n].members[0] for n in nodes], device=device),
+                          torch.tensor([u for u, _ in members], device=device),
+                          torch.tensor([j for _, j in members], device=device), visible))
         positions = torch.tensor(positions, device=device)
         x = F.embedding(torch.tensor(ids, device=device), self.embed)
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
@@ -608,16 +620,18 @@ class DecodeStep:
         for i, layer in enumerate(self.layers):
             q, k, v = self._attention_inputs(x, layer, cos, sin, masks)
             keys, values = cache[i]
-            outs = []
-            for row, size, node, members, visible in plans:
-                keys[members, :, node.start:node.end] = k[row:row + size].transpose(0, 1)
-                values[members, :, node.start:node.end] = v[row:row + size].transpose(0, 1)
-                node_keys, node_values = keys[node.members[0], :, :node.end], values[node.members[0], :, :node.end]
+            out = q.new_empty(q.size(0), heads * head_dim)
+            for start, size, rows, first, member_rows, member_node, visible in plans:
+                end = start + size
+                node_k, node_v = k[rows].transpose(1, 2), v[rows].transpose(1, 2)   # (nodes, kv_heads, size, dim)
+                keys[member_rows, :, start:end] = node_k[member_node]
+                values[member_rows, :, start:end] = node_v[member_node]
+                node_keys, node_values = keys[first, :, :end], values[first, :, :end]
                 if not gqa and group > 1:
-                    node_keys, node_values = (t.repeat_interleave(group, 0) for t in (node_keys, node_values))
-                out = F.scaled_dot_product_attention(q[row:row + size].transpose(0, 1)[None], node_keys[None],
-                                                     node_values[None], attn_mask=visible, is_causal=visible is None,
-                                                     scale=1.0, **gqa)
-                outs.append(out[0].transpose(0, 1).reshape(size, heads * head_dim))
-            x = self._rest_of_layer(x, outs[0] if len(outs) == 1 else torch.cat(outs), layer, masks)
-        return [row + size - 1 for row, size, *_ in plans], x
+                    node_keys, node_values = (t.repeat_interleave(group, 1) for t in (node_keys, node_values))
+                attended = F.scaled_dot_product_attention(q[rows].transpose(1, 2), node_keys, node_values,
+                                                          attn_mask=visible, is_causal=visible is None, scale=1.0,
+                                                          **gqa)
+                out[rows.flatten()] = attended.transpose(1, 2).reshape(-1, heads * head_dim)
+            x = self._rest_of_layer(x, out, layer, masks)
+        return [first + node.end - node.start - 1 for first, node in zip(firsts, level)], x

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from accord.config import ConfigError, config_from_dict
+from accord.critics import sequence_logprobs, weighted_logprob_update
 from accord.envs.registry import register_task
 from accord.envs.synthetic.letters import LettersTask
+from accord.rollout.sample import Sample
 from accord.tracking import read_metrics
 from accord.trainer import Trainer
 
@@ -73,6 +75,46 @@ def test_madpo_rounds_resume_exactly_mid_round(tiny_cfg, tmp_path):
     assert [r["pref/round_step"] for r in ra] == [0, 0, 2]
     for key in ("pref/loss", "pref/accuracy", "pref/margin"):
         assert [r[key] for r in ra] == [r[key] for r in rb], key
+
+
+def test_the_margins_forward_is_kept_for_the_update_only_where_it_is_the_updates_own(tiny_cfg):
+    """sequence_logprobs(keep=True) over one micro-batch keeps its graph and weighted_logprob_update runs only the
+    backward: the same sums, the same weights after the step as the two-pass route, bit for bit. Two micro-batches,
+    other samples, or a model with dropout (LoRA's) run the update's own forward."""
+    def policy_and_samples(**sections):
+        trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, algorithm={"name": "madpo", "num_generations": 3},
+                                                    **sections)))
+        pol = next(iter(trainer.policies.values()))
+        prompts = [pol.encode_chat([{"role": "user", "content": f"count to {n}"}]) for n in range(4)]
+        gens = pol.generate(prompts, greedy=False, temperature=1.0)
+        samples = [Sample(agent="e", policy=pol.name, turn=0, group=i, instance=i, prompt_ids=p,
+                          completion_ids=list(g.ids), logprobs=list(g.logprobs), finish_reason=g.finish_reason)
+                   for i, (p, g) in enumerate(zip(prompts, gens))]
+        return pol, samples
+
+    weights_of = [0.5, -1.0, 0.25, 2.0]
+    after = {}
+    for keep in (False, True):
+        pol, samples = policy_and_samples(training={"lr": 1e-2, "micro_batch_size": 8})
+        sums = sequence_logprobs(pol, samples, keep=keep)
+        assert (pol._kept_logprobs is not None) == keep
+        weighted_logprob_update(pol, samples, weights_of, step=0)
+        assert pol._kept_logprobs is None
+        after[keep] = ({k: v.detach().clone() for k, v in pol.model.named_parameters()}, sums)
+    assert after[True][1] == after[False][1]
+    assert all(torch.equal(after[True][0][k], after[False][0][k]) for k in after[False][0])
+    pol, samples = policy_and_samples(training={"lr": 1e-2, "micro_batch_size": 2})
+    sequence_logprobs(pol, samples, keep=True)
+    assert pol._kept_logprobs is None                       # two micro-batches: nothing kept
+    pol, samples = policy_and_samples(training={"lr": 1e-2, "micro_batch_size": 8})
+    sequence_logprobs(pol, samples[:3], keep=True)
+    before = {k: v.detach().clone() for k, v in pol.model.named_parameters()}
+    weighted_logprob_update(pol, samples, weights_of, step=0)   # other samples: its own forward over all four
+    assert pol._kept_logprobs is None and any(not torch.equal(before[k], v) for k, v in pol.model.named_parameters())
+    pol, samples = policy_and_samples(specialization="lora", lora={"r": 4, "alpha": 8, "dropout": 0.1},
+                                      training={"lr": 1e-2, "micro_batch_size": 8})
+    sequence_logprobs(pol, samples, keep=True)
+    assert pol._kept_logprobs is None                       # dropout in training mode: margins in eval mode
 
 
 def test_madpo_with_lora_uses_the_base_as_reference(tiny_cfg):
