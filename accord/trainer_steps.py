@@ -427,8 +427,10 @@ def preference_update(trainer, buf: PairBuffer, step: int, acc: MetricAccumulato
             pairs = buf.pairs[mb::n_mb]
             used = sorted({i for p in pairs for key in _pair_keys(p, agents) for i in buf.members.get(key, [])})
             logp = {}
+            # one policy: its margins' forward is its update's (kept for it); with several, each policy's graph would
+            # be alive while the others run theirs, so the update's peak memory would grow: two passes instead
             for _, positions, values in _per_policy(trainer, [buf.samples[i] for i in used], used, sequence_logprobs,
-                                                    keep=True):
+                                                    keep=len(trainer.policies) == 1):
                 logp.update(zip(positions, values))
 
             def total(key, table):
