@@ -130,6 +130,7 @@ class ScalarModel:
                                       schedule or training.schedule))
         self.bf16 = resolve_bf16(training.bf16, self.device)
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._kept: tuple | None = None   # (inputs, values with their graph): see scores(keep=True)
 
     def autocast(self):
         import contextlib
@@ -152,20 +153,31 @@ class ScalarModel:
             hidden = last_hidden(self.model, inputs, self.pad, self.device)
         return self.head(hidden.float()).squeeze(-1)
 
-    @torch.no_grad()
-    def scores(self, inputs: list[list[int]]) -> list[float]:
-        """The scalar of each input (no gradient), each distinct input computed once, in micro-batches."""
+    def scores(self, inputs: list[list[int]], keep: bool = False) -> list[float]:
+        """The scalar of each input, each distinct input computed once, in micro-batches, without a gradient in
+        evaluation mode. With ``keep``, where the distinct inputs are one micro-batch and the model drops nothing
+        in training mode (:func:`~accord.policies.learner.dropout_in_training`), they run in training mode with
+        their graph kept for :meth:`fit_values`, whose first micro-batch, if it holds the same inputs, then runs
+        only the backward (the same values: without dropout the two modes compute the same thing)."""
+        self._kept = None
         if not inputs:
             return []
         index, first = first_occurrences([tuple(x) for x in inputs])
         distinct = [inputs[i] for i in first]
-        out: list[float] = []
         size = self.training.micro_batch_size
+        if keep and len(distinct) <= size and not dropout_in_training(self.model):
+            self.model.train()
+            values = self._scores(distinct)
+            self._kept = (tuple(tuple(x) for x in distinct), values)
+            out = values.detach().tolist()
+            return [out[u] for u in index]
+        out = []
         was = self.model.training
         self.model.eval()
         try:
-            for i in range(0, len(distinct), size):
-                out.extend(self._scores(distinct[i:i + size]).tolist())
+            with torch.no_grad():
+                for i in range(0, len(distinct), size):
+                    out.extend(self._scores(distinct[i:i + size]).tolist())
         finally:
             self.model.train(was)
         return [out[u] for u in index]
@@ -188,6 +200,7 @@ class ScalarModel:
         n = len(inputs)
         sums = {mn.VALUE_LOSS: 0.0, mn.CLIP_FRAC: 0.0}
         norms = []
+        kept, self._kept = self._kept, None   # scores(keep=True) ran the first forward
         for epoch in range(epochs):
             for mb in range(mini_batches):
                 idx = list(range(mb, n, mini_batches))
@@ -198,7 +211,12 @@ class ScalarModel:
                     # every sample, its gradient summed over the copies
                     index, first = first_occurrences([tuple(inputs[j]) for j in part])
                     rows = torch.tensor(index, device=self.device)
-                    values = self._scores([inputs[part[u]] for u in first]).index_select(0, rows)
+                    distinct = [inputs[part[u]] for u in first]
+                    if kept is not None and kept[0] == tuple(tuple(x) for x in distinct):
+                        values = kept[1].index_select(0, rows)
+                    else:
+                        values = self._scores(distinct).index_select(0, rows)
+                    kept = None
                     loss, stats = value_loss(values, torch.tensor([old[j] for j in part], device=self.device),
                                              torch.tensor([targets[j] for j in part], device=self.device), clip)
                     total = coef * loss.sum() / len(idx)

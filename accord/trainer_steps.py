@@ -122,6 +122,7 @@ class Critics:
         self.agents = tuple(run.agents)
         total = total_optimizer_steps(cfg)
         self.models: dict[str, ScalarModel] = {}
+        self._kept: str | None = None   # the critic whose values' forward values() kept for its fit
         if self.kind == "head":
             jobs = [submit(pol, "run", attach_heads, [a for a in self.agents if run.agent_policy[a] == name], critic,
                            total, critic_seed(cfg.run.seed)) for name, pol in run.policies.items()]
@@ -177,10 +178,20 @@ class Critics:
                     s.extra[VALUE] = v
             return
         inputs, cut = self._inputs(samples)
+        # the last critic's forward, where it is its fit's whole first micro-batch, runs with its graph kept for the
+        # fit (one pass instead of two); that critic then fits before anything else runs, so no other model works
+        # while the graph is alive and the step's peak memory stays what it was
+        tr = self.cfg.training
+        named = {name: [i for i, s in enumerate(samples) if self.name_of(s) == name] for name in self.models}
+        last = [name for name, idx in named.items() if idx][-1:]
+        self._kept = None
         for name, model in self.models.items():
-            idx = [i for i, s in enumerate(samples) if self.name_of(s) == name]
-            for i, v in zip(idx, model.scores([inputs[i] for i in idx])):
+            idx = named[name]
+            keep = [name] == last and len(idx) <= tr.micro_batch_size and min(tr.num_mini_batches, len(idx)) == 1
+            for i, v in zip(idx, model.scores([inputs[i] for i in idx], keep=keep)):
                 samples[i].extra[VALUE] = v
+            if keep and model._kept is not None:
+                self._kept = name
             if idx:
                 acc.add(mn.critic_key(name, mn.TRUNCATED_FRAC), sum(cut[i] for i in idx) / len(idx))
         self._cache = (samples, inputs)
@@ -201,11 +212,18 @@ class Critics:
                     else:
                         acc.add(mn.update_key(name, key), v)
             return
-        trainer._update(samples, step, acc)
         cached, inputs = self._cache
         assert cached is samples
         critic, algo, tr = self.cfg.critic, self.cfg.algorithm, self.cfg.training
-        for name, model in self.models.items():
+        # the critic whose graph values() kept fits first (see there), then the actors, then the other critics
+        order = [None] + list(self.models) if self._kept is None else [self._kept, None] + [
+            name for name in self.models if name != self._kept]
+        self._kept = None
+        for name in order:
+            if name is None:
+                trainer._update(samples, step, acc)
+                continue
+            model = self.models[name]
             idx = [i for i, s in enumerate(samples) if self.name_of(s) == name]
             if not idx:
                 continue

@@ -245,6 +245,47 @@ def test_critic_regression_runs_a_repeated_input_once_with_the_same_update(clip)
     assert deduped.head.weight.grad.abs().sum() > 0
 
 
+def test_a_critics_values_forward_is_kept_for_its_fit_only_where_it_is_the_fits_own():
+    """scores(keep=True) over one micro-batch of distinct inputs keeps its graph and fit_values runs only the
+    backward for a first micro-batch of the same inputs: the same values, the same weights after the step as
+    scores then fit_values with its own forward, bit for bit. Other inputs, more distinct inputs than a
+    micro-batch, or two mini-batches run the fit's own forward."""
+    from accord.config import TrainingConfig
+    from accord.critics import ScalarModel
+
+    def critic(micro=64):
+        return ScalarModel("critic", "tiny-qwen2", {"hidden_size": 64, "num_layers": 2}, 1e-3,
+                           TrainingConfig(bf16=False, micro_batch_size=micro), total_optimizer_steps=2, seed=0,
+                           device="cpu")
+
+    def weights(model):
+        return [p.detach().clone() for p in model.params]
+
+    inputs = [[5, 6, 7], [5, 6, 7], [9, 10], [5, 6, 7], [9, 10], [11, 12, 13, 14]]
+    targets = [1.0, 0.0, 0.5, 1.0, -1.0, 0.3]
+    fit = dict(coef=0.5, clip=0.2, epochs=2, step=0)
+    after = {}
+    for keep in (False, True):
+        model = critic()
+        values = model.scores(inputs, keep=keep)
+        assert (model._kept is not None) == keep
+        model.fit_values(inputs, values, targets, mini_batches=1, **fit)
+        assert model._kept is None
+        after[keep] = (values, weights(model))
+    assert after[True][0] == after[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(after[True][1], after[False][1]))
+    model = critic(micro=2)
+    model.scores(inputs, keep=True)
+    assert model._kept is None                    # three distinct inputs, micro-batches of two: nothing kept
+    for other, mini_batches in ((inputs[:3], 1), (inputs, 2)):
+        model, twin = critic(), critic()
+        values = model.scores(inputs, keep=True)
+        model.fit_values(other, values[:len(other)], targets[:len(other)], mini_batches=mini_batches, **fit)
+        twin.scores(inputs)
+        twin.fit_values(other, values[:len(other)], targets[:len(other)], mini_batches=mini_batches, **fit)
+        assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(twin)))   # its own forward, not the kept
+
+
 def test_critic_hidden_states_with_a_shared_prefix_run_once_match_the_full_forward(monkeypatch):
     """The critics' last hidden state (value heads, separate and centralised critics) with a prefix that several
     inputs share run once gives the one-pass forward's states and parameter gradients."""
