@@ -264,6 +264,11 @@ def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
         if asked and len(rows) < asked:
             logger.warning("task.%s=%d: task %r holds %d such instances; using those %d", key, asked, cfg.task.name,
                            len(rows), len(rows))
+    if cfg.rollout.batch_size > len(train_rows):
+        raise ConfigError(f"rollout.batch_size={cfg.rollout.batch_size} is more than the {len(train_rows)} training "
+                          f"instances of task {cfg.task.name!r}, so each step would repeat some of them; lower "
+                          "rollout.batch_size (algorithm.num_generations samples each instance several times) or "
+                          "raise task.train_size")
     for split, rows in (("train", train_rows), ("eval", eval_rows)):
         bad = next((row for row in rows if not isinstance(row, dict)), None)
         if bad is not None:

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from accord import metric_names as mn
-from accord.config import CompareConfig, Config, ConfigError, apply_override, read_yaml, config_from_dict
+from accord.config import (CompareConfig, Config, ConfigError, apply_override, apply_overrides, config_from_dict,
+                           read_yaml)
 from accord.config.base import covered as _covered, first_difference, flat_keys as _flat
 from accord.stats import average, paired, rate, verdict
 
@@ -121,8 +122,7 @@ def load_plan(sources: list[tuple[str, dict]], overrides: list[str] = (), *, out
     datas = []
     for name, data in sources:
         data = copy.deepcopy(data)
-        for item in overrides:
-            apply_override(data, item)
+        apply_overrides(data, overrides)
         datas.append((name, data, config_from_dict(data)))
     if len(datas) == 1:
         name, data, cfg = datas[0]
@@ -776,10 +776,13 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
     if any(target == i or target in i.parents for i in inputs):
         raise CompareError(f"--out {out} holds one of the comparisons being merged; give a new directory")
     if out.is_dir() and any(out.iterdir()):
+        if not ((out / "compare.json").is_file() or (out / "settings.json").is_file()):
+            raise CompareError(f"--out {out} is not empty and holds no comparison (no compare.json or settings.json), "
+                               "so --overwrite would delete files that are not accord's; give a new directory")
         if not overwrite:
-            raise CompareError(f"--out {out} is not empty; give a new directory, or --overwrite to delete what is "
-                               "there")
-        logger.warning("--overwrite: deleting %s before writing the merged comparison", out)
+            raise CompareError(f"--out {out} holds an earlier comparison; give a new directory, or --overwrite to "
+                               "delete it")
+        logger.warning("--overwrite: deleting the earlier comparison in %s before writing the merged one", out)
         shutil.rmtree(out)
     results, seeds, total = [], [], 0.0
     first: tuple[Path, dict] | None = None

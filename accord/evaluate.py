@@ -197,6 +197,9 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
     if not out and pipeline != "parallel":  # beside the plain eval, not over it
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
+    if (out_dir / "eval.json").exists():
+        logger.warning("%s holds an earlier evaluation: its eval.json and eval.md are replaced when this one ends; "
+                       "pass --out DIR to keep both", out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = out_dir / "_work"  # scratch run directory of the run that evaluates: the last eval's goes
     if work.is_dir():

@@ -106,13 +106,12 @@ def load_plan_config(path: str | None, overrides: list[str]) -> Config:
     still gives the engine its share of the GPU."""
     import importlib.util
 
-    from accord.config import apply_override, config_from_dict, read_yaml
+    from accord.config import apply_overrides, config_from_dict, read_yaml
 
     data: dict = {}
     if path is not None:
         data = read_yaml(Path(path))  # the checks of accord train: duplicate keys, alias bombs, encoding
-    for item in overrides:
-        apply_override(data, item)
+    apply_overrides(data, overrides)
     rollout = data.get("rollout") or {}
     vllm = isinstance(rollout, dict) and rollout.get("generation_backend") == "vllm"
     if vllm and importlib.util.find_spec("vllm") is None:

@@ -44,7 +44,7 @@ from matplotlib.ticker import MaxNLocator
 from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
-from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, read_metrics
+from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -692,6 +692,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     """
     run_dir = Path(run_dir)
     metrics_path = run_dir / METRICS_FILENAME
+    if run_dir.is_file():
+        raise MetricsFileError(f"{run_dir} is a file, not a run directory; pass the directory `accord train` wrote "
+                               f"(the one holding {METRICS_FILENAME})")
     if not metrics_path.is_file():
         raise FileNotFoundError(
             f"no metrics to report: {metrics_path} does not exist. Run `accord train` first "
@@ -699,7 +702,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         )
     rows = read_metrics(run_dir)
     if not rows:
-        raise ValueError(
+        raise MetricsFileError(
             f"{metrics_path} contains no logged steps; let `accord train` run at least one step before reporting"
         )
     rows = _dedupe_by_step(rows)

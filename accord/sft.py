@@ -58,6 +58,7 @@ import torch
 
 from accord import metric_names as mn
 from accord.config import Config, ConfigError, save_config
+from accord.data import strict_json
 from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env
 from accord.generation.hf import left_pad
@@ -157,7 +158,8 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
     message)."""
     p = Path(path)
     if not p.is_file():
-        raise DemoError(f"demonstrations file {str(p)!r} does not exist; give a JSONL file of "
+        what = "is a directory, not a file" if p.is_dir() else "does not exist"
+        raise DemoError(f"demonstrations file {str(p)!r} {what}; give a JSONL file of "
                         '{"agent": ..., "prompt": ..., "completion": ...} lines')
     out = []
     try:
@@ -170,7 +172,7 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
             continue
         where = f"{p} line {n}"
         try:
-            item = json.loads(line)
+            item = strict_json(line)
         except json.JSONDecodeError as err:
             raise DemoError(f"{where}: not valid JSON ({err.msg}); each line must be one object "
                             '{"agent": ..., "prompt": ..., "completion": ...}') from err

@@ -46,6 +46,7 @@ from accord.config import ACTOR_CRITIC, Config, ConfigError
 from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_reference, head_update, head_values,
                             joint_text, load_heads, same_vocabulary, save_heads, sequence_logprobs,
                             weighted_logprob_update)
+from accord.data import strict_json
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
 from accord.rollout.sample import Sample, Sampling
@@ -514,7 +515,7 @@ def read_preferences(path: Path, agents: tuple[str, ...]) -> list[dict[str, dict
                 continue
             where = f"reward_model.preferences {path} line {n}"
             try:
-                item = json.loads(line)
+                item = strict_json(line)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); write one JSON object "
                                   "per line") from err

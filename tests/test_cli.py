@@ -66,3 +66,27 @@ def test_version(tmp_path):
     out = accord("--version", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"accord {__version__} (torch ") and "transformers" in out.stdout, out.stdout
+
+
+def test_user_files_are_not_overwritten_and_empty_runs_are_one_line_errors(tmp_path):
+    """A config file that is the run's own config.yaml (run_dir: .) is refused, not replaced by the resolved
+    config; `accord report` on a run with no logged step or on a file, and a batch larger than the training set:
+    one line each, exit code 2."""
+    text = ("run: {name: t, run_dir: ., steps: 1, threads: 1}\n"
+            "policies: {main: {model: tiny-qwen2, model_kwargs: {hidden_size: 64, num_layers: 2}}}\n"
+            "task: {name: letters, eval_size: 0}\n")
+    (tmp_path / "config.yaml").write_text(text)
+    own = accord("train", "config.yaml", cwd=tmp_path)
+    assert own.returncode == 2 and "Traceback" not in own.stderr, own.stderr[-2000:]
+    assert "config.yaml is where the run writes its resolved config" in own.stderr
+    assert (tmp_path / "config.yaml").read_text() == text and sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.yaml"]
+    run = tmp_path / "killed"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("\n")
+    for target, message in ((run, "contains no logged steps"), (tmp_path / "config.yaml", "is a file, not a run")):
+        res = accord("report", str(target), cwd=tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and message in res.stderr, res.stderr[-2000:]
+    big = accord("train", "config.yaml", "run.run_dir=big", "task.train_size=3", "rollout.batch_size=8", cwd=tmp_path)
+    assert big.returncode == 2 and "Traceback" not in big.stderr, big.stderr[-2000:]
+    assert "rollout.batch_size=8 is more than the 3 training instances" in big.stderr

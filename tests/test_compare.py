@@ -354,8 +354,9 @@ def test_bad_input_on_finished_comparisons(comparisons):
     assert f"--out {root} holds one of the comparisons being merged" in line
     (root / "full").mkdir()
     (root / "full" / "notes.txt").write_text("mine")
-    line = one_line_error(accord("compare", "--merge", a, b, "--out", root / "full", cwd=root))
-    assert "is not empty" in line and "--overwrite" in line
+    for extra in ((), ("--overwrite",)):   # files that are not a comparison: refused, --overwrite or not
+        line = one_line_error(accord("compare", "--merge", a, b, "--out", root / "full", *extra, cwd=root))
+        assert "is not empty and holds no comparison" in line
     assert (a / "compare.json").read_bytes() == before and (root / "full" / "notes.txt").read_text() == "mine"
     # a damaged stored result: one line naming the file and how to redo it
     damaged = root / "damaged"

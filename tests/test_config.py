@@ -183,3 +183,19 @@ def test_the_config_knows_the_models_the_loader_builds():
     from accord.models.loading import SMOLLM2_SPEC, TINY_SPECS
 
     assert set(BUILTIN_MODELS) == {SMOLLM2_SPEC, *TINY_SPECS}
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["task=null"], "task is null"),
+    (["policies.main=null"], "policies.main is null"),
+    (["rollout=null"], "rollout is null"),
+    (["run.steps=1", "run.steps=0"], r"run.steps is already set by 'run.steps=1'; give each key once"),
+    (["specialization=foo"], r"^specialization='foo' is not valid"),
+    (["policies.main.replicas=0"], r"policies.main.replicas=0 must be >= 1"),
+])
+def test_a_null_section_a_repeated_override_and_policy_errors_are_named(overrides, match):
+    """A section given as null is not quietly replaced by its defaults (task=null would train the default task), a
+    key overridden twice is not decided by its order, and a policy's own checks name the policy."""
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(None, ["policies.main.model=tiny-qwen2", *overrides])
+    assert "\n" not in str(info.value)

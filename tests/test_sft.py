@@ -230,6 +230,8 @@ BAD_LINES = [
     ("not json", "line 2: not valid JSON"),
     ('{"agent": "planner", "prompt": "hi", "completion": 5}',
      "line 2: the completion for agent 'planner' must be a string, not int"),
+    ('{"agent": "planner", "prompt": "hi", "completion": "x", "agent": "executor"}',
+     "line 2: not valid JSON (key 'agent' appears twice in one object)"),
 ]
 
 

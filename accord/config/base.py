@@ -30,7 +30,8 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = datacl
 
 def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{section}.{name}={value!r} is not valid; choose one of {list(choices)}")
+        key = f"{section}.{name}" if section else name
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of {list(choices)}")
 
 
 def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:

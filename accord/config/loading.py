@@ -41,7 +41,10 @@ def _nested_hint(key: str, exact: bool) -> str:
 
 
 def _build(cls: type, data: Any, path: str) -> Any:
-    if data is None:
+    if data is None and path:   # `run: null`, or a section whose keys are all commented out
+        raise ConfigError(f"{path} is null (empty); give its keys as a mapping, or leave {path} out to take its "
+                          "defaults")
+    if data is None:   # an empty config file: every default
         data = {}
     if isinstance(data, cls):
         return data
@@ -75,7 +78,12 @@ def _build(cls: type, data: Any, path: str) -> Any:
                and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{path or 'config'}: missing required key(s) {missing}")
-    obj = cls(**kwargs)  # __post_init__ first: its messages know each key's own minimum
+    try:
+        obj = cls(**kwargs)  # __post_init__ first: its messages know each key's own minimum
+    except ConfigError as err:   # a policy's own checks say "policies.<name>": name it
+        if path.startswith("policies.") and "policies.<name>" in str(err):
+            raise ConfigError(str(err).replace("policies.<name>", path)) from err
+        raise
     for key, value in kwargs.items():
         is_int = hints[key] is int or int in typing.get_args(hints[key])
         if is_int and isinstance(value, int) and value < 0:
@@ -199,13 +207,25 @@ def _list_index(node: list, part: str, path: str) -> int:
     return int(part)
 
 
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key=value`` overrides in order; a key given twice is a :class:`ConfigError` (as a key twice in a
+    YAML file is): the later one would silently win."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key = item.split("=", 1)[0].strip() if "=" in item else None
+        if key is not None and key in seen:
+            raise ConfigError(f"override {item!r}: {key} is already set by {seen[key]!r}; give each key once")
+        if key is not None:
+            seen[key] = item
+        apply_override(data, item)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
     data: dict = {}
     if path is not None:
         data = read_yaml(Path(path))
-    for item in overrides:
-        apply_override(data, item)
+    apply_overrides(data, overrides)
     return config_from_dict(data)
 
 

@@ -50,6 +50,23 @@ class TaskError(ConfigError):
     variant); the message says how to fix it."""
 
 
+def check_number(name: str, value: Any, lo: float, hi: float | None = None, integer: bool = False) -> Any:
+    """``value`` within [lo, hi] (an int when ``integer``), else a :class:`TaskError` naming the option."""
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise TaskError(f"task.options.{name}={value!r}: must be {'an integer' if integer else 'a number'} {bound}")
+    return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a :class:`TaskError` naming the option (a string such as 'false' would be
+    truthy)."""
+    if not isinstance(value, bool):
+        raise TaskError(f"task.options.{name}={value!r}: must be true or false")
+    return value
+
+
 TASKS: dict[str, tuple[Callable[..., Task], str]] = {}
 
 

@@ -347,3 +347,25 @@ def test_handoff_oracle_answers_score_and_noisy_ones_do_not(start):
     row = central.tasks("train", limit=1)[0]
     central.reset(row)
     assert central.step({"central": oracle_for(central)(central, "central", row, rng, False)}).info["success"]
+
+
+# --- the synthetic tasks' options (letters, relay) ------------------------------------------------------
+
+@pytest.mark.parametrize("name,options,match", [
+    ("letters", {"size": "abc"}, r"size='abc': must be an integer >= 1"),
+    ("letters", {"size": 1.5}, r"size=1.5: must be an integer >= 1"),
+    ("letters", {"size": True}, r"size=True: must be an integer >= 1"),
+    ("letters", {"size": -5}, r"size=-5: must be an integer >= 1"),
+    ("relay", {"simultaneous": "false"}, r"simultaneous='false': must be true or false"),
+    ("relay", {"single_agent": 1}, r"single_agent=1: must be true or false"),
+    ("relay", {"success_at": "abc"}, r"success_at='abc': must be a number in \[0.0, 1.0\]"),
+    ("relay", {"success_at": 5}, r"success_at=5: must be a number in \[0.0, 1.0\]"),
+    ("relay", {"size": 0}, r"size=0: must be an integer >= 1"),
+    ("relay", {"num_agents": 6}, r"num_agents=6: must be an integer in \[1, 5\]"),
+])
+def test_synthetic_task_bad_options_are_one_line_errors(name, options, match):
+    """A string for a flag would be truthy, a string for a size would fail mid-run: each is refused when the
+    task is built, naming the option and its range."""
+    with pytest.raises(TaskError, match=match) as info:
+        make_env(name, options)
+    assert "\n" not in str(info.value)

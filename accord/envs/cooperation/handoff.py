@@ -59,9 +59,9 @@ import random
 from typing import Any
 
 from accord.envs.cooperation.items import items, shown, walk
-from accord.envs.cooperation.signalling import check_letters, check_number, numbered_rows
+from accord.envs.cooperation.signalling import check_letters, numbered_rows
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.envs.registry import TaskError, register_task
+from accord.envs.registry import TaskError, check_number, register_task
 
 FIRST, SECOND, SOLO = "first", "second", "solo"
 

@@ -64,7 +64,7 @@ from typing import Any
 
 from accord.envs.cooperation.items import items, names, naming, shown, vote
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.envs.registry import TaskError, register_task
+from accord.envs.registry import TaskError, check_number, register_task
 
 SPEAKER, LISTENER, SOLO = "speaker", "listener", "solo"
 
@@ -75,15 +75,6 @@ def check_letters(name: str, letters: Any, least: int) -> str:
             or len(set(letters.lower())) != len(letters) or len(letters) < least:
         raise TaskError(f"task.options.{name}={letters!r}: give at least {least} distinct ASCII letters, e.g. 'bdgmp'")
     return letters.lower()
-
-
-def check_number(name: str, value: Any, lo: float, hi: float | None = None, integer: bool = False) -> Any:
-    """``value`` within [lo, hi] (an int when ``integer``), else a :class:`TaskError` naming the option."""
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise TaskError(f"task.options.{name}={value!r}: must be {'an integer' if integer else 'a number'} {bound}")
-    return value
 
 
 def numbered_rows(split: str, limit: int | None, size: int, draw) -> list[dict[str, Any]]:

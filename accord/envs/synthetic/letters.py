@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accord.envs.registry import Messages, register_task
+from accord.envs.registry import Messages, check_number, register_task
 
 AGENTS = ("e", "o")
 
@@ -48,4 +48,4 @@ class LettersTask:
 
 @register_task("letters", "synthetic: agent e writes words with 'e', agent o with 'o'; team reward = mean share")
 def make_letters(size: int = 1000) -> LettersTask:
-    return LettersTask(size=size)
+    return LettersTask(size=check_number("size", size, 1, integer=True))

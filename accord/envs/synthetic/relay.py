@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from accord.envs.registry import register_task
+from accord.envs.registry import check_flag, check_number, register_task
 from accord.envs.protocol import StepResult, check_step_actions
 
 
@@ -103,5 +103,9 @@ class RelayEnv:
 @register_task("relay", "synthetic multi-turn: agents e and o take turns writing words with their letter")
 def make_relay(max_turns: int = 2, simultaneous: bool = False, single_agent: bool = False, success_at: float = 0.75,
                size: int = 1000, num_agents: int = 2) -> RelayEnv:
-    return RelayEnv(max_turns=max_turns, simultaneous=simultaneous, single_agent=single_agent,
-                    success_at=success_at, size=size, num_agents=num_agents)
+    return RelayEnv(max_turns=check_number("max_turns", max_turns, 1, integer=True),
+                    simultaneous=check_flag("simultaneous", simultaneous),
+                    single_agent=check_flag("single_agent", single_agent),
+                    success_at=check_number("success_at", success_at, 0.0, 1.0),
+                    size=check_number("size", size, 1, integer=True),
+                    num_agents=check_number("num_agents", num_agents, 1, len(VOWELS), integer=True))
