@@ -100,6 +100,9 @@ CASES = [
     ("reward_model.prompts=8", MARLHF + ["reward_model.preferences=x.jsonl"], True, MARLHF, True),
     ("lora.r=4", [], True, ["specialization=lora"], True),
     ("lora.target_modules=[q_proj]", ["specialization=shared"], True, ["specialization=lora"], True),
+    ("ray.num_cpus_per_policy=3.0", [], True, ["run.backend=ray"], True),
+    ("ray.address=auto", [], True, ["run.backend=ray"], True),
+    ("logging.wandb_project=x", [], True, ["logging.report_to=[wandb]"], True),
 ]
 
 
@@ -120,6 +123,19 @@ def test_warned_where_ignored_only(setting, ignored, st_ignored, used, st_used, 
     # at its default, and where the same value is read: no line for the key
     assert not [x for x in _lines(ignored, st_ignored) if x.startswith(f"{key}=")]
     assert not [x for x in _lines(used + [setting], st_used) if x.startswith(f"{key}=")]
+
+
+def test_vllm_settings_are_warned_under_another_backend_only():
+    """The vLLM engine's settings under generation_backend=hf: one line each. Under vllm they are read (the backend
+    is set on the built config: a config naming vllm cannot be built where the package is not installed)."""
+    cfg = _cfg(["rollout.vllm_gpu_memory_utilization=0.9", "rollout.vllm_kwargs={enforce_eager: true}",
+                "rollout.vllm_sleep='off'"])
+    lines = ignored_settings(cfg, True)
+    assert [x.split("=")[0] for x in lines] == ["rollout.vllm_gpu_memory_utilization", "rollout.vllm_kwargs",
+                                                 "rollout.vllm_sleep"], lines
+    assert all("with rollout.generation_backend=hf" in x and "set rollout.generation_backend=vllm" in x for x in lines)
+    cfg.rollout.generation_backend = "vllm"
+    assert ignored_settings(cfg, True) == []
 
 
 def test_the_message_names_key_value_algorithm_and_fix():
@@ -233,6 +249,8 @@ PROOFS = [
                                    "algorithm.loss_agg=seq_sum", "algorithm.tis='off'", "algorithm.tis_cap=1.0"]),
     ("group-advantage-iac", LETTERS_IAC, ["algorithm.advantage=max", "algorithm.norm_scope=agent",
                                           "algorithm.gamma=0.2", "critic.gae_lambda=0.3"]),
+    ("backends-magrpo", LETTERS_MAGRPO, ["rollout.vllm_gpu_memory_utilization=0.9", "rollout.vllm_sleep='off'",
+                                         "ray.num_cpus_per_policy=3.0", "logging.wandb_project=x"]),
 ]
 
 

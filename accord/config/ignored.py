@@ -220,6 +220,23 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora",), "specialization is not lora",
          lambda cfg, _: None if cfg.specialization == "lora" else f"with specialization={cfg.specialization}",
          "the lora section configures the adapters of specialization=lora", "remove it or set specialization=lora"),
+    # generation.backends builds the vLLM engine from them; devices.check_vllm_devices and plan read them only
+    # under generation_backend=vllm
+    Rule(("rollout.vllm_gpu_memory_utilization", "rollout.vllm_kwargs", "rollout.vllm_sleep"),
+         "rollout.generation_backend is not vllm",
+         lambda cfg, _: None if cfg.rollout.generation_backend == "vllm"
+         else f"with rollout.generation_backend={cfg.rollout.generation_backend}",
+         "it configures the vLLM engine that generation_backend=vllm samples with",
+         "remove it or set rollout.generation_backend=vllm"),
+    # build.build_policies starts a RayBackend only under run.backend=ray; plan places actors only then
+    Rule(("ray",), "run.backend is not ray",
+         lambda cfg, _: None if cfg.run.backend == "ray" else f"with run.backend={cfg.run.backend}",
+         "the ray section configures the cluster and the policy actors of run.backend=ray",
+         "remove it or set run.backend=ray"),
+    # tracking.wandb: the wandb sink alone reads them
+    Rule(("logging.wandb_project", "logging.wandb_entity"), "logging.report_to has no wandb",
+         lambda cfg, _: None if "wandb" in cfg.logging.report_to else "without wandb in logging.report_to",
+         "it names the W&B project or entity of the wandb sink", "remove it or add wandb to logging.report_to"),
     # compare.run_one: _eval_settings reads them only for eval=sampled (settings_of stores their defaults)
     Rule(("compare.eval_samples", "compare.eval_temperature"), "compare.eval=greedy",
          lambda cfg, _: "with compare.eval=greedy" if cfg.compare.eval == "greedy" else None,
