@@ -63,6 +63,7 @@ from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env
 from accord.generation.hf import left_pad
 from accord.policies.model import ModelPolicy
+from accord.policies.protocol import PromptTooLongError
 from accord.rollout.multiturn import start_episodes
 from accord.seeding import epoch_order_seed, eval_seed, held_out_demo_seed, policy_seed, setup_process
 
@@ -302,7 +303,12 @@ def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) ->
             raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {len(ids)} tokens (with EOS), more "
                             f"than rollout.max_new_tokens={max_new_tokens}: RL could never write it; raise "
                             "rollout.max_new_tokens or shorten the completion")
-        out.append(Encoded(policy.encode_chat(d.messages), ids))
+        try:
+            prompt = policy.encode_chat(d.messages)
+        except PromptTooLongError as err:   # the rollout's limit: name the demonstration, and that it is its prompt
+            raise DemoError(f"{d.where}: the prompt of agent {d.agent!r} is too long for RL to be shown it ({err}); "
+                            "shorten the demonstration's prompt or raise that limit") from err
+        out.append(Encoded(prompt, ids))
     return out
 
 

@@ -455,3 +455,18 @@ def test_a_failed_warm_start_does_not_block_a_run_of_other_settings(tmp_path):
     (part / "demos.jsonl").write_text("")
     other = accord("sft", str(config), "run.name=other", cwd=tmp_path)
     assert other.returncode == 0 and "without a checkpoint; starting over" in other.stderr, other.stderr[-3000:]
+
+
+def test_a_demonstration_prompt_longer_than_the_rollout_allows_names_its_line():
+    from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+    from accord.policies.model import ModelPolicy
+    from accord.sft import Demo
+
+    policy = ModelPolicy("p", PolicyConfig(model="tiny-qwen2"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                         RolloutConfig(temperature=1.0, max_prompt_tokens=16), total_optimizer_steps=1, seed=0)
+    demo = Demo(agent="planner", messages=[{"role": "user", "content": "word " * 50}], completion="x",
+                where="demos.jsonl line 7")
+    with pytest.raises(DemoError) as err:
+        encode_demos(policy, [demo], 8)
+    assert str(err.value).startswith("demos.jsonl line 7: the prompt of agent 'planner' is too long")
+    assert "rollout.max_prompt_tokens=16" in str(err.value) and "\n" not in str(err.value)
