@@ -197,6 +197,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
     if not out and pipeline != "parallel":  # beside the plain eval, not over it
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a directory for eval.json and eval.md")
     if (out_dir / "eval.json").exists():
         logger.warning("%s holds an earlier evaluation: its eval.json and eval.md are replaced when this one ends; "
                        "pass --out DIR to keep both", out_dir)

@@ -114,6 +114,9 @@ class PolicyConfig:
                               "replicas=N run reproduces).")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(f"policies.<name>.model={self.model!r} names no model; give a bundled or tiny model's "
+                              "name (smollm2-135m, tiny-qwen2), a local directory or a hub id")
         check_device_setting("policies.<name>.device", self.device)
         if self.replicas is not None:
             _positive("policies.<name>", "replicas", self.replicas)
