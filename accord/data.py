@@ -25,19 +25,6 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 
-def strict_json(text: str) -> Any:
-    """``json.loads``, except that a key given twice in one object is a ``json.JSONDecodeError`` naming it (the
-    standard module silently keeps the last value)."""
-    def unique(pairs: list[tuple[str, Any]]) -> dict:
-        out: dict = {}
-        for key, value in pairs:
-            if key in out:
-                raise json.JSONDecodeError(f"key {key!r} appears twice in one object", text, 0)
-            out[key] = value
-        return out
-
-    return json.loads(text, object_pairs_hook=unique)
-
 HUB_PROBE_S = 2.0
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -111,6 +98,20 @@ def load_hub_dataset(name: str, config: str | None = None, *, error: Callable[[s
 
 
 # --- local files -------------------------------------------------------------------------------------
+
+def strict_json(text: str) -> Any:
+    """``json.loads``, except that a key given twice in one object is a ``json.JSONDecodeError`` naming it (the
+    standard module silently keeps the last value)."""
+    def unique(pairs: list[tuple[str, Any]]) -> dict:
+        out: dict = {}
+        for key, value in pairs:
+            if key in out:
+                raise json.JSONDecodeError(f"key {key!r} appears twice in one object", text, 0)
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=unique)
+
 
 def read_records(path: str | os.PathLike, what: str = "data_files") -> list[Any]:
     """Records of a local JSON (a list, or ``{"data": [...]}`` / ``{"rows": [...]}``) or JSONL file

@@ -27,7 +27,7 @@ class LettersTask:
     agents = AGENTS
 
     def __init__(self, size: int = 1000):
-        self.size = size
+        self.size = check_number("size", size, 1, integer=True)
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):
@@ -48,4 +48,4 @@ class LettersTask:
 
 @register_task("letters", "synthetic: agent e writes words with 'e', agent o with 'o'; team reward = mean share")
 def make_letters(size: int = 1000) -> LettersTask:
-    return LettersTask(size=check_number("size", size, 1, integer=True))
+    return LettersTask(size=size)

@@ -38,12 +38,12 @@ class RelayEnv:
 
     def __init__(self, max_turns: int = 2, simultaneous: bool = False, single_agent: bool = False,
                  success_at: float = 0.75, size: int = 1000, num_agents: int = 2):
-        if max_turns < 1:
-            raise ValueError(f"task.options.max_turns={max_turns} must be >= 1")
-        if not 1 <= num_agents <= len(VOWELS):
-            raise ValueError(f"task.options.num_agents={num_agents} must be in 1..{len(VOWELS)}")
-        self.max_turns, self.simultaneous, self.success_at, self.size = max_turns, simultaneous, success_at, size
-        self.agents = ("solo",) if single_agent else tuple(VOWELS[:num_agents])
+        self.max_turns = check_number("max_turns", max_turns, 1, integer=True)
+        self.simultaneous = check_flag("simultaneous", simultaneous)
+        self.success_at = check_number("success_at", success_at, 0.0, 1.0)
+        self.size = check_number("size", size, 1, integer=True)
+        num_agents = check_number("num_agents", num_agents, 1, len(VOWELS), integer=True)
+        self.agents = ("solo",) if check_flag("single_agent", single_agent) else tuple(VOWELS[:num_agents])
         self.letters = {"solo": "eo", **{v: v for v in VOWELS}}
         self._task: dict | None = None
         self._last: dict[str, str] = {}
@@ -103,9 +103,5 @@ class RelayEnv:
 @register_task("relay", "synthetic multi-turn: agents e and o take turns writing words with their letter")
 def make_relay(max_turns: int = 2, simultaneous: bool = False, single_agent: bool = False, success_at: float = 0.75,
                size: int = 1000, num_agents: int = 2) -> RelayEnv:
-    return RelayEnv(max_turns=check_number("max_turns", max_turns, 1, integer=True),
-                    simultaneous=check_flag("simultaneous", simultaneous),
-                    single_agent=check_flag("single_agent", single_agent),
-                    success_at=check_number("success_at", success_at, 0.0, 1.0),
-                    size=check_number("size", size, 1, integer=True),
-                    num_agents=check_number("num_agents", num_agents, 1, len(VOWELS), integer=True))
+    return RelayEnv(max_turns=max_turns, simultaneous=simultaneous, single_agent=single_agent,
+                    success_at=success_at, size=size, num_agents=num_agents)
