@@ -92,6 +92,17 @@ def test_bad_override_syntax():
         apply_override({}, "rollout.batch_size")
     with pytest.raises(ConfigError, match="not an index"):
         apply_override({"agents": [{}]}, "agents.3.policy=x")
+    # an index into a list the config does not set names the list and the fix (it said only that agents must be
+    # a list, after the override had made it a section with a key '0')
+    for data in ({}, {"agents": None}):
+        with pytest.raises(ConfigError, match=r"agents is not set here, so it has no item 0 to change; set the whole "
+                                              r"list, e.g. agents=\[\{name: first"):
+            apply_override(data, "agents.0.policy=x")
+    with pytest.raises(ConfigError, match=r"lora.target_modules is not set here, so it has no item 1"):
+        apply_override({}, "lora.target_modules.1=q_proj")
+    data = {}
+    apply_override(data, "task.options.0=x")   # a section's key that happens to be a number is still a key
+    assert data == {"task": {"options": {"0": "x"}}}
 
 
 def test_missing_file():

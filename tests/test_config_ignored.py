@@ -103,6 +103,13 @@ CASES = [
     ("ray.num_cpus_per_policy=3.0", [], True, ["run.backend=ray"], True),
     ("ray.address=auto", [], True, ["run.backend=ray"], True),
     ("logging.wandb_project=x", [], True, ["logging.report_to=[wandb]"], True),
+    ("training.micro_batch_size=4", ["training.micro_batch_tokens=512"], True, [], True),
+    ("training.micro_batch_size=4", IAC + ["training.micro_batch_tokens=512"], True,
+     IAC + ["critic.mode=separate", "training.micro_batch_tokens=512"], True),
+    ("training.micro_batch_size=4", MADPO + ["training.micro_batch_tokens=512"], True,
+     ["algorithm.name=maac", "training.micro_batch_tokens=512"], True),
+    ("training.micro_batch_size=4", ATGRPO + ["training.micro_batch_tokens=512"], False,
+     MARLHF + ["training.micro_batch_tokens=512"], True),
 ]
 
 
@@ -251,6 +258,7 @@ PROOFS = [
                                           "algorithm.gamma=0.2", "critic.gae_lambda=0.3"]),
     ("backends-magrpo", LETTERS_MAGRPO, ["rollout.vllm_gpu_memory_utilization=0.9", "rollout.vllm_sleep='off'",
                                          "ray.num_cpus_per_policy=3.0", "logging.wandb_project=x"]),
+    ("micro_batch_size-iac", {**LETTERS_IAC, "training": {"micro_batch_tokens": 40}}, ["training.micro_batch_size=3"]),
 ]
 
 

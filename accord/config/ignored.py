@@ -191,6 +191,16 @@ RULES: tuple[Rule, ...] = (
          if _stage(cfg) == "iac" and cfg.critic.mode in (None, "head") else None,
          "it cuts the input of a separate critic model; iac's value heads read their policy's own prompt",
          "remove it or set critic.mode=separate"),
+    # the policies' updates (and iac's value heads) split by micro_batch_tokens when it is set; the critic models
+    # (critics.ScalarModel: iac's separate critics, maac's centralised one) and marlhf's reward model always by
+    # micro_batch_size
+    Rule(("training.micro_batch_size",), "training.micro_batch_tokens is set and no critic or reward model is "
+         "trained (iac with critic.mode head or null, or neither iac, maac nor marlhf)",
+         lambda cfg, _: "with training.micro_batch_tokens set"
+         if cfg.training.micro_batch_tokens is not None and cfg.algorithm.name != "marlhf"
+         and not (_stage(cfg) == "maac" or (_stage(cfg) == "iac" and cfg.critic.mode == "separate")) else None,
+         "it sizes the update's micro-batches, which micro_batch_tokens packs by tokens instead; critic models "
+         "and marlhf's reward model still read it", "remove it or set training.micro_batch_tokens=null"),
     Rule(("preference",), "algorithm.name is not madpo or marlhf", _name_not("madpo", "marlhf"),
          "the preference section configures madpo's pairs and joint DPO loss, and the pairs marlhf's reward model "
          "learns from", "remove it or set algorithm.name=madpo"),

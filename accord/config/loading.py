@@ -189,6 +189,9 @@ def apply_override(data: dict, dotted: str) -> None:
             raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
                               f"set {'.'.join(parts[:i])}=VALUE, or check the key")
         if part not in node or node[part] is None:
+            if parts[i + 1].isdigit() and (prefix in _LIST_KEYS or prefix.startswith("compare.methods.")):
+                raise ConfigError(f"override {dotted!r}: {prefix} is not set here, so it has no item {parts[i + 1]} "
+                                  f"to change; set the whole list, e.g. {_LIST_EXAMPLES.get(prefix, prefix + '=[...]')}")
             node[part] = {}
         node = node[part]
     last = parts[-1]
@@ -199,6 +202,12 @@ def apply_override(data: dict, dotted: str) -> None:
     else:
         raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:-1])} is {node!r}, not a section with keys; "
                           f"set {'.'.join(parts[:-1])}=VALUE, or check the key")
+
+
+# the config's list-valued keys (a dotted override may index them: agents.1.policy=b)
+_LIST_KEYS = ("agents", "lora.target_modules", "logging.report_to", "compare.seeds", "compare.knobs")
+_LIST_EXAMPLES = {"agents": "agents=[{name: first, policy: main}, {name: second, policy: main}], an item for "
+                            "each of the task's agents"}
 
 
 def _list_index(node: list, part: str, path: str) -> int:
