@@ -32,7 +32,8 @@ def critic_weights(trainer):
 # and 0.54-0.97 (iac, relay): a quarter to a third of them under the old one-seed bars; 40 steps took every one of
 # them to 0.94-1.00 (relay, once the critics ran shared prefixes once, another float stream: 0.97, 0.97, 0.83, 0.50
 # and 1.00 on four). With the advantage's sign flipped (a throwaway patch of the advantages) each run ends below
-# where it started (docs/algorithms-actor-critic.md), so each test fails.
+# where it started (docs/algorithms-actor-critic.md), so each test fails. The relay test's runs stop once their
+# training return averages 0.9 over 5 steps (reached_on_average): the probe seeds that did held out 0.92-1.00.
 @pytest.mark.slow
 def test_iac_learns_letters_with_one_sample_per_prompt(learn_seeds):
     runs = learn_seeds((0, 1, 2), run={"steps": 40}, algorithm={"name": "iac", "num_generations": 1})
@@ -42,7 +43,8 @@ def test_iac_learns_letters_with_one_sample_per_prompt(learn_seeds):
 
 @pytest.mark.slow
 def test_iac_learns_relay_multi_turn_with_separate_critics(learn_seeds):
-    runs = learn_seeds((0, 1), run={"steps": 40}, algorithm={"name": "iac", "num_generations": 1, "gamma": 1.0},
+    runs = learn_seeds((0, 1), stop_at=("team/return", 0.9), run={"steps": 40},
+                       algorithm={"name": "iac", "num_generations": 1, "gamma": 1.0},
                        critic={"mode": "separate", "gae_lambda": 0.9, "lr": 5e-3}, task={"name": "relay", "eval_size": 16})
     assert runs.mean_after() > 0.7 and runs.mean_rise() > 0.2, f"held-out return did not rise past 0.7: {runs.reached}"
     assert {"critic/e/value_loss", "critic/o/value_loss", "critic/e/explained_variance"} <= set(runs.metrics[-1][-1])
