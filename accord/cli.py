@@ -46,6 +46,8 @@ _USER_ERRORS = {
     "accord.tracking.jsonl": ("MetricsFileError",),
     "accord.audit": ("AuditError",),
     "accord.policies.protocol": ("TrainingError",),
+    "accord.data": ("DataFileError",),
+    "accord.envs.single_turn": ("RewardError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 

@@ -99,6 +99,10 @@ def load_hub_dataset(name: str, config: str | None = None, *, error: Callable[[s
 
 # --- local files -------------------------------------------------------------------------------------
 
+class DuplicateKeyError(json.JSONDecodeError):
+    """A key given twice in one JSON object (:func:`strict_json`)."""
+
+
 def strict_json(text: str) -> Any:
     """``json.loads``, except that a key given twice in one object is a ``json.JSONDecodeError`` naming it (the
     standard module silently keeps the last value)."""
@@ -106,11 +110,64 @@ def strict_json(text: str) -> Any:
         out: dict = {}
         for key, value in pairs:
             if key in out:
-                raise json.JSONDecodeError(f"key {key!r} appears twice in one object", text, 0)
+                raise DuplicateKeyError(f"key {key!r} appears twice in one object", text, 0)
             out[key] = value
         return out
 
     return json.loads(text, object_pairs_hook=unique)
+
+
+class DataFileError(ValueError):
+    """A local data file that cannot be read as the records it should hold; the message names the file, the line
+    where known, and the fix."""
+
+
+def json_lines(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSONL file (``what`` names the option or file kind for
+    the messages). Lines end at ``\\n`` only (a U+2028 inside a string is text, as JSON allows); a trailing ``\\r``
+    and a leading UTF-8 byte-order mark are dropped, and a key twice in one object is an error (:func:`strict_json`).
+    Not UTF-8, invalid JSON and values nested too deeply to parse are each a one-line :class:`DataFileError`."""
+    raw = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")   # a byte-order mark is not part of the text
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise DataFileError(f"{what} {path} line {line} is not UTF-8 text (byte {err.start}: {err.reason}); save "
+                            "the file as UTF-8") from err
+    out = []
+    for n, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        try:
+            out.append((n, strict_json(line)))
+        except json.JSONDecodeError as err:
+            detail = err.msg if isinstance(err, DuplicateKeyError) else f"{err.msg} at column {err.colno}"
+            raise DataFileError(f"{what} {path} line {n}: not valid JSON ({detail}); write one JSON object per "
+                                "line") from err
+        except RecursionError as err:
+            raise DataFileError(f"{what} {path} line {n}: not valid JSON here (nested too deeply to parse); write "
+                                "one JSON object per line") from err
+        if "\\u" in line.lower() and _lone_surrogate(out[-1][1]):
+            raise DataFileError(f"{what} {path} line {n}: a string holds a lone surrogate escape (\\ud800-\\udfff "
+                                "without its pair), which is no character; fix or remove that escape")
+    return out
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether a string in parsed JSON holds a surrogate code point (JSON's ``\\ud800`` escapes decode to one when
+    unpaired; no UTF-8 text can hold it)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
 
 
 def read_records(path: str | os.PathLike, what: str = "data_files") -> list[Any]:
@@ -121,25 +178,26 @@ def read_records(path: str | os.PathLike, what: str = "data_files") -> list[Any]
     if not file.is_file():
         raise FileNotFoundError(f"{what}={str(path)!r} is not a file; give the path of a local JSON or JSONL file "
                                 "(relative paths are read from the working directory)")
-    text = file.read_text(encoding="utf-8")
     if file.suffix.lower() in (".jsonl", ".ndjson"):
-        records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(strict_json(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{lineno} is not valid JSON ({err.msg}); write one JSON object "
-                                     "per line") from err
-        return records
+        return [value for _, value in json_lines(file, what)]
     try:
-        data = json.loads(text)
+        text = file.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataFileError(f"{what} {path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as "
+                            "UTF-8") from err
+    try:
+        data = strict_json(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}); use a JSON list of records or a .jsonl file") from err
+        raise DataFileError(f"{what} {path} is not valid JSON ({err.msg}, line {err.lineno}); use a JSON list of "
+                            "records or a .jsonl file with one record per line") from err
+    except RecursionError as err:
+        raise DataFileError(f"{what} {path} is not valid JSON here (nested too deeply to parse); use a JSON list "
+                            "of records") from err
     if isinstance(data, dict):
         data = data.get("data", data.get("rows"))
     if not isinstance(data, list):
-        raise ValueError(f"{path} must hold a JSON list of records (or {{'data': [...]}}), got {type(data).__name__}")
+        raise DataFileError(f"{what} {path} must hold a JSON list of records (or {{\"data\": [...]}}), got "
+                            f"{type(data).__name__}; or name a .jsonl file with one record per line")
     return data
 
 

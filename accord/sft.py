@@ -58,7 +58,7 @@ import torch
 
 from accord import metric_names as mn
 from accord.config import Config, ConfigError, save_config
-from accord.data import strict_json
+from accord.data import DataFileError, json_lines
 from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env
 from accord.generation.hf import left_pad
@@ -164,19 +164,12 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
                         '{"agent": ..., "prompt": ..., "completion": ...} lines')
     out = []
     try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DemoError(f"{p} is not UTF-8 text (byte {err.start}: {err.reason}); save the demonstrations as UTF-8 "
-                        "JSONL") from err
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+        lines = json_lines(p, "demonstrations file")
+    except DataFileError as err:
+        raise DemoError(f"{err}; each line is one object {{\"agent\": ..., \"prompt\": ..., \"completion\": ...}}"
+                        ) from err
+    for n, item in lines:
         where = f"{p} line {n}"
-        try:
-            item = strict_json(line)
-        except json.JSONDecodeError as err:
-            raise DemoError(f"{where}: not valid JSON ({err.msg}); each line must be one object "
-                            '{"agent": ..., "prompt": ..., "completion": ...}') from err
         if not isinstance(item, dict):
             raise DemoError(f"{where}: a line must be a JSON object with keys {list(KEYS)}, got {type(item).__name__}")
         missing = [k for k in KEYS if k not in item]

@@ -46,7 +46,7 @@ from accord.config import ACTOR_CRITIC, Config, ConfigError
 from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_reference, head_update, head_values,
                             joint_text, load_heads, same_vocabulary, save_heads, sequence_logprobs,
                             weighted_logprob_update)
-from accord.data import strict_json
+from accord.data import DataFileError, json_lines
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
 from accord.rollout.sample import Sample, Sampling
@@ -506,43 +506,40 @@ def read_preferences(path: Path, agents: tuple[str, ...]) -> list[dict[str, dict
     ``prompts``, ``chosen`` and ``rejected``, each a mapping of every agent to its text (blank lines skipped).
     Any problem is a one-line :class:`ConfigError` naming the line."""
     if not path.is_file():
-        raise ConfigError(f"reward_model.preferences={str(path)!r} does not exist; pass a JSONL file of "
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"reward_model.preferences={str(path)!r} {what}; pass a JSONL file of "
                           "{prompts, chosen, rejected} objects (docs/algorithms-preference.md)")
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"reward_model.preferences {path} line {n}"
-            try:
-                item = strict_json(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); write one JSON object "
-                                  "per line") from err
-            if not isinstance(item, dict) or sorted(item) != sorted(PREFERENCE_KEYS):
-                got = sorted(item) if isinstance(item, dict) else type(item).__name__
-                raise ConfigError(f"{where}: needs exactly the keys {list(PREFERENCE_KEYS)}, got {got}")
-            for key in PREFERENCE_KEYS:
-                part = item[key]
-                if not isinstance(part, dict):
-                    raise ConfigError(f"{where}: {key!r} must map each agent to its text, got {type(part).__name__}")
-                unknown = sorted(set(part) - set(agents))
-                if unknown:
-                    raise ConfigError(f"{where}: unknown agent(s) {unknown} in {key!r}; the task's agents are "
-                                      f"{list(agents)}")
-                missing = sorted(set(agents) - set(part))
-                if missing:
-                    raise ConfigError(f"{where}: {key!r} lacks agent(s) {missing}; give every agent's text")
-                for a, text in part.items():
-                    if not isinstance(text, str):
-                        raise ConfigError(f"{where}: {key}.{a} must be text, got {type(text).__name__}")
-                    if key != "prompts" and not text.strip():
-                        raise ConfigError(f"{where}: empty completion of agent {a!r} in {key!r}; every preferred "
-                                          "and rejected completion needs text")
-            if item["chosen"] == item["rejected"]:
-                raise ConfigError(f"{where}: 'chosen' and 'rejected' are identical; a preference needs two different "
-                                  "joint completions")
-            out.append(item)
+    try:
+        lines = json_lines(path, "reward_model.preferences")
+    except DataFileError as err:
+        raise ConfigError(str(err)) from err
+    for n, item in lines:
+        where = f"reward_model.preferences {path} line {n}"
+        if not isinstance(item, dict) or sorted(item) != sorted(PREFERENCE_KEYS):
+            got = sorted(item) if isinstance(item, dict) else type(item).__name__
+            raise ConfigError(f"{where}: needs exactly the keys {list(PREFERENCE_KEYS)}, got {got}")
+        for key in PREFERENCE_KEYS:
+            part = item[key]
+            if not isinstance(part, dict):
+                raise ConfigError(f"{where}: {key!r} must map each agent to its text, got {type(part).__name__}")
+            unknown = sorted(set(part) - set(agents))
+            if unknown:
+                raise ConfigError(f"{where}: unknown agent(s) {unknown} in {key!r}; the task's agents are "
+                                  f"{list(agents)}")
+            missing = sorted(set(agents) - set(part))
+            if missing:
+                raise ConfigError(f"{where}: {key!r} lacks agent(s) {missing}; give every agent's text")
+            for a, text in part.items():
+                if not isinstance(text, str):
+                    raise ConfigError(f"{where}: {key}.{a} must be text, got {type(text).__name__}")
+                if key != "prompts" and not text.strip():
+                    raise ConfigError(f"{where}: empty completion of agent {a!r} in {key!r}; every preferred "
+                                      "and rejected completion needs text")
+        if item["chosen"] == item["rejected"]:
+            raise ConfigError(f"{where}: 'chosen' and 'rejected' are identical; a preference needs two different "
+                              "joint completions")
+        out.append(item)
     if not out:
         raise ConfigError(f"reward_model.preferences {path} holds no preference; add one JSON object per line")
     return out

@@ -255,6 +255,14 @@ def test_jsonl_prompts_text_and_chat(tmp_path):
     write_demos(demos, tmp_path / "again.jsonl")
     assert [d.messages for d in read_demos(tmp_path / "again.jsonl", ("planner", "executor"))] == \
         [d.messages for d in demos]
+    # JSON allows U+2028, U+2029 and U+0085 unescaped inside a string (json.dumps(ensure_ascii=False) writes them
+    # so): they are text, not line breaks; a CRLF file and a byte-order mark read the same
+    odd = "a\u2028b\u2029c\u0085d"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"agent": "planner", "prompt": odd, "completion": "Moves: U"},
+                                                   ensure_ascii=False) + "\r\n" + json.dumps(
+        {"agent": "executor", "prompt": "obs", "completion": "Moves: D"}) + "\r\n").encode("utf-8"))
+    demos = read_demos(path, ("planner", "executor"), {"planner": "P-sys", "executor": "E-sys"})
+    assert [d.messages[-1]["content"] for d in demos] == [odd, "obs"] and demos[1].where == f"{path} line 2"
 
 
 def test_files_that_are_not_utf8_or_already_exist(tmp_path):

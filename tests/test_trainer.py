@@ -94,6 +94,8 @@ class _BadReward(LettersTask):
             out[3] = math.nan
         elif self.mode == "short":
             out = out[:-1]
+        elif self.mode == "text":
+            out = [str(v) for v in out]
         else:
             raise KeyError("missing column")
         return out
@@ -107,7 +109,9 @@ def _make_bad(mode: str = "nan"):
 
 
 @pytest.mark.parametrize("mode,text", [("nan", "is nan for joint action 3"), ("short", "returned 7 values for 8"),
-                                       ("raise", "raised KeyError")])
+                                       ("raise", "raised KeyError"),
+                                       # float('0.5') would read it: text is refused, not converted
+                                       ("text", "returned str '.*' for joint action 0; return a list of floats")])
 def test_bad_rewards_are_named_errors(tiny_cfg, mode, text):
     trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "bad-reward-test", "options": {"mode": mode},
                                                       "eval_size": 0})))

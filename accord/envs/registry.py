@@ -223,7 +223,7 @@ def _import_module(module: str, what: str) -> types.ModuleType:
         else:
             fix = f"install {missing!r} or fix the import in module {module!r}"
         raise TaskError(f"{what}: module {module!r} does not import (ModuleNotFoundError: {err}); {fix}") from err
-    except (ImportError, SyntaxError) as err:
+    except Exception as err:  # the module's own code failed: re-raised as one line, the original chained
         raise TaskError(f"{what}: module {module!r} does not import ({type(err).__name__}: {err}); fix the module "
                         "so that `python -c 'import " + module + "'` works") from err
 
@@ -290,3 +290,12 @@ def _check_task(name: str, task: Any) -> None:
         raise TaskError(f"task {name!r} built a {type(task).__name__}, which is not a task: it lacks {lacks}; a "
                         "single-turn task needs agents, rows(), prompt() and reward(), a multi-turn environment "
                         "the protocol of accord/envs/protocol.py (see docs/own-task.md)")
+    agents = task.agents
+    if isinstance(agents, (str, bytes)) or not isinstance(agents, (tuple, list)) or not agents \
+            or not all(isinstance(a, str) and a for a in agents):
+        raise TaskError(f"task {name!r} has agents={agents!r}; give a non-empty tuple of role names, e.g. "
+                        "agents = ('first', 'second')")
+    repeated = sorted({a for a in agents if list(agents).count(a) > 1})
+    if repeated:
+        raise TaskError(f"task {name!r} has agents={tuple(agents)!r}, which repeats {repeated}; give each role its "
+                        "own name")

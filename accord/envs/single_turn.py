@@ -44,6 +44,11 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
     n = len(row_ids)
     out = _invoke(reward_fn, "reward", task_name=task_name, agents=agents, prompts=prompts, completions=completions,
                   columns=columns, row_ids=row_ids)
+    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, (str, bytes))), None) \
+        if isinstance(out, (list, tuple)) else None
+    if text is not None:   # float('0.5') would pass: a reward is a number, not text that reads as one
+        raise RewardError(f"the reward of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "
+                          f"action {text[0]}; return a list of floats")
     try:
         values = [float(v) for v in out]
     except (TypeError, ValueError) as err:

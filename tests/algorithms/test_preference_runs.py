@@ -191,6 +191,8 @@ def test_marlhf_from_a_persons_file_then_reuse_of_its_reward_model(tiny_cfg, tmp
     ({"prompts": GOOD["prompts"], "chosen": GOOD["chosen"]}, "line 2: needs exactly the keys"),
     ({**GOOD, "rejected": GOOD["chosen"]}, "line 2: 'chosen' and 'rejected' are identical"),
     ("{not json", "line 2: not valid JSON"),
+    ('{"prompts": {"e": "\\ud800", "o": "x"}}', "line 2: a string holds a lone surrogate escape"),
+    ("[" * 100000 + "]" * 100000, "line 2: not valid JSON here \\(nested too deeply to parse\\)"),
 ])
 def test_bad_preference_files_are_one_line_errors_naming_the_line(tiny_cfg, tmp_path, line, match):
     prefs = _write(tmp_path / "prefs.jsonl", [GOOD, line])
@@ -198,6 +200,16 @@ def test_bad_preference_files_are_one_line_errors_naming_the_line(tiny_cfg, tmp_
         Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, reward_model={"preferences": prefs})))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists() or not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_preference_file_that_is_not_utf8_or_not_a_file_is_one_line(tiny_cfg, tmp_path):
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_bytes(_write(tmp_path / "good.jsonl", [GOOD]) and (tmp_path / "good.jsonl").read_bytes()
+                      + b'{"prompts": {"e": "caf\xe9"}}\n')
+    for path, match in [(prefs, "prefs.jsonl line 2 is not UTF-8 text"), (tmp_path, "is a directory, not a file")]:
+        with pytest.raises(ConfigError, match=match) as err:
+            Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, reward_model={"preferences": str(path)})))
+        assert "\n" not in str(err.value)
 
 
 def test_a_reward_model_path_that_does_not_load_is_one_line(tiny_cfg, tmp_path):

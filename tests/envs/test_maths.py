@@ -214,7 +214,7 @@ def test_data_errors_name_the_fix(tmp_path, monkeypatch):
         load_math_rows("train", data_files=str(tmp_path / "missing.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "q"}\nnot json\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
+    with pytest.raises(ValueError, match="bad.jsonl line 2: not valid JSON"):
         load_math_rows("train", data_files=str(bad))
     with pytest.raises(ValueError, match="conflict"):
         load_math_rows("train", source="reasoning_gym", data_files=str(bad))

@@ -326,3 +326,44 @@ def test_a_newcomers_task_trains_and_checks_and_a_broken_one_is_a_row_of_the_lis
     assert "(does not build)" in broken and "RuntimeError: the data file is missing" in broken
     shout = next(line for line in out if line.startswith("shout "))
     assert "single-turn" in shout and "a, b" in shout
+
+
+@pytest.mark.parametrize("agents, match", [
+    (("a", "a"), r"repeats \['a'\]; give each role its own name"),
+    ((), "give a non-empty tuple of role names"),
+    ("ab", "give a non-empty tuple of role names"),
+    (("a", 3), "give a non-empty tuple of role names"),
+])
+def test_a_tasks_agents_are_distinct_role_names(monkeypatch, agents, match):
+    """A task whose agents repeat a name, are empty or are not names is refused when it is built (a repeated
+    name trained one agent silently; an empty tuple failed later inside the reward)."""
+    from accord.envs import make_task, register_task
+    from accord.envs.registry import TASKS, TaskError
+
+    monkeypatch.setattr("accord.envs.registry.TASKS", dict(TASKS))
+
+    class Odd:
+        def rows(self, split, limit=None, seed=0):
+            return [{"word": "x"}]
+
+        def prompt(self, agent, row):
+            return [{"role": "user", "content": "hi"}]
+
+        def reward(self, *, prompts, completions, agents, **columns):
+            return [0.0] * len(next(iter(completions.values())))
+
+    Odd.agents = agents
+    register_task("odd", "agents under test")(Odd)
+    with pytest.raises(TaskError, match=match):
+        make_task("odd")
+
+
+def test_a_module_that_fails_at_import_is_one_line(tmp_path, monkeypatch):
+    from accord.envs.registry import TaskError, import_modules
+
+    (tmp_path / "raiser.py").write_text("raise RuntimeError('the data file is missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TaskError, match=r"imports: 'raiser': module 'raiser' does not import \(RuntimeError: the data "
+                                        r"file is missing\); fix the module") as err:
+        import_modules(["raiser"])
+    assert "\n" not in str(err.value)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from accord import data
+from accord.data import DataFileError
 from accord.envs.writing import core as writing
 from accord.envs.writing.core import (
     ARXIV_AGENTS,
@@ -399,8 +400,33 @@ def test_data_files_errors(tmp_path):
         load_writing_rows("tldr", "train", data_files=str(tmp_path / "missing.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\nnot json\n')
-    with pytest.raises(ValueError, match=":2"):
+    with pytest.raises(ValueError, match="bad.jsonl line 2: not valid JSON"):
         load_writing_rows("tldr", "train", data_files=str(bad))
+    # a file a user wrote loses no record silently: each bad record is named with the keys a record needs
+    good = '{"prompt": "POST: a post about bread\\nTL;DR:", "completion": " bread"}\n'
+    for record, message in [('[1, 2]', "record 2 holds list, not an object"),
+                            ('{"body": "x", "summary": "y"}', r"record 2 has no text \(its keys: \['body', 'summary'\]\)"),
+                            ('{"prompt": "POST: hi there\\nTL;DR:", "completion": 7}', "record 2: 'completion' holds int"),
+                            ('{"prompt": "SUBREDDIT: r/x\\nTITLE: t\\nPOST: \\nTL;DR:"}', "record 2: its text is empty")]:
+        bad.write_text(good + record + "\n")
+        with pytest.raises(DataFileError, match=message):
+            load_writing_rows("tldr", "train", data_files=str(bad))
+    for raw, message in [(b"\xef\xbb\xbf" + good.encode(), None),   # a byte-order mark is not text: read as without
+                         (good.encode() + b'{"prompt": "caf\xe9"}\n', "line 2 is not UTF-8 text"),
+                         (b"[" * 100000 + b"]" * 100000 + b"\n", "nested too deeply"),
+                         (good.encode() + b'{"prompt": "x \\ud800 y"}\n', "lone surrogate")]:
+        bad.write_bytes(raw)
+        if message is None:
+            assert load_writing_rows("tldr", "train", data_files=str(bad)) + load_writing_rows(
+                "tldr", "eval", data_files=str(bad))
+            continue
+        with pytest.raises(DataFileError, match=message):
+            load_writing_rows("tldr", "train", data_files=str(bad))
+    # U+2028 is text inside a JSON string, not a line break
+    bad.write_text('{"prompt": "POST: a\u2028b and more words\\nTL;DR:", "completion": "c"}\n' + good, encoding="utf-8")
+    rows = load_writing_rows("tldr", "train", data_files=str(bad)) + load_writing_rows("tldr", "eval",
+                                                                                         data_files=str(bad))
+    assert len(rows) == 2
     with pytest.raises(ValueError, match="conflict"):
         load_writing_rows("tldr", "train", source="offline", data_files=str(FIXTURE))
 

@@ -90,7 +90,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from accord.data import digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset, read_records
+from accord.data import DataFileError, digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset, read_records
 from accord.envs.writing.corpus import stdlib_passages
 
 logger = logging.getLogger(__name__)
@@ -480,6 +480,29 @@ def _convert(variant: str, records: Any, source: str) -> list[dict[str, str]]:
     return list(rows.values())
 
 
+def _file_rows(variant: str, data_files: str) -> list[dict[str, str]]:
+    """The rows of a local ``data_files`` file, every record checked: a file a user wrote loses no record silently
+    (records whose text is the same are one row, as with the Hub's data)."""
+    records = read_records(data_files, "task.options.data_files")
+    text_keys, ref_keys = _TEXT_KEYS[variant], _REFERENCE_KEYS[variant]
+    need = f"a {variant} record is an object with its text under {' or '.join(map(repr, text_keys))}" + (
+        f" and its reference summary under {' or '.join(map(repr, ref_keys))}" if ref_keys else "")
+    for n, record in enumerate(records, 1):
+        where = f"task.options.data_files {data_files} record {n}"
+        if not isinstance(record, dict):
+            raise DataFileError(f"{where} holds {type(record).__name__}, not an object; {need}")
+        wrong = [k for k in text_keys + ref_keys if k in record and not isinstance(record[k], str)]
+        if wrong:
+            raise DataFileError(f"{where}: {wrong[0]!r} holds {type(record[wrong[0]]).__name__}, not text; {need}")
+        if not any(k in record for k in text_keys):
+            raise DataFileError(f"{where} has no text (its keys: {sorted(record)}); {need}")
+        if record_to_row(variant, record) is None:
+            raise DataFileError(f"{where}: its text is empty once the TL;DR scaffolding (SUBREDDIT, TITLE, POST, "
+                                "TL;DR) is removed; give the post's text, or remove the record"
+                                if variant == "tldr" else f"{where}: its text is empty; remove the record")
+    return _convert(variant, records, "data_files")
+
+
 def _hub_error(variant: str, reason: str) -> WritingDataUnavailable:
     return WritingDataUnavailable(
         f"Cannot load {_HUB_DATASETS[variant]!r} from the Hugging Face Hub: {reason}. "
@@ -574,7 +597,7 @@ def load_writing_rows(
     if data_files is not None:
         if source == "offline":
             raise ValueError("source='offline' and data_files conflict; drop one of them.")
-        rows = _hash_split(_convert(variant, read_records(data_files), "data_files"), split)
+        rows = _hash_split(_file_rows(variant, data_files), split)
         logger.info("writing/%s %s: %d rows from data_files %s", variant, split, len(rows), data_files)
     elif source == "hub":
         rows = _load_hub(variant, split)
