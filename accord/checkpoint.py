@@ -394,7 +394,7 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
             policy.load(src)
         except ConfigError:  # the checkpoint is intact but of another config (e.g. a LoRA base mismatch)
             raise
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:
+        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError) as err:
             raise CheckpointError(f"checkpoint {path}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
                                   "corrupted: resume from an older checkpoint or start over") from err

@@ -48,6 +48,7 @@ _USER_ERRORS = {
     "accord.policies.protocol": ("TrainingError",),
     "accord.data": ("DataFileError",),
     "accord.envs.single_turn": ("RewardError",),
+    "accord.envs.protocol": ("EnvOutputError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 

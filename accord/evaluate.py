@@ -29,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from accord import metric_names as mn
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
@@ -237,7 +239,7 @@ def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out
             for name, pol in run.policies.items():
                 try:
                     pol.load(ckpt / "policies" / name)
-                except (OSError, RuntimeError, EOFError, KeyError) as err:  # unverified: of an older accord
+                except (OSError, RuntimeError, EOFError, KeyError, SafetensorError) as err:  # unverified ones
                     raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                           f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
                                           "checkpoint or retrain") from err

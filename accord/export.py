@@ -30,6 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_model
 
 from accord.checkpoint import CheckpointError, checkpoint_dir, checkpoint_problem, checkpoint_step, verified_checkpoint
@@ -81,7 +82,12 @@ def _export_full(cfg: Config, names: list[str], ckpt: Path, out: Path) -> None:
         if not weights.is_file():
             raise ConfigError(f"{weights} does not exist; checkpoint {ckpt} was not written by a "
                               f"specialization={cfg.specialization} run (its config.yaml does not match it)")
-        load_model(model, str(weights), strict=True)
+        try:
+            load_model(model, str(weights), strict=True)
+        except (SafetensorError, RuntimeError, OSError) as err:
+            raise CheckpointError(f"checkpoint {ckpt}: {weights.name} of policy {name!r} does not load "
+                                  f"({type(err).__name__}: {(str(err).splitlines() or [''])[0]}); the file is "
+                                  "incomplete or corrupted: export another checkpoint with --step") from err
         model.save_pretrained(out / name)
         tokenizer.save_pretrained(out / name)
 

@@ -106,3 +106,20 @@ def test_export_lora_adapters_load_with_peft(tiny_cfg, tmp_path):
 def test_export_needs_a_run_directory(tmp_path):
     with pytest.raises(ConfigError, match="has no config.yaml"):
         export_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_garbage_model_file_loaded_unverified_is_one_line(tiny_cfg, tmp_path):
+    """With --allow-unverified (no manifest to catch it), a model file that is not safetensors is a CheckpointError
+    naming the file, for export and for eval alike (it was safetensors' own traceback)."""
+    from accord.checkpoint import CheckpointError
+    from accord.evaluate import run_eval
+
+    run_dir = train(config_from_dict(tiny_cfg(run={"steps": 1, "run_dir": str(tmp_path / "run")})))
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    (ckpt / "manifest.json").unlink()
+    (ckpt / "policies" / "main" / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(CheckpointError, match=r"model.safetensors of policy 'main' does not load \(SafetensorError"):
+        export_run(run_dir, out=tmp_path / "out", allow_unverified=True)
+    with pytest.raises(CheckpointError, match=r"policy 'main' cannot be loaded \(SafetensorError"):
+        run_eval(run_dir, compare_base=False, allow_unverified=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, runtime_checkable
 
@@ -107,6 +108,61 @@ def check_step_actions(env: Env, actions: Mapping[str, Any], *, started: bool, d
         if not isinstance(actions[agent], str):
             raise TypeError(f"{env.name}: the action of {agent!r} must be a str (the model's text), got "
                             f"{type(actions[agent]).__name__}")
+
+
+class EnvOutputError(ValueError):
+    """A task or environment returned something accord cannot use (a prompt that is not chat messages, a step
+    result of the wrong shape); the message names the task, the method and what it must return."""
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages: Any, where: str) -> Any:
+    """``messages`` if they are chat messages ending with the user's turn: a non-empty list of ``{"role": system|
+    user|assistant, "content": str}``; else an :class:`EnvOutputError` naming ``where`` (a task's ``prompt``)."""
+    if not isinstance(messages, list) or not messages:
+        raise EnvOutputError(f"{where} must return a non-empty list of chat messages {{'role': ..., 'content': "
+                             f"...}}, got {messages!r:.120}")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise EnvOutputError(f"{where} returned the message {m!r:.120}; each must be {{'role': one of "
+                                 f"{list(ROLES)}, 'content': a str}}")
+    if messages[-1]["role"] != "user":
+        raise EnvOutputError(f"{where} must end with the user's message (the model answers it), got a "
+                             f"{messages[-1]['role']!r} message last")
+    return messages
+
+
+def check_step_result(env: Any, res: Any) -> Any:
+    """``res`` if it is a :class:`StepResult` whose rewards are finite numbers (a local reward for every agent),
+    observations text and ``done`` a bool; else an :class:`EnvOutputError` naming the environment. The shape
+    ``accord envs --check`` checks, enforced on every step of a run, so that a text reward, a ``done`` given as
+    text or a missing agent's reward is not read as something else."""
+    name = getattr(env, "name", type(env).__name__)
+    if not isinstance(res, StepResult):
+        raise EnvOutputError(f"environment {name!r}: step() must return a StepResult, got {type(res).__name__}")
+    problem = None
+    if not _number(res.team_reward):
+        problem = f"team_reward must be a finite number, got {res.team_reward!r:.60}"
+    elif not isinstance(res.local_rewards, dict) or set(res.local_rewards) != set(env.agents):
+        problem = f"local_rewards must hold a reward for each agent {list(env.agents)}, got {res.local_rewards!r:.120}"
+    elif not all(_number(v) for v in res.local_rewards.values()):
+        problem = f"every local reward must be a finite number, got {res.local_rewards!r:.120}"
+    elif not isinstance(res.done, bool):
+        problem = f"done must be a bool, got {res.done!r:.60}"
+    elif not isinstance(res.observations, dict) or not all(isinstance(v, str) for v in res.observations.values()):
+        problem = f"observations must map agents to text, got {res.observations!r:.120}"
+    if problem is not None:
+        raise EnvOutputError(f"environment {name!r}: step() returned a StepResult whose {problem}")
+    return res
+
+
+def _number(value: Any) -> bool:
+    try:
+        return not isinstance(value, (str, bytes, bool)) and math.isfinite(value)
+    except TypeError:
+        return False
 
 
 def instance_id(row: Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from accord.envs.protocol import Messages, StepResult, check_step_actions
+from accord.envs.protocol import Messages, StepResult, check_messages, check_step_actions
 
 
 class RewardError(ValueError):
@@ -134,8 +134,9 @@ class SingleTurnEnv:
 
     # --- the batched form (one reward call per step) -------------------------------------------------
     def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
-        """The task's chat prompt of ``agent`` for instance ``row``."""
-        return self.task.prompt(agent, row)
+        """The task's chat prompt of ``agent`` for instance ``row`` (checked: :func:`check_messages`)."""
+        return check_messages(self.task.prompt(agent, row), f"task {self.name!r}: prompt({agent!r}, row "
+                                                            f"{row.get('id')!r})")
 
     def score(self, rows: list[dict[str, Any]], prompts: dict[str, list[str]], completions: dict[str, list[str]],
               row_ids: list[str] | None = None, agents: tuple[str, ...] | None = None,

@@ -51,7 +51,7 @@ from accord.algorithms.credit import counterfactual_credit, credit_rng as step_c
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
 from accord.config.rules import joint_mode_for
-from accord.envs.protocol import Env, Messages, StepResult, is_env
+from accord.envs.protocol import Env, EnvOutputError, Messages, StepResult, check_step_result, is_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
 from accord.seeding import episode_seed, rollout_seed
@@ -88,6 +88,7 @@ class Episode:
         return msgs
 
     def apply(self, actions: dict[str, str], res: StepResult) -> None:
+        check_step_result(self.env, res)
         for a, text in actions.items():
             self.history[a].append((self.obs[a], text))
         self.obs = dict(res.observations)
@@ -103,6 +104,9 @@ def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int)
     for b, row in enumerate(rows):
         env = make_env()
         obs = env.reset(row, seed=episode_seed(seed, b))
+        if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):
+            raise EnvOutputError(f"environment {getattr(env, 'name', type(env).__name__)!r}: reset() must return "
+                                 f"the agents' observations as text, got {obs!r:.120}")
         out.append(Episode(env, dict(obs), {a: [] for a in env.agents}))
     return out
 

@@ -367,3 +367,51 @@ def test_a_module_that_fails_at_import_is_one_line(tmp_path, monkeypatch):
                                         r"file is missing\); fix the module") as err:
         import_modules(["raiser"])
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("messages, match", [
+    ("hello", "must return a non-empty list of chat messages"),
+    (None, "must return a non-empty list of chat messages"),
+    ([], "must return a non-empty list of chat messages"),
+    ([{"role": "robot", "content": "x"}], r"returned the message \{'role': 'robot'"),
+    ([{"role": "user"}], r"returned the message \{'role': 'user'\}"),
+    ([{"role": "user", "content": 5}], "'content': a str"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "must end with the user's message"),
+])
+def test_a_tasks_prompt_must_be_chat_messages(messages, match):
+    """What a task's prompt() returns is checked where accord reads it, naming the task, agent and row (it went to
+    the chat template, which raised from inside jinja or accepted a made-up role)."""
+    from accord.envs.protocol import EnvOutputError
+    from accord.envs.single_turn import SingleTurnEnv
+    from accord.envs.synthetic.letters import LettersTask
+
+    class Odd(LettersTask):
+        def prompt(self, agent, row):
+            return messages
+
+    env = SingleTurnEnv(Odd())
+    with pytest.raises(EnvOutputError, match=rf"task '.*': prompt\('e', row 'r1'\) .*{match}"):
+        env.prompt("e", {"id": "r1"})
+
+
+@pytest.mark.parametrize("result, match", [
+    ({"team_reward": 1.0}, "step\\(\\) must return a StepResult, got dict"),
+    (("1.0", {"a": 0.0, "b": 0.0}, True), "team_reward must be a finite number, got '1.0'"),
+    ((float("nan"), {"a": 0.0, "b": 0.0}, True), "team_reward must be a finite number, got nan"),
+    ((1.0, {}, True), r"local_rewards must hold a reward for each agent \['a', 'b'\]"),
+    ((1.0, {"a": 0.0, "b": "0"}, True), "every local reward must be a finite number"),
+    ((1.0, {"a": 0.0, "b": 0.0}, "no"), "done must be a bool, got 'no'"),
+])
+def test_a_step_result_is_checked_on_every_step(result, match):
+    """An environment's step() result is checked where an episode takes it (the shape `accord envs --check`
+    checks): a text reward was read as a number, a done of 'no' as true, a missing local reward as 0."""
+    from accord.envs.protocol import EnvOutputError, StepResult
+    from accord.rollout.multiturn import Episode
+
+    class Env2:
+        name, agents = "two", ("a", "b")
+
+    res = result if isinstance(result, dict) else StepResult({"a": "", "b": ""}, *result)
+    episode = Episode(Env2(), {"a": "go", "b": "go"}, {"a": [], "b": []})
+    with pytest.raises(EnvOutputError, match=f"environment 'two': (step\\(\\) returned a StepResult whose )?{match}"):
+        episode.apply({"a": "x"}, res)
