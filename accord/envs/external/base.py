@@ -108,7 +108,7 @@ class ReplayEnv:
         self._actions.append(move)
         self._slot += len(acting)
         turns = self._slot // len(self.agents)
-        self._done = done or turns >= self.max_turns
+        self._done = bool(done) or turns >= self.max_turns
         self._obs = self._observe()
         local = {a: float(rewards.get(a, 0.0)) for a in self.agents}
         return StepResult(dict(self._obs), self._team(local), local, self._done, info)
