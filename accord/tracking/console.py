@@ -214,8 +214,8 @@ def held_out_summary(rows: list[dict], *, temperature: float = 0.0) -> list[str]
     evals = [r for r in rows if isinstance(r.get(mn.EVAL_TEAM_REWARD), (int, float))]
     mode = "greedy" if not temperature else f"sampled at temperature {temperature:g}"
     if not evals:
-        return ["no held-out evaluation in this run (task.eval_size is 0, or run.eval_before and run.eval_after "
-                "are false)"]
+        return ["no held-out evaluation in this run (task.eval_size is 0, run.eval_before and run.eval_after are "
+                "false, or the task gave no eval instances)"]
     first, last = evals[0], evals[-1]
     if first is last:
         return [f"held-out team reward ({mode}) at step {last['step']}: {_fmt(last[mn.EVAL_TEAM_REWARD])} "
