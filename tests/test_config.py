@@ -100,6 +100,10 @@ def test_bad_override_syntax():
             apply_override(data, "agents.0.policy=x")
     with pytest.raises(ConfigError, match=r"lora.target_modules is not set here, so it has no item 1"):
         apply_override({}, "lora.target_modules.1=q_proj")
+    # a path given as an empty string named the current directory ("demonstrations file '.' is a directory")
+    for key in ("sft.data", "sft.eval_data", "reward_model.path", "reward_model.preferences"):
+        with pytest.raises(ConfigError, match=rf"{key} is an empty string; give a file path, or null"):
+            load_config(None, [f"{key}=''"])
     data = {}
     apply_override(data, "task.options.0=x")   # a section's key that happens to be a number is still a key
     assert data == {"task": {"options": {"0": "x"}}}

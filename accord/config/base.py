@@ -39,6 +39,12 @@ def _positive(section: str, name: str, value: float, minimum: float = 1) -> None
         raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
 
 
+def _no_empty_path(section: str, name: str, value: str | None) -> None:
+    """A path setting given as an empty string (``key=''``) is refused: it would name the current directory."""
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{section}.{name} is an empty string; give a file path, or null to leave it unset")
+
+
 def check_device_setting(key: str, value: str | None) -> None:
     """The syntax of a device setting (auto, cpu, cuda, cuda:N); whether it exists is checked at run time
     (:mod:`accord.devices`), on the machine that loads the model."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, PAIR_SELECTIONS,
                                 SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice, _coerce, _f,
-                                _positive, _unknown_key, check_device_setting)
+                                _no_empty_path, _positive, _unknown_key, check_device_setting)
 from accord.config.rules import check_agents, check_config
 
 _logger = logging.getLogger(__name__)
@@ -632,6 +632,8 @@ class SftConfig:
                                       "steps; 0: only at a Ctrl-C.")
 
     def __post_init__(self) -> None:
+        _no_empty_path("sft", "data", self.data)
+        _no_empty_path("sft", "eval_data", self.eval_data)
         _positive("sft", "steps", self.steps)
         if self.epochs is not None and not self.epochs > 0:
             raise ConfigError(f"sft.epochs={self.epochs} must be > 0 (or null to use sft.steps)")
@@ -739,6 +741,8 @@ class RewardModelConfig:
                  "(configured by `algorithm` and `critic` as on their own).")
 
     def __post_init__(self) -> None:
+        _no_empty_path("reward_model", "path", self.path)
+        _no_empty_path("reward_model", "preferences", self.preferences)
         _positive("reward_model", "prompts", self.prompts)
         _positive("reward_model", "epochs", self.epochs)
         _positive("reward_model", "batch_size", self.batch_size)
