@@ -315,6 +315,7 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint {ckpt}; resume with "
                           f"run.steps={step} or more")
     if step == cfg.run.steps and stop_if_finished:
+        prune_checkpoints(run_dir, cfg.run.keep_checkpoints, ckpt)   # a kill between the last commit and its prune
         raise RunComplete(f"{run_dir} already reached run.steps={step} (checkpoint {ckpt.name}): nothing to do; to "
                           f"train it further pass a larger run.steps, e.g. `accord train --resume {run_dir} "
                           f"run.steps={2 * step}`")

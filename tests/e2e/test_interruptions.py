@@ -330,8 +330,12 @@ def test_mlflow_default_uri_is_one_clear_line(tmp_path):
 def test_resuming_a_finished_run_says_there_is_nothing_to_do(trained, tmp_path):
     run = _copy(trained, tmp_path)
     before = {name: (run / name).read_bytes() for name in ("metrics.jsonl", "config.yaml")}
+    # a kill between the last step's commit and its prune leaves one checkpoint too many (keep_checkpoints=2):
+    # resuming the finished run prunes it (a SIGKILL test's run once ended with three)
+    shutil.copytree(run / "checkpoints" / "step_000001", run / "checkpoints" / "step_000000")
     res = accord("train", "--resume", run, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
     line = one_line(res.stderr, "nothing to do")
     assert f"{run} already reached run.steps=2 (checkpoint step_000002)" in line, line
     assert f"accord train --resume {run} run.steps=4" in line, line
