@@ -148,7 +148,7 @@ def json_lines(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
         except RecursionError as err:
             raise DataFileError(f"{what} {path} line {n}: not valid JSON here (nested too deeply to parse); write "
                                 "one JSON object per line") from err
-        if "\\u" in line.lower() and _lone_surrogate(out[-1][1]):
+        if "\\u" in line and _lone_surrogate(out[-1][1]):   # JSON writes its escapes with a lowercase u
             raise DataFileError(f"{what} {path} line {n}: a string holds a lone surrogate escape (\\ud800-\\udfff "
                                 "without its pair), which is no character; fix or remove that escape")
     return out
