@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -274,6 +274,19 @@ def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
         if bad is not None:
             raise ConfigError(f"task {cfg.task.name!r}: its {split} instances must be dicts, got a "
                               f"{type(bad).__name__} ({bad!r:.80}); return a list of dicts from rows() / tasks()")
+    for split, rows in (("train", train_rows), ("eval", eval_rows)):
+        odd = [r["id"] for r in rows if isinstance(r["id"], bool) or not isinstance(r["id"], (str, int))][:1]
+        if odd:
+            odd = odd[0]
+            raise ConfigError(f"task {cfg.task.name!r}: its {split} instances' ids must be text or integers, got "
+                              f"{type(odd).__name__} {odd!r:.60}; give each instance an 'id' of text")
+        counts = Counter(r["id"] for r in rows)
+        repeated = [(i, n) for i, n in counts.items() if n > 1]
+        if repeated:
+            i, n = repeated[0]
+            raise ConfigError(f"task {cfg.task.name!r}: its {split} split repeats {len(repeated)} instance ids (e.g. "
+                              f"{i!r} {n} times; an instance without an 'id' is identified by its content); give each "
+                              "instance its own id or drop the repeats")
     overlap = {r["id"] for r in train_rows} & {r["id"] for r in eval_rows}
     if overlap:
         raise ConfigError(f"task {cfg.task.name!r}: {len(overlap)} instances are in both train and eval splits "

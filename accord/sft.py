@@ -60,7 +60,7 @@ from accord import metric_names as mn
 from accord.config import Config, ConfigError, save_config
 from accord.data import DataFileError, json_lines
 from accord.envs.oracles import oracle_for
-from accord.envs.protocol import Messages, is_env
+from accord.envs.protocol import Messages, is_env, step_env
 from accord.generation.hf import left_pad
 from accord.policies.model import ModelPolicy
 from accord.policies.protocol import PromptTooLongError
@@ -141,7 +141,7 @@ def oracle_demos(cfg: Config, make_task, rows: list[dict], *, noise: float, seed
                         stopped += 1
                         continue
                     out.extend(demos)
-                    ep.apply(actions, ep.env.step(actions))
+                    ep.apply(actions, step_env(ep.env, actions))
             for ep in episodes:
                 ep.turn += 1
     if stopped:

@@ -52,6 +52,7 @@ from accord.checkpoint import commit_checkpoint, disk_full_error, is_disk_full, 
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
+from accord.policies.protocol import TrainingError
 from accord.tracking import MetricAccumulator
 from accord.tracking.report_to import run_sinks
 from accord.rollout.dynamic import extra_rows, flat_groups, keep_informative, renumber
@@ -290,7 +291,7 @@ class Trainer:
             with self._phase(times, "kl"):
                 self._kl_reward_penalty(samples, acc)
         with self._phase(times, "adv"):
-            self._advantages(samples, acc)
+            self._advantages(samples, acc, step)
         with self._phase(times, "update"):  # all policies' updates sent first: concurrent on the Ray backend
             self._update(samples, step, acc)
 
@@ -303,9 +304,10 @@ class Trainer:
             return prompt_group_ids(samples)
         return [s.group for s in samples]
 
-    def _advantages(self, samples: list, acc: MetricAccumulator) -> None:
+    def _advantages(self, samples: list, acc: MetricAccumulator, step: int) -> None:
         """Group-relative advantages over the rollout's groups (or per agent, or per prompt); an agent with its
-        own ``advantage`` estimator gets it over its samples (groups never span agents)."""
+        own ``advantage`` estimator gets it over its samples (groups never span agents). Advantages that float32
+        cannot hold (returns of about 1e38 and beyond) stop the run naming the largest return."""
         algo = self.cfg.algorithm
         groups = self._groups(samples)
         own = {a.name: a.advantage for a in self.cfg.agents if a.advantage and a.advantage != algo.advantage}
@@ -316,6 +318,11 @@ class Trainer:
                 continue
             adv = group_advantages(torch.tensor([samples[i].ret for i in idx]), torch.tensor([groups[i] for i in idx]),
                                    estimator, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
+            if not bool(torch.isfinite(adv).all()):
+                worst = max((samples[i] for i in idx), key=lambda s: abs(s.ret))
+                raise TrainingError(f"step {step}: the {estimator} advantages are not finite: returns reach "
+                                    f"{worst.ret:.3g} (agent {worst.agent!r}), more than float32 holds; scale the "
+                                    "task's reward down")
             for i, a in zip(idx, adv.tolist()):
                 samples[i].advantage = a
         # groups whose members all have the same return carry no learning signal (every advantage 0)

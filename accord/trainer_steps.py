@@ -628,6 +628,10 @@ class RewardModel:
             encoded.append((iw, il))
             cut += cw + cl
         acc.add(mn.RM_TRUNCATED_FRAC, cut / (2 * len(pairs)))
+        if cut:
+            logger.warning("reward model: %d of the %d preference texts are longer than %d tokens and keep only their "
+                           "last %d (rm/truncated_frac); raise reward_model.max_tokens or shorten them", cut,
+                           2 * len(pairs), self.model.max_tokens, self.model.max_tokens)
         rng = random.Random(reward_model_pair_seed(cfg.run.seed))
         order = list(range(len(encoded)))
         rng.shuffle(order)

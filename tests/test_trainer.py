@@ -9,6 +9,7 @@ import torch
 from accord.config import config_from_dict
 from accord.envs.registry import register_task
 from accord.envs.synthetic.letters import LettersTask
+from accord.envs.synthetic.relay import RelayEnv
 from accord.tracking import read_metrics
 from accord.policies import TrainingError
 from accord.rollout.magrpo import RewardError
@@ -96,6 +97,8 @@ class _BadReward(LettersTask):
             out = out[:-1]
         elif self.mode == "text":
             out = [str(v) for v in out]
+        elif self.mode == "huge":
+            out[3] = 1e300
         else:
             raise KeyError("missing column")
         return out
@@ -119,6 +122,59 @@ def test_bad_rewards_are_named_errors(tiny_cfg, mode, text):
         trainer.train()
     if mode == "nan":
         assert "row 'train-" in str(info.value) and "e: " in str(info.value)
+
+
+class _RaisingRelay(RelayEnv):
+    where = "step"
+
+    def reset(self, task, seed=0):
+        if self.where == "reset":
+            raise IndexError("no such grid")
+        return super().reset(task, seed=seed)
+
+    def step(self, actions):
+        if self.where == "step":
+            raise ZeroDivisionError("division by zero")
+        return super().step(actions)
+
+
+@register_task("raising-relay-test", "test only")
+def _make_raising_relay(where: str = "step"):
+    env = _RaisingRelay()
+    env.where = where
+    return env
+
+
+@pytest.mark.parametrize("where, algorithm, text", [
+    ("step", "atgrpo", r"environment 'relay': step\(\) raised ZeroDivisionError: division by zero; an environment "
+                       r"must take any text as a move"),
+    ("step", "magrpo", r"step\(\) raised ZeroDivisionError"),
+    ("reset", "magrpo", r"environment 'relay': reset\(task 'train-\d+'\) raised IndexError: no such grid; fix its "
+                        r"reset or the task's row"),
+])
+def test_an_environment_that_raises_is_named(tiny_cfg, where, algorithm, text):
+    """An exception from an environment's own step() or reset() stops the run with an error naming the environment
+    and the call (a one-line EnvOutputError at the command line; it showed the environment's traceback)."""
+    from accord.envs.protocol import EnvOutputError
+
+    cfg = config_from_dict(tiny_cfg(task={"name": "raising-relay-test", "options": {"where": where}, "eval_size": 0},
+                                    algorithm={"name": algorithm}, rollout={"batch_size": 1, "max_turns": 2}))
+    trainer = Trainer(cfg)
+    try:
+        with pytest.raises(EnvOutputError, match=text) as info:
+            trainer.train_step(0)
+    finally:
+        trainer.close()
+    assert isinstance(info.value.__cause__, (ZeroDivisionError, IndexError))
+
+
+def test_a_reward_beyond_float32_is_named(tiny_cfg):
+    """A finite reward too large for float32 advantages stops the run naming it (it surfaced as a nan loss)."""
+    trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "bad-reward-test", "options": {"mode": "huge"},
+                                                      "eval_size": 0})))
+    with pytest.raises(TrainingError, match=r"step 0: the mean advantages are not finite: returns reach 1e\+300 "
+                                            r"\(agent '[eo]'\), more than float32 holds; scale the task's reward down"):
+        trainer.train()
 
 
 def test_nan_loss_stops_with_step_and_policy(tiny_cfg):
@@ -192,3 +248,45 @@ def test_stop_when_makes_a_step_the_last(tiny_cfg):
     assert [r["step"] for r in read_metrics(trainer.run_dir)] == list(range(1, n + 1))
     assert "eval/team/reward" in last   # run.eval_after: evaluated as the last step
     assert [p.name for p in (trainer.run_dir / "checkpoints").iterdir()] == [f"step_{n:06d}"]
+
+
+class _IdsTask(LettersTask):
+    ids = "repeat"
+
+    def rows(self, split, limit=None, seed=0):
+        rows = super().rows(split, limit, seed)
+        if self.ids == "repeat" and split == "train":
+            return [{**r, "id": "same" if j < 3 else r["id"]} for j, r in enumerate(rows)]
+        if self.ids == "overlap" and split == "eval":
+            return [{**r, "id": "train-0" if j == 0 else r["id"]} for j, r in enumerate(rows)]
+        if self.ids == "unhashable" and split == "train":
+            return [{**r, "id": ["a", j]} for j, r in enumerate(rows)]
+        if self.ids == "none" and split == "train":
+            return [{**r, "id": None} for r in rows]
+        return rows
+
+
+@register_task("ids-test", "test only")
+def _make_ids(ids: str = "repeat"):
+    task = _IdsTask(size=20)
+    task.ids = ids
+    return task
+
+
+@pytest.mark.parametrize("ids, text", [
+    ("repeat", r"task 'ids-test': its train split repeats 1 instance ids \(e.g. 'same' 3 times; .*\); give each "
+               r"instance its own id or drop the repeats"),
+    ("overlap", r"task 'ids-test': 1 instances are in both train and eval splits \(e.g. id 'train-0'\)"),
+    ("unhashable", r"task 'ids-test': its train instances' ids must be text or integers, got list \['a', 0\]"),
+    ("none", r"task 'ids-test': its train instances' ids must be text or integers, got NoneType None"),
+])
+def test_instance_ids_are_checked_per_split_and_across(tiny_cfg, ids, text):
+    """Repeated ids within a split are named as such (they were reported as a train/eval overlap, or not at all),
+    an overlap as an overlap, and an id that is neither text nor an integer is refused (a list raised TypeError)."""
+    from accord.build import split_data
+    from accord.config import ConfigError
+    from accord.envs.registry import make_env
+
+    cfg = config_from_dict(tiny_cfg(task={"name": "ids-test", "options": {"ids": ids}, "eval_size": 4}))
+    with pytest.raises(ConfigError, match=text):
+        split_data(cfg, make_env("ids-test", {"ids": ids}))

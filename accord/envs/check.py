@@ -11,7 +11,8 @@ It checks, and raises :class:`EnvCheckError` naming the method at fault:
   splits, deterministic per seed;
   ``instructions`` returns a non-empty string per agent; ``reset`` returns a string observation for every
   agent; ``acting`` names agents in turn order; ``step`` returns a :class:`StepResult` with an observation
-  and a finite local reward for every agent, a finite team reward and a bool ``done``; a step after
+  and a finite local reward for every agent, a finite team reward (numbers, numpy scalars included; not bool or
+  text) and a bool ``done``, as every step of a run must; a step after
   ``done`` raises;
 - **robustness**: unparseable text (empty, random symbols, very long) is a legal move, never an exception;
 - **seed determinism**: two fresh environments reset with the same task and seed and fed the same
@@ -28,11 +29,10 @@ It checks, and raises :class:`EnvCheckError` naming the method at fault:
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any, Callable, Sequence
 
-from accord.envs.protocol import Env, StepResult, task_instances
+from accord.envs.protocol import Env, EnvOutputError, StepResult, check_step_result, task_instances
 from accord.envs.single_turn import RewardError, SingleTurnEnv
 
 GARBAGE = ("", "   ", "\x00\ufffd}{][", "lorem " * 2000, "```python\nwhile True: pass\n```", "🙂" * 50)
@@ -80,6 +80,9 @@ def _check_tasks(env: Env, n: int) -> list[dict]:
         for row in rows:
             if not isinstance(row, dict):
                 raise _fail(env, "tasks", f"must return dicts (an 'id' key optional), got {row!r:.120}")
+            if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
+                raise _fail(env, "tasks", f"must give ids of text or integers, got {type(row['id']).__name__} "
+                                          f"{row['id']!r:.60}")
             ids.append(row["id"])
         if len(set(ids)) != len(ids):
             raise _fail(env, "tasks", f"returned duplicate ids in split {split!r} (an instance without an 'id' is "
@@ -104,19 +107,13 @@ def _check_obs(env: Env, method: str, obs: Any) -> None:
 
 
 def _check_result(env: Env, res: Any) -> StepResult:
-    if not isinstance(res, StepResult):
-        raise _fail(env, "step", f"must return a StepResult, got {type(res).__name__}")
+    """What a run demands of every step (:func:`accord.envs.protocol.check_step_result`: finite number rewards,
+    numpy scalars included, a bool ``done``), and besides an observation for every agent and a dict ``info``."""
+    try:
+        check_step_result(env, res)
+    except EnvOutputError as err:
+        raise _fail(env, "step", str(err).split("step() ", 1)[-1]) from err
     _check_obs(env, "step", res.observations)
-    if not isinstance(res.team_reward, (int, float)) or not math.isfinite(res.team_reward):
-        raise _fail(env, "step", f"team_reward must be a finite float, got {res.team_reward!r}")
-    if not isinstance(res.local_rewards, dict) or set(res.local_rewards) != set(env.agents):
-        raise _fail(env, "step", f"local_rewards must have a key for every agent {list(env.agents)}, "
-                                 f"got {res.local_rewards!r:.200}")
-    for a, v in res.local_rewards.items():
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise _fail(env, "step", f"local reward of {a!r} must be a finite float, got {v!r}")
-    if not isinstance(res.done, bool):
-        raise _fail(env, "step", f"done must be a bool, got {res.done!r}")
     if not isinstance(res.info, dict):
         raise _fail(env, "step", f"info must be a dict, got {type(res.info).__name__}")
     return res

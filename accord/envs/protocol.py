@@ -158,6 +158,45 @@ def check_step_result(env: Any, res: Any) -> Any:
     return res
 
 
+def _env_name(env: Any) -> str:
+    return getattr(env, "name", type(env).__name__)
+
+
+def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
+    return EnvOutputError(f"environment {_env_name(env)!r}: {call} raised {type(err).__name__}: {err}; {fix} "
+                          "(--debug shows the traceback)")
+
+
+def step_env(env: Any, actions: Mapping[str, str]) -> Any:
+    """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
+    becomes an :class:`EnvOutputError` naming the environment (the original chained: ``--debug`` shows it).
+    ``OSError`` and ``MemoryError`` pass unchanged (a full disk or memory is not the environment's fault)."""
+    try:
+        res = env.step(actions)
+    except (OSError, MemoryError, EnvOutputError):
+        raise
+    except Exception as err:  # re-raised with the environment named: its code failed, the run must stop
+        raise _raised(env, "step()", err, "an environment must take any text as a move (`accord envs --check` "
+                                          "tries some)") from err
+    return check_step_result(env, res)
+
+
+def reset_env(env: Any, task: Mapping[str, Any], seed: int) -> dict[str, str]:
+    """``env.reset(task, seed=seed)``: the agents' observations as text, else an :class:`EnvOutputError`; an
+    exception from the environment's code is named as in :func:`step_env`."""
+    try:
+        obs = env.reset(task, seed=seed)
+    except (OSError, MemoryError, EnvOutputError):
+        raise
+    except Exception as err:  # re-raised with the environment named, as in step_env
+        where = task.get("id") if isinstance(task, Mapping) else None
+        raise _raised(env, f"reset(task {where!r})", err, "fix its reset or the task's row") from err
+    if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):
+        raise EnvOutputError(f"environment {_env_name(env)!r}: reset() must return the agents' observations as "
+                             f"text, got {obs!r:.120}")
+    return dict(obs)
+
+
 def _number(value: Any) -> bool:
     try:
         return not isinstance(value, (str, bytes, bool)) and math.isfinite(value)

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from accord import metric_names as mn
 from accord.config import ConfigError
-from accord.envs.protocol import Env, is_env
+from accord.envs.protocol import Env, is_env, step_env
 from accord.rollout.base import Generate, Phase, RolloutResult, register_rollout
 from accord.rollout.multiturn import CompleteFn, _EpisodeRollout, _sample, start_episodes
 from accord.rollout.sample import Sample
@@ -70,7 +70,7 @@ def sample_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete:
                     samples.append(s)
                     pending[e][a] = s
                     actions[a] = comp.text
-                res = ep.env.step(actions)
+                res = step_env(ep.env, actions)
                 for a in acting:
                     log[e].append((t, a, ep.obs[a], actions[a]))
                 ep.apply(actions, res)

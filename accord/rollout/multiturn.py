@@ -51,7 +51,7 @@ from accord.algorithms.credit import counterfactual_credit, credit_rng as step_c
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
 from accord.config.rules import joint_mode_for
-from accord.envs.protocol import Env, EnvOutputError, Messages, StepResult, check_step_result, is_env
+from accord.envs.protocol import Env, Messages, StepResult, check_step_result, is_env, reset_env, step_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
 from accord.seeding import episode_seed, rollout_seed
@@ -103,11 +103,8 @@ def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int)
     out = []
     for b, row in enumerate(rows):
         env = make_env()
-        obs = env.reset(row, seed=episode_seed(seed, b))
-        if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):
-            raise EnvOutputError(f"environment {getattr(env, 'name', type(env).__name__)!r}: reset() must return "
-                                 f"the agents' observations as text, got {obs!r:.120}")
-        out.append(Episode(env, dict(obs), {a: [] for a in env.agents}))
+        obs = reset_env(env, row, episode_seed(seed, b))
+        out.append(Episode(env, obs, {a: [] for a in env.agents}))
     return out
 
 
@@ -236,10 +233,10 @@ def _tree_credit(nodes: list[_Node], agents: Sequence[str], k: int, simultaneous
         env = node.ep.env.clone()
         texts = {a: node.samples[a][c[i]].completion_text for i, a in enumerate(agents)}
         if simultaneous:
-            return float(env.step(texts).team_reward)
+            return float(step_env(env, texts).team_reward)
         total = 0.0
         for a in agents:
-            res = env.step({a: texts[a]})
+            res = step_env(env, {a: texts[a]})
             total += float(res.team_reward)
             if res.done:
                 break
@@ -259,7 +256,7 @@ def _step_clone(ep: Episode, actions: dict[str, str], audit: bool = False) -> tu
     step (the state the actions were scored on)."""
     env = ep.env.clone()
     stepped = state_fingerprint(env) if audit else None
-    res = env.step(actions)
+    res = step_env(env, actions)
     child = ep.copy_with(env)
     child.apply(actions, res)
     child.turn = ep.turn + 1 if (ep.env.simultaneous or _ends_turn(ep.env, actions)) else ep.turn
@@ -429,7 +426,7 @@ def play_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete: C
             for b in live:
                 actions = {a: next(outs)[0].text for a in acting}
                 ep = episodes[b]
-                res = ep.env.step(actions)
+                res = step_env(ep.env, actions)
                 ep.apply(actions, res)
         for ep in episodes:
             ep.turn += 1

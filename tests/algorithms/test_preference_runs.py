@@ -184,6 +184,22 @@ def test_marlhf_from_a_persons_file_then_reuse_of_its_reward_model(tiny_cfg, tmp
     assert rm_a.scores([ids]) == rm_b.scores([ids])
 
 
+def test_preference_texts_cut_to_max_tokens_are_warned(tiny_cfg, tmp_path, caplog):
+    """Joint texts longer than reward_model.max_tokens keep their last tokens: counted in rm/truncated_frac and
+    said once in the log with the fix (it was the metric alone)."""
+    long = {**GOOD, "chosen": {"e": "eel " * 40, "o": "moon " * 40}}
+    prefs = _write(tmp_path / "prefs.jsonl", [GOOD] * 3 + [long] * 3 + [""])
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, algorithm={"name": "marlhf"},
+                                                reward_model={"preferences": prefs, "epochs": 1, "eval_frac": 0.0,
+                                                              "max_tokens": 128})))
+    with caplog.at_level(logging.WARNING, logger="accord.trainer_steps"):
+        trainer.train()
+    assert read_metrics(trainer.run_dir)[0]["rm/truncated_frac"] > 0   # (averaged with the rollouts' share)
+    said = [r.getMessage() for r in caplog.records if "preference texts" in r.getMessage()]
+    assert said == ["reward model: 3 of the 12 preference texts are longer than 128 tokens and keep only their last 128 "
+                    "(rm/truncated_frac); raise reward_model.max_tokens or shorten them"]
+
+
 @pytest.mark.parametrize("line,match", [
     ({**GOOD, "chosen": {"e": "x", "o": "y", "u": "z"}}, r"line 2: unknown agent\(s\) \['u'\] in 'chosen'"),
     ({**GOOD, "rejected": {"e": "  ", "o": "y"}}, r"line 2: empty completion of agent 'e' in 'rejected'"),

@@ -415,3 +415,35 @@ def test_a_step_result_is_checked_on_every_step(result, match):
     episode = Episode(Env2(), {"a": "go", "b": "go"}, {"a": [], "b": []})
     with pytest.raises(EnvOutputError, match=f"environment 'two': (step\\(\\) returned a StepResult whose )?{match}"):
         episode.apply({"a": "x"}, res)
+
+
+@pytest.mark.parametrize("result, match", [
+    ({"team_reward": 1.0}, "must return a StepResult, got dict"),
+    (("1.0", {"a": 0.0, "b": 0.0}, True), "team_reward must be a finite number, got '1.0'"),
+    ((True, {"a": 0.0, "b": 0.0}, True), "team_reward must be a finite number, got True"),
+    ((1.0, {"a": 0.0, "b": float("inf")}, True), "every local reward must be a finite number"),
+    ((1.0, {"a": 0.0, "b": 0.0}, "no"), "done must be a bool, got 'no'"),
+    ((1.0, {"a": 0.0, "b": 0.0}, True, None, {"a": ""}), r"must return an observation for every agent \['a', 'b'\], got \['a'\]"),
+    ((1.0, {"a": 0.0, "b": 0.0}, True, []), "info must be a dict, got list"),
+])
+def test_envs_check_demands_what_a_run_demands_and_more(result, match):
+    """`accord envs --check` refuses every step result a run refuses (one check, the same words), and besides
+    wants an observation for every agent and a dict info; a numpy reward passes both."""
+    import numpy as np
+
+    from accord.envs.check import EnvCheckError, _check_result
+    from accord.envs.protocol import StepResult
+
+    class Env2:
+        name, agents = "two", ("a", "b")
+
+    fine = StepResult({"a": "", "b": ""}, np.float32(1.0), {"a": np.float64(0.5), "b": 0}, False)
+    assert _check_result(Env2(), fine) is fine
+    if isinstance(result, dict):
+        res = result
+    else:
+        reward, local, done, *rest = result
+        info = rest[0] if rest and rest[0] is not None else {}
+        res = StepResult(rest[1] if len(rest) > 1 else {"a": "", "b": ""}, reward, local, done, info)
+    with pytest.raises(EnvCheckError, match=f"environment 'two': Env2\\.step (returned a StepResult whose )?{match}"):
+        _check_result(Env2(), res)
