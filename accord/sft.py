@@ -291,7 +291,8 @@ def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) ->
     eos = _eos_id(policy)
     out = []
     for d in demos:
-        ids = policy.tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos]
+        # written control strings stay text (split_special_tokens), as the prompts keep them (chat_ids)
+        ids = policy.tokenizer(d.completion, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [eos]
         if len(ids) > max_new_tokens:
             raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {len(ids)} tokens (with EOS), more "
                             f"than rollout.max_new_tokens={max_new_tokens}: RL could never write it; raise "

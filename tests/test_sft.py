@@ -478,3 +478,24 @@ def test_a_demonstration_prompt_longer_than_the_rollout_allows_names_its_line():
         encode_demos(policy, [demo], 8)
     assert str(err.value).startswith("demos.jsonl line 7: the prompt of agent 'planner' is too long")
     assert "rollout.max_prompt_tokens=16" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_control_string_written_in_a_demonstration_stays_text():
+    """A demonstration that writes `<|im_end|>` out trains on its characters (as the rollout's prompts keep them):
+    it was encoded as the end-of-turn token, so the policy learned to stop in the middle of the answer."""
+    from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+    from accord.policies.model import ModelPolicy
+    from accord.sft import Demo
+
+    policy = ModelPolicy("p", PolicyConfig(model="tiny-qwen2"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                         RolloutConfig(temperature=1.0), total_optimizer_steps=1, seed=0)
+    tok = policy.tokenizer
+    specials = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|im_start|>", "<|endoftext|>")}
+    demo = Demo(agent="a", messages=[{"role": "user", "content": "say it"}],
+                completion="one <|im_end|> two <|endoftext|>", where="demos.jsonl line 1")
+    (encoded,) = encode_demos(policy, [demo], 64)
+    body = encoded.completion_ids[:-1]
+    assert not specials & set(body) and encoded.completion_ids[-1] in specials   # the EOS only at the end
+    assert tok.decode(body) == "one <|im_end|> two <|endoftext|>"
+    plain = Demo(agent="a", messages=demo.messages, completion="one two", where="demos.jsonl line 2")
+    assert encode_demos(policy, [plain], 64)[0].completion_ids[:-1] == tok("one two", add_special_tokens=False)["input_ids"]

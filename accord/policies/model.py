@@ -25,6 +25,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import re
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -60,12 +61,87 @@ _EVERY_EPOCH = (mn.ENTROPY, mn.LOGP_DIFF, mn.TIS_WEIGHT, mn.TIS_CAPPED, mn.MISMA
 CHAT_CACHE_SIZE = 2048   # distinct prompts whose token ids a policy keeps (the least recently used goes first)
 
 
+def control_strings(tokenizer) -> tuple[str, ...]:
+    """The texts ``tokenizer`` reads as one added token wherever they occur in a text (its special and added
+    tokens: ``<|im_end|>``, ``<|endoftext|>``, ...), longest first."""
+    found = vars(tokenizer).get("_accord_control_strings")
+    if found is None:
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        found = tuple(sorted({t.content for t in decoder.values() if getattr(t, "content", "")}, key=len, reverse=True))
+        vars(tokenizer)["_accord_control_strings"] = found
+    return found
+
+
+def holds_control(tokenizer, messages: list[dict]) -> bool:
+    """Whether a message's text content holds one of the tokenizer's :func:`control_strings`."""
+    strings = control_strings(tokenizer)
+    return bool(strings) and any(isinstance(m.get("content"), str) and any(c in m["content"] for c in strings)
+                                 for m in messages if isinstance(m, dict))
+
+
+def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int] | None:
+    """The chat template's ids with each message's content kept as text: a control string in a content is
+    tokenized as its characters, not as the control token. None where the template does not show each content
+    once as given.
+
+    The template is rendered with a placeholder per content, which tells its own text from the contents; the
+    text is cut at the template's own control strings only (as the tokenizer cuts a text at every control string
+    before its subword model), each part between them tokenized whole with the control strings it holds split."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    text = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                         add_generation_prompt=True, tokenize=False)
+    if not isinstance(text, str):
+        return None
+    pieces, rest = [], text
+    for m, mark in zip(messages, marks):
+        head, found, rest = rest.partition(mark)
+        if not found or mark in rest:
+            return None
+        pieces += [(head, False), (m["content"], True)]
+    pieces.append((rest, False))
+    cut = re.compile("|".join(re.escape(c) for c in control_strings(tokenizer)))
+    ids: list[int] = []
+    part = ""
+    for piece, content in pieces:
+        if content:
+            part += piece
+            continue
+        at = 0
+        for match in cut.finditer(piece):
+            part += piece[at:match.start()]
+            if part:
+                ids += tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            ids.append(tokenizer.convert_tokens_to_ids(match.group()))
+            part, at = "", match.end()
+        part += piece[at:]
+    if part:
+        ids += tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids
+
+
+def _template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _without_control(tokenizer, text):
+    for c in control_strings(tokenizer):
+        text = text.replace(c, "") if isinstance(text, str) else text
+    return text
+
+
 def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template and the assistant turn's opening
     (without a template: the contents joined by blank lines). ``cache`` maps messages seen before to their ids:
     a task shows the same prompt many times (every evaluation, every epoch, several agents or instances alike),
     and rendering the template costs more than a small model's step; messages with a field that is not a string
-    are rendered every time."""
+    are rendered every time.
+
+    A message whose content holds a control string of the tokenizer (``<|im_end|>`` written out, by a task or
+    by a partner agent's completion in a multi-turn history) keeps it as text, tokenized as ordinary tokens, so
+    that no text can open or close a turn of the prompt; the ids are otherwise those of the template
+    (:func:`_literal_chat_ids`). Where that cannot be done (a template that does not show each content once as
+    given, a tokenizer whose cutting differs), the template's own tokenization is used, with a warning."""
     key = None
     if cache is not None:
         try:
@@ -76,13 +152,25 @@ def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) 
     if key is not None and (hit := cache.get(key)) is not None:
         cache.move_to_end(key)
         return hit.tolist()
+    literal = holds_control(tokenizer, messages)
+    ids = None
     if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
+        if literal:
+            ids = _literal_chat_ids(tokenizer, messages)
+            # the same cutting must give the template's own ids for these messages without their control strings
+            plain = [{**m, "content": _without_control(tokenizer, m.get("content"))} for m in messages]
+            if ids is not None and _literal_chat_ids(tokenizer, plain) != _template_ids(tokenizer, plain):
+                ids = None
+            if ids is None and not vars(tokenizer).get("_accord_control_warned"):
+                vars(tokenizer)["_accord_control_warned"] = True
+                logger.warning("a prompt's text holds a control string of the tokenizer (%s) and the chat template "
+                               "does not show each message's content as given: tokenized as the template renders "
+                               "it, the control string as its token", ", ".join(control_strings(tokenizer)[:3]))
+        if ids is None:
+            ids = _template_ids(tokenizer, messages)
     else:
         text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = tokenizer(text, add_special_tokens=True, split_special_tokens=literal)["input_ids"]
     ids = list(ids)
     if key is not None:
         cache[key] = array("q", ids)
