@@ -137,9 +137,12 @@ class ScalarModel:
 
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
-    def encode(self, text: str) -> tuple[list[int], bool]:
-        """Token ids of a plain text (no chat template) cut to ``max_tokens``, and whether it was cut."""
-        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+    def encode(self, text: str, literal: bool = True) -> tuple[list[int], bool]:
+        """Token ids of a plain text (no chat template) cut to ``max_tokens``, and whether it was cut. ``literal``:
+        a control string written in the text (``<|endoftext|>``, from a completion) is encoded as its
+        characters, not as the control token; False reads them as control tokens (a text decoded from another
+        tokenizer's ids with its control tokens)."""
+        ids = list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=literal)["input_ids"])
         if not ids:
             ids = [self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.pad]
         return truncate_left(ids, self.max_tokens)

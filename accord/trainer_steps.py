@@ -161,7 +161,7 @@ class Critics:
                     ids, was_cut = model.fit(ids)
                 else:
                     actor = self.run.policies[s.policy].tokenizer
-                    ids, was_cut = model.encode(actor.decode(ids, skip_special_tokens=False))
+                    ids, was_cut = model.encode(actor.decode(ids, skip_special_tokens=False), literal=False)
             out.append(ids)
             cut.append(was_cut)
         return out, cut
