@@ -22,33 +22,19 @@ one call of the wrapped environment's batched :meth:`~accord.envs.single_turn.Si
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from accord.envs.protocol import Env, StepResult
+from accord.envs.text import tag_spans
 
 CENTRAL = "central"
 
 
 def _sections(text: str, role: str) -> list[str]:
     """The ``<role>...</role>`` sections of ``text`` (tags case-insensitive), each from an opening tag to the
-    first closing tag after it, scanning on after that closing tag. One pass over the text for each tag: a
-    lazy ``<role>(.*?)</role>`` regex would rescan to the end from every opening tag that has no closing tag
-    after it (quadratic time on a text of many opening tags)."""
-    flags = re.IGNORECASE
-    opens = [(m.start(), m.end()) for m in re.finditer(f"<{re.escape(role)}>", text, flags)]
-    closes = [(m.start(), m.end()) for m in re.finditer(f"</{re.escape(role)}>", text, flags)]
-    found, c, pos = [], 0, 0
-    for start, end in opens:
-        if start < pos:          # inside the section just taken
-            continue
-        while c < len(closes) and closes[c][0] < end:
-            c += 1
-        if c == len(closes):     # no closing tag after this opening tag, nor after any later one
-            break
-        found.append(text[end:closes[c][0]])
-        pos = closes[c][1]
-    return found
+    first closing tag after it, scanning on after that closing tag (:func:`accord.envs.text.tag_spans`: one pass,
+    where a lazy ``<role>(.*?)</role>`` regex takes quadratic time on a text of many opening tags)."""
+    return [text[begin:end] for _, begin, end, _ in tag_spans(text, f"<{role}>", f"</{role}>")]
 
 
 def parse_roles(text: str, roles: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from accord.envs.text import without_sections
 from accord.sandbox import Sandbox, SandboxConfig, TestPlan, TestRun
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,6 @@ __all__ = [
 #: Longer extracted code is treated as unreadable (no model answer to a coding task is this long).
 MAX_CODE_CHARS = 50_000
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE_OPEN = re.compile(r"^[ \t]*```+[ \t]*([A-Za-z0-9_+.-]*)[^\n]*$", re.MULTILINE)
 _CONTINUATION = ("else", "elif", "except", "finally")
 _DEFINING = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
@@ -139,7 +139,7 @@ def extract_code(text: str) -> str:
     """The Python code in a model's answer (see the module docstring); ``""`` when there is none."""
     if not isinstance(text, str):
         return ""
-    text = _THINK.sub("", text.replace("\r\n", "\n"))
+    text = without_sections(text.replace("\r\n", "\n"), "<think>", "</think>")   # linear, unlike a lazy regex
     blocks = _fenced_blocks(text) if "```" in text else []
     candidates = blocks if blocks else [text]
     parts = [repair(block) for block in candidates]

@@ -88,7 +88,23 @@ _SHOW_STDOUT, _SHOW_ERROR, _SHOW_CODE, _SHOW_REPLY = 600, 400, 1500, 500
 # programs
 # ---------------------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.S)
+_TAG = re.compile(r"[ \t]*([A-Za-z0-9_+.-]*)")
+
+
+def _fences(text: str) -> list[tuple[str, str]]:
+    """(tag, body) of each closed fenced block: ```` ``` ```` and a tag after optional blanks, the rest of that line,
+    then the body up to the next ```` ``` ````, scanning on after it: what ``re.findall(r"```[ \t]*([A-Za-z0-9_+.-]*)
+    [^\n]*\n(.*?)```", text, re.S)`` finds, in one pass (that regex backtracks quadratically on a long first
+    line without a newline)."""
+    found, pos = [], 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        close = -1 if newline < 0 else text.find("```", newline + 1)
+        if close < 0:   # no later fence has a newline and a closing fence after it either
+            break
+        found.append((_TAG.match(text, start + 3, newline).group(1), text[newline + 1:close]))
+        pos = close + 3
+    return found
 _PY_TAGS = {"python", "py", "python3", ""}
 
 
@@ -97,7 +113,7 @@ def extract_code(text: str) -> str | None:
     block that was never closed (cut off by the token limit); None when there is none or it is blank."""
     if not isinstance(text, str):
         return None
-    blocks = [body for tag, body in _FENCE.findall(text) if tag.lower() in _PY_TAGS]
+    blocks = [body for tag, body in _fences(text) if tag.lower() in _PY_TAGS]
     if blocks:
         code = blocks[-1]
     else:

@@ -16,6 +16,7 @@ as ``reward/<name>``.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -28,11 +29,20 @@ from accord.envs.writing.core import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, 
 WRITER = "writer"
 
 
+@functools.lru_cache(maxsize=None)
+def heading_pattern(roles: tuple[str, str]) -> re.Pattern:
+    """The heading of a role's part: a line's start, optional ``#`` and ``*`` marks, the role (and ``summary``),
+    a colon. One way to read each run of blanks (no two optional runs side by side), so that a line that nearly
+    matches fails in time linear in its length."""
+    names = "|".join(re.escape(r) for r in roles)
+    return re.compile(rf"(?im)^[ \t]*(?:#+[ \t]*)?(?:\*+[ \t]*)?({names})(?:[ \t]+summary)?[ \t]*(?:\*+[ \t]*)?:"
+                      r"[ \t]*\**")
+
+
 def split_parts(text: str, roles: tuple[str, str]) -> dict[str, str]:
     """One completion cut into the two roles' parts (see the module docstring); never raises."""
     text = text if isinstance(text, str) else ""
-    names = "|".join(re.escape(r) for r in roles)
-    heading = re.compile(rf"(?im)^[ \t]*(?:#+[ \t]*)?\**[ \t]*({names})(?:[ \t]+summary)?[ \t]*\**[ \t]*:[ \t]*\**")
+    heading = heading_pattern(tuple(roles))
     marks = list(heading.finditer(text))
     parts = dict.fromkeys(roles, "")
     if marks:
