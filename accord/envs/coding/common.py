@@ -90,21 +90,23 @@ def _unparse(nodes: Sequence[ast.stmt]) -> str | None:
 
 
 def _chunks(lines: list[str]) -> list[str]:
-    """Top-level chunks: a column-0 line starts one; indented/blank lines and ``else:``-like lines continue."""
+    """Top-level chunks: a column-0 line starts one; indented/blank lines and ``else:``-like lines continue; a
+    chunk of decorator lines only takes the next top-level line too. Whether the last chunk is decorators only is
+    kept as two flags, so a run of decorator lines costs time linear in its length."""
     chunks: list[list[str]] = []
+    decorator = other = False   # the last chunk has a non-blank line starting with "@" / one that does not
     for line in lines:
         stripped = line.strip()
         top = bool(stripped) and not line[0].isspace()
         word = re.match(r"[A-Za-z_]+", stripped)
         continues = top and word is not None and word.group(0) in _CONTINUATION
-        if (top and not continues) or not chunks:
-            previous = [x for x in chunks[-1] if x.strip()] if chunks else []
-            if previous and all(x.lstrip().startswith("@") for x in previous):
-                chunks[-1].append(line)  # decorators join the definition after them
-                continue
+        if ((top and not continues) or not chunks) and not (decorator and not other):
             chunks.append([line])
+            decorator = other = False
         else:
-            chunks[-1].append(line)
+            chunks[-1].append(line)  # (a definition after decorators joins them)
+        if stripped:
+            decorator, other = decorator or stripped.startswith("@"), other or not stripped.startswith("@")
     return ["\n".join(c) for c in chunks]
 
 
@@ -288,7 +290,8 @@ def case_sources(tests: str, entry_point: str | None = None) -> list[str]:
 
 
 _EXAMPLE_ARROW = re.compile(r"^\s*(?:==>|=>|==|\u279e|->|\u2192|#\s*returns?|returns?|should\s+return|"
-                            r"should\s+be|the\s+output\s+should\s+be)\s*:?\s*(.+?)\s*$", re.IGNORECASE)
+                            r"should\s+be|the\s+output\s+should\s+be)\s*:?\s*(.+)$", re.IGNORECASE)   # (the value: group 1 rstripped;
+# a lazy group before "\s*$" took time quadratic in a run of blanks inside the line)
 _EXAMPLE_WORDS = {"true": True, "false": False}
 MAX_EXAMPLES = 10
 
@@ -335,7 +338,7 @@ def _inline_example(line: str, entry_point: str) -> str | None:
         if call is None:
             continue
         arrow = _EXAMPLE_ARROW.match(line[end + 1:])
-        value = _example_value(arrow.group(1)) if arrow else None
+        value = _example_value(arrow.group(1).rstrip() or arrow.group(1)) if arrow else None
         return f"assert {call} == {value}" if value is not None else None
     return None
 

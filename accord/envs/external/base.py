@@ -44,9 +44,10 @@ class TextObservationError(TaskError):
 
 
 def first_int(text: str) -> int | None:
-    """The first integer written in ``text`` (digits, optionally in brackets), or None."""
+    """The first integer written in ``text`` (digits, optionally in brackets), or None; None also when it has
+    more than 18 digits (no move is numbered so; Python refuses to read more than 4,300 digits)."""
     m = re.search(r"-?\d+", text)
-    return int(m.group()) if m else None
+    return int(m.group()) if m and len(m.group().lstrip("-")) <= 18 else None
 
 
 class ReplayEnv:

@@ -125,15 +125,19 @@ Number = Fraction | float | complex
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _GSM = re.compile(r"####[ \t]*([^\n]+)")
 _MARKER = re.compile(r"(?i)(?:final\s+answer|the\s+answer|answer)\s*(?:is\b|:|=)\s*:?[ \t]*([^\n]*)")
-_INLINE_MATH = re.compile(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)")
-_SENTENCE_END = re.compile(r"(?<!\d)\.(?!\d)|;|\s+(?:because|since|so|as|which|where)\b|,\s+(?:since|because|so|which)\b")
+_DOLLAR_MATH = re.compile(r"\$\$?(.+?)\$\$?")
+_PAREN_MATH = re.compile(r"\\\((.+?)\\\)")
+# a run of blanks is tried from its first blank only (from every blank, a long run not followed by one of the
+# words cost time quadratic in its length)
+_SENTENCE_END = re.compile(r"(?<!\d)\.(?!\d)|;|(?<!\s)\s+(?:because|since|so|as|which|where)\b"
+                           r"|,\s+(?:since|because|so|which)\b")
 
 
-def _group(text: str, i: int) -> tuple[str, int] | None:
-    """``text[i]`` is ``{``: its content and the index after the matching ``}``, or None if unbalanced.
-    A backslash escapes the next character (``\\{`` and ``\\}`` do not count)."""
-    depth, j = 0, i
-    while j < len(text):
+def _group(text: str, i: int, end: int | None = None) -> tuple[str, int] | None:
+    """``text[i]`` is ``{``: its content and the index after the matching ``}``, or None if unbalanced before
+    ``end`` (default: the text's end). A backslash escapes the next character (``\\{`` and ``\\}`` do not count)."""
+    depth, j, end = 0, i, len(text) if end is None else end
+    while j < end:
         c = text[j]
         if c == "\\":
             j += 2
@@ -152,13 +156,17 @@ def extract_boxed(text: str) -> str | None:
     r"""The content of the last complete ``\boxed{...}`` / ``\fbox{...}`` in ``text`` (None if none)."""
     if not isinstance(text, str):
         return None
+    # an earlier box still open where a later, never-closed box opens never closes either (the later one's
+    # braces never balance): its scan stops there, so unclosed boxes do not each scan to the text's end
+    limit = len(text)
     for m in list(_BOX.finditer(text))[::-1][:_MAX_BOXES]:
         i = m.end()
         while i < len(text) and text[i] in " \t":
             i += 1
         if i < len(text) and text[i] == "{":
-            found = _group(text, i)
+            found = _group(text, i, limit)
             if found is None:
+                limit = min(limit, i)
                 continue  # truncated box: an earlier complete one may still be the answer
             content = found[0].strip()
         else:
@@ -173,11 +181,22 @@ def _looks_like_answer(s: str) -> bool:
     return bool(s) and (any(c.isdigit() for c in s) or "\\" in s or len(s.split()) <= 2)
 
 
+def _inline_math(s: str) -> str | None:
+    r"""The first ``$...$`` / ``$$...$$`` / ``\(...\)`` content of a line (no newline in ``s``), as the pattern
+    ``\$\$?(.+?)\$\$?|\\\((.+?)\\\)`` finds it, in linear time: the lazy ``\(`` scan starts at the first ``\(``
+    only (if no ``\)`` follows that one, none follows a later one)."""
+    dollar = _DOLLAR_MATH.search(s)
+    start = s.find("\\(")
+    paren = _PAREN_MATH.match(s, start) if start >= 0 else None
+    found = [m for m in (dollar, paren) if m is not None]
+    return min(found, key=lambda m: m.start()).group(1) if found else None
+
+
 def _clean_marker(s: str) -> str | None:
     s = s.replace("**", "").replace("`", "").strip()
-    m = _INLINE_MATH.search(s)
-    if m:
-        s = (m.group(1) or m.group(2) or "").strip()
+    math = _inline_math(s)
+    if math is not None:
+        s = math.strip()
     else:
         s = _SENTENCE_END.split(s, maxsplit=1)[0]
     s = s.strip().rstrip(".,;:!").strip()
@@ -232,7 +251,9 @@ _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![A-Za-z])|\\circ(?![
 _LHS = re.compile(r"^\s*(?:[A-Za-z]|[A-Za-z]\s*\(\s*[A-Za-z]\s*\)|\\[A-Za-z]+)\s*=\s*(?!=)(.+)$", re.S)
 # Every alternative after \s+ starts with a non-space, and a closing brace is taken only when present, so
 # the spaces between two unit words can be split only one way (no exponential backtracking).
-_UNIT_WORDS = re.compile(r"^(.*?[0-9)\]}%])((?:\s+(?:[A-Za-z]{2,}\.?|\^\s*\{?\s*\d+(?:\s*\})?|/))+)\s*$", re.S)
+# (the blanks before an exponent's brace belong to the brace: two optional runs of blanks side by side, repeated
+# under the "+", made a failing match try 2^n ways: 2.7 s for an 83-character answer)
+_UNIT_WORDS = re.compile(r"^(.*?[0-9)\]}%])((?:\s+(?:[A-Za-z]{2,}\.?|\^\s*(?:\{\s*)?\d+(?:\s*\})?|/))+)\s*$", re.S)
 _MATH_WORDS = {"sqrt", "pi", "infty", "sin", "cos", "tan", "ln", "log", "exp", "cup", "cap", "frac", "oo"}
 _TRAILING_BACKSLASHES = re.compile(r"(?:\\\s*)+$")
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?")

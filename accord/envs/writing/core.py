@@ -422,7 +422,13 @@ _TEXT_KEYS = {"tldr": ("prompt", "text", "post"), "arxiv": ("abstract", "text", 
 _REFERENCE_KEYS = {"tldr": ("completion", "summary"), "arxiv": ()}
 
 _TLDR_FIELD = re.compile(r"(?m)^(SUBREDDIT|TITLE|POST):")
-_TLDR_TAIL = re.compile(r"\s*TL;DR:\s*$")
+
+
+def _without_tldr_cue(text: str) -> str:
+    r"""``text`` stripped, without a ``TL;DR:`` cue at its end (a pattern ``\s*TL;DR:\s*$`` took time quadratic
+    in a run of blanks elsewhere in the text)."""
+    text = text.strip()
+    return text[:-len("TL;DR:")].strip() if text.endswith("TL;DR:") else text
 
 
 class WritingDataUnavailable(RuntimeError):
@@ -441,10 +447,10 @@ def _parse_tldr_prompt(prompt: str) -> tuple[str, str]:
     """(post body, title) of a ``SUBREDDIT/TITLE/POST/TL;DR:`` prompt."""
     pieces = _TLDR_FIELD.split(prompt)
     if len(pieces) < 3:  # no scaffolding: keep the prompt, minus a TL;DR cue
-        return _TLDR_TAIL.sub("", prompt).strip(), ""
+        return _without_tldr_cue(prompt), ""
     fields = {pieces[i]: pieces[i + 1] for i in range(1, len(pieces) - 1, 2)}
     body = fields.get("POST", pieces[-1])
-    return _TLDR_TAIL.sub("", body).strip(), fields.get("TITLE", "").strip()
+    return _without_tldr_cue(body), fields.get("TITLE", "").strip()
 
 
 def record_to_row(variant: str, record: Mapping[str, Any]) -> dict[str, str] | None:
