@@ -162,6 +162,12 @@ def _env_name(env: Any) -> str:
     return getattr(env, "name", type(env).__name__)
 
 
+def _accords(err: Exception) -> bool:
+    """An error of accord's own (a sandbox or checker that could not start, a replay that diverged, a bad step
+    result): it names its cause already and passes unchanged."""
+    return type(err).__module__.split(".")[0] == "accord"
+
+
 def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
     return EnvOutputError(f"environment {_env_name(env)!r}: {call} raised {type(err).__name__}: {err}; {fix} "
                           "(--debug shows the traceback)")
@@ -170,12 +176,15 @@ def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
 def step_env(env: Any, actions: Mapping[str, str]) -> Any:
     """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
     becomes an :class:`EnvOutputError` naming the environment (the original chained: ``--debug`` shows it).
-    ``OSError`` and ``MemoryError`` pass unchanged (a full disk or memory is not the environment's fault)."""
+    ``OSError``, ``MemoryError`` and accord's own errors pass unchanged (a full disk, a sandbox that cannot
+    start: not the environment's code at fault)."""
     try:
         res = env.step(actions)
-    except (OSError, MemoryError, EnvOutputError):
+    except (OSError, MemoryError):
         raise
     except Exception as err:  # re-raised with the environment named: its code failed, the run must stop
+        if _accords(err):
+            raise
         raise _raised(env, "step()", err, "an environment must take any text as a move (`accord envs --check` "
                                           "tries some)") from err
     return check_step_result(env, res)
@@ -186,9 +195,11 @@ def reset_env(env: Any, task: Mapping[str, Any], seed: int) -> dict[str, str]:
     exception from the environment's code is named as in :func:`step_env`."""
     try:
         obs = env.reset(task, seed=seed)
-    except (OSError, MemoryError, EnvOutputError):
+    except (OSError, MemoryError):
         raise
     except Exception as err:  # re-raised with the environment named, as in step_env
+        if _accords(err):
+            raise
         where = task.get("id") if isinstance(task, Mapping) else None
         raise _raised(env, f"reset(task {where!r})", err, "fix its reset or the task's row") from err
     if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):

@@ -447,3 +447,27 @@ def test_envs_check_demands_what_a_run_demands_and_more(result, match):
         res = StepResult(rest[1] if len(rest) > 1 else {"a": "", "b": ""}, reward, local, done, info)
     with pytest.raises(EnvCheckError, match=f"environment 'two': Env2\\.step (returned a StepResult whose )?{match}"):
         _check_result(Env2(), res)
+
+
+def test_step_env_names_the_environments_own_errors_and_passes_accords():
+    """An exception from an environment's code is named with the environment; a machine failure accord raises
+    itself (a sandbox that cannot start) and OSError pass unchanged, with their own words."""
+    from accord.envs.protocol import EnvOutputError, step_env
+    from accord.sandbox.api import SandboxError
+
+    class Env2:
+        name, agents = "two", ("a", "b")
+
+        def __init__(self, err):
+            self.err = err
+
+        def step(self, actions):
+            raise self.err
+
+    with pytest.raises(EnvOutputError, match=r"environment 'two': step\(\) raised KeyError: 'x'; an environment must "
+                                             r"take any text as a move"):
+        step_env(Env2(KeyError("x")), {"a": "go"})
+    for err in (SandboxError("the sandbox did not start"), OSError(28, "No space left on device")):
+        with pytest.raises(type(err)) as info:
+            step_env(Env2(err), {"a": "go"})
+        assert info.value is err
