@@ -137,15 +137,43 @@ class ScalarModel:
 
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
-    def encode(self, text: str, literal: bool = True) -> tuple[list[int], bool]:
-        """Token ids of a plain text (no chat template) cut to ``max_tokens``, and whether it was cut. ``literal``:
-        a control string written in the text (``<|endoftext|>``, from a completion) is encoded as its
-        characters, not as the control token; False reads them as control tokens (a text decoded from another
-        tokenizer's ids with its control tokens)."""
-        ids = list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=literal)["input_ids"])
+    def encode(self, text: str) -> tuple[list[int], bool]:
+        """Token ids of a plain text (no chat template) cut to ``max_tokens``, and whether it was cut. A control
+        string written in the text (``<|endoftext|>``, from a completion) is encoded as its characters, not as
+        the control token."""
+        ids = list(self.tokenizer(text, add_special_tokens=True, split_special_tokens=True)["input_ids"])
         if not ids:
             ids = [self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.pad]
         return truncate_left(ids, self.max_tokens)
+
+    def translate(self, tokenizer, ids: list[int]) -> tuple[list[int], bool]:
+        """Another tokenizer's ``ids`` (an actor's prompt and completion) in this model's vocabulary, cut to
+        ``max_tokens``: each run between that tokenizer's special tokens decoded and encoded as text (a control
+        string written in it stays text), each special token by its string (this tokenizer's special token of
+        that string where it has one, else the string's characters)."""
+        specials = {i: t.content for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        own = {t.content: i for i, t in self.tokenizer.added_tokens_decoder.items() if t.special}
+        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        marked = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        out = marked[:marked.index(plain[0])] if plain and plain[0] in marked else []   # a BOS where it adds one
+        run: list[int] = []
+
+        def text(pieces: str) -> list[int]:
+            return self.tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+        for i in ids:
+            if i not in specials:
+                run.append(i)
+                continue
+            if run:
+                out += text(tokenizer.decode(run))
+                run = []
+            out += [own[specials[i]]] if specials[i] in own else text(specials[i])
+        if run:
+            out += text(tokenizer.decode(run))
+        if not out:
+            out = [self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.pad]
+        return truncate_left(out, self.max_tokens)
 
     def fit(self, ids: list[int]) -> tuple[list[int], bool]:
         """Token ids already in this model's vocabulary, cut to ``max_tokens``."""

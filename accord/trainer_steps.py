@@ -160,8 +160,7 @@ class Critics:
                 if self.same_vocab[s.agent]:
                     ids, was_cut = model.fit(ids)
                 else:
-                    actor = self.run.policies[s.policy].tokenizer
-                    ids, was_cut = model.encode(actor.decode(ids, skip_special_tokens=False), literal=False)
+                    ids, was_cut = model.translate(self.run.policies[s.policy].tokenizer, ids)
             out.append(ids)
             cut.append(was_cut)
         return out, cut

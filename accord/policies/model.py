@@ -62,12 +62,14 @@ CHAT_CACHE_SIZE = 2048   # distinct prompts whose token ids a policy keeps (the 
 
 
 def control_strings(tokenizer) -> tuple[str, ...]:
-    """The texts ``tokenizer`` reads as one added token wherever they occur in a text (its special and added
-    tokens: ``<|im_end|>``, ``<|endoftext|>``, ...), longest first."""
+    """The texts ``tokenizer`` reads as one of its special tokens wherever they occur in a text (``<|im_end|>``,
+    ``<|endoftext|>``, ...), longest first. Added tokens that are not special (a Qwen tokenizer's
+    ``<tool_call>``, ``<think>``) are not among them: the tokenizer reads those as their tokens in any text."""
     found = vars(tokenizer).get("_accord_control_strings")
     if found is None:
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-        found = tuple(sorted({t.content for t in decoder.values() if getattr(t, "content", "")}, key=len, reverse=True))
+        found = tuple(sorted({t.content for t in decoder.values() if getattr(t, "special", False) and t.content},
+                             key=len, reverse=True))
         vars(tokenizer)["_accord_control_strings"] = found
     return found
 
@@ -79,26 +81,29 @@ def holds_control(tokenizer, messages: list[dict]) -> bool:
                                  for m in messages if isinstance(m, dict))
 
 
-def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int] | None:
-    """The chat template's ids with each message's content kept as text: a control string in a content is
-    tokenized as its characters, not as the control token. None where the template does not show each content
-    once as given.
+_PLACE = re.compile("\ue000(\\d+)\ue001")
 
-    The template is rendered with a placeholder per content, which tells its own text from the contents; the
-    text is cut at the template's own control strings only (as the tokenizer cuts a text at every control string
-    before its subword model), each part between them tokenized whole with the control strings it holds split."""
-    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-    text = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                                         add_generation_prompt=True, tokenize=False)
-    if not isinstance(text, str):
-        return None
-    pieces, rest = [], text
-    for m, mark in zip(messages, marks):
-        head, found, rest = rest.partition(mark)
-        if not found or mark in rest:
-            return None
-        pieces += [(head, False), (m["content"], True)]
-    pieces.append((rest, False))
+
+def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat template's ids with each message's content kept as written: a control string in a content is
+    tokenized as its characters, not as the control token.
+
+    The template is rendered with a placeholder for each non-empty text content, which tells the template's own
+    text from the contents: every placeholder the rendering shows becomes its content as written (a template
+    that leaves a message out shows none of it; one that changes a content, such as trimming it, is not
+    followed). The text is cut at the template's own control strings only (as the tokenizer cuts a text at each
+    of them before its subword model), each part between them tokenized whole with the control strings it holds
+    split. No text of a content can reach the rendering but through its placeholders."""
+    shown = [{**m, "content": f"\ue000{i}\ue001"} if isinstance(m.get("content"), str) and m["content"] else m
+             for i, m in enumerate(messages)]
+    text = str(tokenizer.apply_chat_template(shown, add_generation_prompt=True, tokenize=False))
+    pieces, at = [], 0
+    for place in _PLACE.finditer(text):
+        i = int(place.group(1))
+        if i < len(messages) and shown[i] is not messages[i]:
+            pieces += [(text[at:place.start()], False), (messages[i]["content"], True)]
+            at = place.end()
+    pieces.append((text[at:], False))
     cut = re.compile("|".join(re.escape(c) for c in control_strings(tokenizer)))
     ids: list[int] = []
     part = ""
@@ -106,14 +111,14 @@ def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int] | None:
         if content:
             part += piece
             continue
-        at = 0
+        start = 0
         for match in cut.finditer(piece):
-            part += piece[at:match.start()]
+            part += piece[start:match.start()]
             if part:
                 ids += tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             ids.append(tokenizer.convert_tokens_to_ids(match.group()))
-            part, at = "", match.end()
-        part += piece[at:]
+            part, start = "", match.end()
+        part += piece[start:]
     if part:
         ids += tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return ids
@@ -122,12 +127,6 @@ def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int] | None:
 def _template_ids(tokenizer, messages: list[dict]) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-
-
-def _without_control(tokenizer, text):
-    for c in control_strings(tokenizer):
-        text = text.replace(c, "") if isinstance(text, str) else text
-    return text
 
 
 def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) -> list[int]:
@@ -139,9 +138,8 @@ def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) 
 
     A message whose content holds a control string of the tokenizer (``<|im_end|>`` written out, by a task or
     by a partner agent's completion in a multi-turn history) keeps it as text, tokenized as ordinary tokens, so
-    that no text can open or close a turn of the prompt; the ids are otherwise those of the template
-    (:func:`_literal_chat_ids`). Where that cannot be done (a template that does not show each content once as
-    given, a tokenizer whose cutting differs), the template's own tokenization is used, with a warning."""
+    that no text can open or close a turn of the prompt (:func:`_literal_chat_ids`); prompts without such text
+    are the template's own ids."""
     key = None
     if cache is not None:
         try:
@@ -153,21 +151,8 @@ def chat_ids(tokenizer, messages: list[dict], cache: OrderedDict | None = None) 
         cache.move_to_end(key)
         return hit.tolist()
     literal = holds_control(tokenizer, messages)
-    ids = None
     if tokenizer.chat_template:
-        if literal:
-            ids = _literal_chat_ids(tokenizer, messages)
-            # the same cutting must give the template's own ids for these messages without their control strings
-            plain = [{**m, "content": _without_control(tokenizer, m.get("content"))} for m in messages]
-            if ids is not None and _literal_chat_ids(tokenizer, plain) != _template_ids(tokenizer, plain):
-                ids = None
-            if ids is None and not vars(tokenizer).get("_accord_control_warned"):
-                vars(tokenizer)["_accord_control_warned"] = True
-                logger.warning("a prompt's text holds a control string of the tokenizer (%s) and the chat template "
-                               "does not show each message's content as given: tokenized as the template renders "
-                               "it, the control string as its token", ", ".join(control_strings(tokenizer)[:3]))
-        if ids is None:
-            ids = _template_ids(tokenizer, messages)
+        ids = _literal_chat_ids(tokenizer, messages) if literal else _template_ids(tokenizer, messages)
     else:
         text = "\n\n".join(m["content"] for m in messages) + "\n\n"
         ids = tokenizer(text, add_special_tokens=True, split_special_tokens=literal)["input_ids"]

@@ -185,7 +185,6 @@ def test_marlhf_from_a_persons_file_then_reuse_of_its_reward_model(tiny_cfg, tmp
     # a control string a completion writes out is its characters in the joint text, not the control token
     eot = rm_a.tokenizer.convert_tokens_to_ids("<|endoftext|>")
     assert eot not in rm_a.encode("e acts: done <|endoftext|> Joint score:")[0]
-    assert eot in rm_a.encode("e acts: done <|endoftext|> Joint score:", literal=False)[0]
 
 
 def test_preference_texts_cut_to_max_tokens_are_warned(tiny_cfg, tmp_path, caplog):
