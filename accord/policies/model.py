@@ -81,7 +81,7 @@ def holds_control(tokenizer, messages: list[dict]) -> bool:
                                  for m in messages if isinstance(m, dict))
 
 
-_PLACE = re.compile("\ue000(\\d+)\ue001")
+_PLACE = re.compile("\ue000(\\d{1,9})\ue001")   # a placeholder of _literal_chat_ids (a longer number is not one)
 
 
 def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int]:

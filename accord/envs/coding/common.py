@@ -104,7 +104,7 @@ def _chunks(lines: list[str]) -> list[str]:
             chunks.append([line])
             decorator = other = False
         else:
-            chunks[-1].append(line)  # (a definition after decorators joins them)
+            chunks[-1].append(line)  # indented, continuing, or the definition after a chunk of decorators
         if stripped:
             decorator, other = decorator or stripped.startswith("@"), other or not stripped.startswith("@")
     return ["\n".join(c) for c in chunks]
@@ -289,9 +289,10 @@ def case_sources(tests: str, entry_point: str | None = None) -> list[str]:
     return [src for src, is_test in split_tests(tests, entry_point) if is_test]
 
 
+# the value is group 1 with its trailing blanks cut by the caller (a lazy group before "\s*$" took time quadratic
+# in a run of blanks inside the line)
 _EXAMPLE_ARROW = re.compile(r"^\s*(?:==>|=>|==|\u279e|->|\u2192|#\s*returns?|returns?|should\s+return|"
-                            r"should\s+be|the\s+output\s+should\s+be)\s*:?\s*(.+)$", re.IGNORECASE)   # (the value: group 1 rstripped;
-# a lazy group before "\s*$" took time quadratic in a run of blanks inside the line)
+                            r"should\s+be|the\s+output\s+should\s+be)\s*:?\s*(.+)$", re.IGNORECASE)
 _EXAMPLE_WORDS = {"true": True, "false": False}
 MAX_EXAMPLES = 10
 

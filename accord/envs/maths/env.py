@@ -92,7 +92,7 @@ _TAG = re.compile(r"[ \t]*([A-Za-z0-9_+.-]*)")
 
 
 def _fences(text: str) -> list[tuple[str, str]]:
-    """(tag, body) of each closed fenced block: ```` ``` ```` and a tag after optional blanks, the rest of that line,
+    r"""(tag, body) of each closed fenced block: ```` ``` ```` and a tag after optional blanks, the rest of that line,
     then the body up to the next ```` ``` ````, scanning on after it: what ``re.findall(r"```[ \t]*([A-Za-z0-9_+.-]*)
     [^\n]*\n(.*?)```", text, re.S)`` finds, in one pass (that regex backtracks quadratically on a long first
     line without a newline)."""
@@ -105,6 +105,8 @@ def _fences(text: str) -> list[tuple[str, str]]:
         found.append((_TAG.match(text, start + 3, newline).group(1), text[newline + 1:close]))
         pos = close + 3
     return found
+
+
 _PY_TAGS = {"python", "py", "python3", ""}
 
 
