@@ -139,6 +139,8 @@ ROLLOUT_EXTRA_ROUNDS = _join(ROLLOUT, "extra_rounds")
 ROLLOUT_INFORMATIVE_GROUPS = _join(ROLLOUT, "informative_groups")
 ROLLOUT_OVERLONG_PENALTY = _join(ROLLOUT, "overlong_penalty")
 ROLLOUT_TRUNCATED_MASKED = _join(ROLLOUT, "truncated_masked")
+ROLLOUT_HISTORY_CUT = _join(ROLLOUT, "history_cut")
+"""Earlier (user, assistant) exchanges left out of the step's prompts to fit rollout.max_prompt_tokens."""
 SCHEDULE_ACTIVE_AGENT = _join(SCHEDULE, "active_agent")
 """algorithm.alternate_every: the index of the agent that trains this step."""
 

@@ -243,7 +243,7 @@ class Trainer:
         times: dict[str, float] = defaultdict(float)
         rows = self.batch_rows(step)
         t_step = time.perf_counter()
-        self.run.generate.tokens = 0
+        self.run.generate.tokens = self.run.generate.history_cut = 0
         per_step_peak = reset_peak_memory()
         step_fn = STEPS.get(algo.name)
         if step_fn is not None:   # iac, maac, madpo, marlhf: their own phases (accord.trainer_steps)
@@ -261,6 +261,8 @@ class Trainer:
         acc.add(mn.PERF_COMPLETIONS_PER_S, len(samples) / elapsed)
         acc.add(mn.PERF_SAMPLES, len(samples))
         acc.add(mn.PERF_GEN_TOKENS, self.run.generate.tokens)
+        if self.run.generate.history_cut:
+            acc.add(mn.ROLLOUT_HISTORY_CUT, self.run.generate.history_cut)
         for key, v in memory_metrics(per_step_peak).items():
             acc.add(key, v)
         for s in samples:

@@ -290,3 +290,27 @@ def test_instance_ids_are_checked_per_split_and_across(tiny_cfg, ids, text):
     cfg = config_from_dict(tiny_cfg(task={"name": "ids-test", "options": {"ids": ids}, "eval_size": 4}))
     with pytest.raises(ConfigError, match=text):
         split_data(cfg, make_env("ids-test", {"ids": ids}))
+
+
+def test_a_growing_history_leaves_out_its_earliest_exchanges(tiny_cfg, caplog):
+    """A multi-turn prompt that outgrows rollout.max_prompt_tokens as the agents write (six turns of up to 48
+    tokens against 200) leaves out its earliest exchanges, counted and said once, where it stopped the run with
+    PromptTooLongError; a prompt with no exchange to leave out is still the error."""
+    import logging
+
+    from accord.policies.agents import without_earliest_exchange
+
+    cfg = config_from_dict(tiny_cfg(task={"name": "relay", "eval_size": 0, "options": {"max_turns": 6}},
+                                    algorithm={"name": "atgrpo", "num_generations": 2},
+                                    rollout={"batch_size": 1, "max_new_tokens": 48, "max_turns": 6,
+                                             "max_prompt_tokens": 200}))
+    trainer = Trainer(cfg)
+    with caplog.at_level(logging.WARNING, logger="accord.policies.agents"):
+        trainer.train()
+    cut = [r.get("rollout/history_cut", 0) for r in read_metrics(trainer.run_dir)]
+    assert sum(cut) > 0, cut
+    assert len([r for r in caplog.records if "earliest exchange" in r.getMessage()]) == 1
+    system, u1, a1, u2 = ({"role": r, "content": r[0]} for r in ("system", "user", "assistant", "user"))
+    assert without_earliest_exchange([system, u1, a1, u2]) == [system, u2]
+    assert without_earliest_exchange([u1, a1, u2]) == [u2]
+    assert without_earliest_exchange([system, u2]) is None and without_earliest_exchange([u1, a1]) is None

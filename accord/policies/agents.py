@@ -11,12 +11,16 @@ settings, and every completion records them (``Completion.sampling``) for the le
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from accord.generation import Generation
+from accord.metric_names import ROLLOUT_HISTORY_CUT
 from accord.policies.lora import LoraGroup
-from accord.policies.protocol import Policy
+from accord.policies.protocol import Policy, PromptTooLongError
 from accord.rollout.sample import Completion, Sampling
+
+logger = logging.getLogger(__name__)
 
 
 class AgentGenerator:
@@ -28,15 +32,16 @@ class AgentGenerator:
         self.policies, self.agent_policy = policies, agent_policy
         self.sampling = sampling
         self.tokens = 0   # generated tokens since the last reset (the trainer resets it every step)
+        self.history_cut = 0   # earlier exchanges left out of prompts to fit rollout.max_prompt_tokens, likewise
+        self._warned = False
 
     def __call__(self, requests: list[tuple[str, list[dict]]], n: int, greedy: bool, *,
                  temperature: float | None = None, stream: str | None = None) -> list[list[Completion]]:
         """``n`` completions of each (agent, chat) request, each agent sampling with its own settings;
         ``temperature`` (evaluation) replaces every agent's temperature."""
         rows = self._settings(requests, temperature)
-        encoded = [self.policies[self.agent_policy[a]].encode_chat(
-            msgs, **({} if row is None else {"max_new_tokens": row.max_new_tokens}))
-            for (a, msgs), row in zip(requests, rows)]
+        encoded = [self._encode(a, msgs, {} if row is None else {"max_new_tokens": row.max_new_tokens})
+                   for (a, msgs), row in zip(requests, rows)]
         out: list[list[Completion | None]] = [[None] * n for _ in requests]
         by_policy = {}
         for pname in self.policies:
@@ -55,6 +60,32 @@ class AgentGenerator:
                 self.tokens += len(g.ids)
         return out
 
+    def _encode(self, agent: str, msgs: list[dict], kwargs: dict) -> list[int]:
+        """The prompt's token ids; a prompt too long for its policy (``rollout.max_prompt_tokens``, the context)
+        leaves out its earliest (user, assistant) exchanges, one at a time, until it fits: a multi-turn history
+        grows with what the agents write, and a verbose policy must not stop the run. Counted in
+        ``history_cut`` and said once; a prompt with no exchange left to leave out is the policy's error."""
+        policy = self.policies[self.agent_policy[agent]]
+        cut = 0
+        while True:
+            try:
+                ids = policy.encode_chat(msgs, **kwargs)
+                break
+            except PromptTooLongError:
+                shorter = without_earliest_exchange(msgs)
+                if shorter is None:
+                    raise
+                msgs, cut = shorter, cut + 1
+        if cut:
+            self.history_cut += cut
+            if not self._warned:
+                self._warned = True
+                logger.warning("a prompt of agent %r was too long for rollout.max_prompt_tokens (or the context) "
+                               "with its whole history: its %d earliest exchange(s) were left out (%s counts them "
+                               "per step); raise rollout.max_prompt_tokens or set rollout.history_turns", agent,
+                               cut, ROLLOUT_HISTORY_CUT)
+        return ids
+
     def _settings(self, requests, temperature: float | None) -> list[Sampling | None]:
         """Each request's sampling settings (its agent's, at ``temperature`` where given)."""
         if self.sampling is None:
@@ -63,6 +94,15 @@ class AgentGenerator:
             return [None] * len(requests)
         rows = [self.sampling[a] for a, _ in requests]
         return rows if temperature is None else [replace(s, temperature=temperature) for s in rows]
+
+
+def without_earliest_exchange(msgs: list[dict]) -> list[dict] | None:
+    """``msgs`` without the (user, assistant) exchange that follows the system message (or opens the chat), or
+    None when there is none before the last message."""
+    start = 1 if msgs and msgs[0].get("role") == "system" else 0
+    if len(msgs) - start >= 3 and msgs[start].get("role") == "user" and msgs[start + 1].get("role") == "assistant":
+        return msgs[:start] + msgs[start + 2:]
+    return None
 
 
 def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list[int]]], *, greedy: bool,
