@@ -199,15 +199,36 @@ def test_nan_weights_stop_generation_with_a_clear_error(tiny_cfg):
         trainer.train()
 
 
-def test_prompt_longer_than_limit(tiny_cfg):
-    """A single-turn task's prompts are checked when the run is built, every row of both splits, naming one (a
-    row too long stopped the run when it was drawn, without its name)."""
-    from accord.config import ConfigError
+def test_prompt_longer_than_limit(tiny_cfg, caplog):
+    """A single-turn task's instances whose prompt is too long are left out when the run is built, said with their
+    number and one of them (a row too long stopped the run when it was drawn, without its name); too few left for
+    a batch is an error."""
+    import logging
 
-    with pytest.raises(ConfigError, match=r"task 'letters': \d+ prompts of its \d+ training instances are too long, "
-                                          r"e.g. row 'train-\d+', agent 'e': a prompt of policy 'main' has \d+ tokens, "
-                                          r"more than rollout.max_prompt_tokens=4"):
+    from accord.config import ConfigError
+    from accord.policies.model import chat_ids
+
+    with pytest.raises(ConfigError, match=r"task 'letters': 0 training instances have a prompt that fits "
+                                          r"rollout.max_prompt_tokens=4 and the model's context, fewer than "
+                                          r"rollout.batch_size=2; raise rollout.max_prompt_tokens"):
         Trainer(config_from_dict(tiny_cfg(rollout={"batch_size": 2, "max_prompt_tokens": 4})))
+    probe = Trainer(config_from_dict(tiny_cfg(task={"name": "letters", "eval_size": 8})))
+    policy, env = probe.policies["main"], probe.run.env
+    lengths = {r["id"]: max(len(chat_ids(policy.tokenizer, env.prompt(a, r))) for a in env.agents)
+               for r in probe.train_rows + probe.eval_rows}
+    limit = min(lengths[r["id"]] for r in probe.train_rows)   # the shortest training prompts fit, longer ones not
+    probe.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="accord.build"):
+        trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "letters", "eval_size": 8},
+                                                    rollout={"max_prompt_tokens": limit})))
+    assert trainer.train_rows and all(lengths[r["id"]] <= limit for r in trainer.train_rows + trainer.eval_rows)
+    dropped = sum(1 for r in probe.train_rows if lengths[r["id"]] > limit)
+    assert dropped > 0 and len(trainer.train_rows) == len(probe.train_rows) - dropped
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said[0].startswith(f"task 'letters': {dropped} of its {len(probe.train_rows)} training instances have a "
+                              "prompt too long for their policy and are left out (e.g. row ")
+    trainer.train()   # no row too long is drawn
 
 
 def test_metrics_and_completions_are_written(tiny_cfg):

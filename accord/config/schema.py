@@ -362,11 +362,11 @@ class RolloutConfig:
                                     "sampling did. null: each agent's floor that the task declares (the fewest tokens "
                                     "a scoring answer can have: the writing task's 8, for its 8-word gate; 0 where "
                                     "the task declares none); a number: every agent's (0: off).")
-    max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens. A single-turn task's prompts are all "
-                                "checked when the run starts (one too long is an error naming its row); a longer "
-                                "multi-turn prompt leaves out its earliest (user, assistant) exchanges until it "
-                                "fits (counted in rollout/history_cut), and one with none to leave out is an "
-                                "error.")
+    max_prompt_tokens: int = _f(512, "Longest allowed prompt in tokens. A single-turn task's instances whose "
+                                "prompt is longer are left out when the run starts (a warning gives their number "
+                                "and one of them); a longer multi-turn prompt leaves out its earliest (user, "
+                                "assistant) exchanges until it fits (counted in rollout/history_cut), and one with "
+                                "none to leave out is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
     top_p: float | None = _f(None, "Nucleus sampling: draw from the most likely tokens whose probability mass reaches "
                              "top_p; training log-probs renormalise over the same nucleus. null: the nucleus the "

@@ -91,7 +91,7 @@ def _literal_chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     The template is rendered with a placeholder for each non-empty text content, which tells the template's own
     text from the contents: every placeholder the rendering shows becomes its content as written (a template
     that leaves a message out shows none of it; one that changes a content, such as trimming it, is not
-    followed). The text is cut at the template's own control strings only (as the tokenizer cuts a text at each
+    followed, and one that branches on a content's text sees the placeholder's). The text is cut at the template's own control strings only (as the tokenizer cuts a text at each
     of them before its subword model), each part between them tokenized whole with the control strings it holds
     split. No text of a content can reach the rendering but through its placeholders."""
     shown = [{**m, "content": f"\ue000{i}\ue001"} if isinstance(m.get("content"), str) and m["content"] else m
