@@ -156,17 +156,21 @@ def json_lines(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
 
 def _lone_surrogate(value: Any) -> bool:
     """Whether a string in parsed JSON holds a surrogate code point (JSON's ``\\ud800`` escapes decode to one when
-    unpaired; no UTF-8 text can hold it)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_lone_surrogate(v) for v in value)
+    unpaired; no UTF-8 text can hold it). Walked with a stack: a value nested as deeply as the parser allows would
+    exceed Python's recursion limit here."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
 
 

@@ -139,7 +139,7 @@ def check_step_result(env: Any, res: Any) -> Any:
     observations text and ``done`` a bool; else an :class:`EnvOutputError` naming the environment. The shape
     ``accord envs --check`` checks, enforced on every step of a run, so that a text reward, a ``done`` given as
     text or a missing agent's reward is not read as something else."""
-    name = getattr(env, "name", type(env).__name__)
+    name = _env_name(env)
     if not isinstance(res, StepResult):
         raise EnvOutputError(f"environment {name!r}: step() must return a StepResult, got {type(res).__name__}")
     problem = None
@@ -173,35 +173,34 @@ def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
                           "(--debug shows the traceback)")
 
 
-def step_env(env: Any, actions: Mapping[str, str]) -> Any:
-    """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
-    becomes an :class:`EnvOutputError` naming the environment (the original chained: ``--debug`` shows it).
+def _call(env: Any, call: str, fix: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+    """``method(*args, **kwargs)`` of ``env``; an exception from the environment's own code becomes an
+    :class:`EnvOutputError` naming the environment and ``call`` (the original chained: ``--debug`` shows it).
     ``OSError``, ``MemoryError`` and accord's own errors pass unchanged (a full disk, a sandbox that cannot
     start: not the environment's code at fault)."""
     try:
-        res = env.step(actions)
+        return method(*args, **kwargs)
     except (OSError, MemoryError):
         raise
     except Exception as err:  # re-raised with the environment named: its code failed, the run must stop
         if _accords(err):
             raise
-        raise _raised(env, "step()", err, "an environment must take any text as a move (`accord envs --check` "
-                                          "tries some)") from err
+        raise _raised(env, call, err, fix) from err
+
+
+def step_env(env: Any, actions: Mapping[str, str]) -> Any:
+    """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
+    is named (:func:`_call`). Every step of a run goes through here."""
+    res = _call(env, "step()", "an environment must take any text as a move (`accord envs --check` tries some)",
+                env.step, actions)
     return check_step_result(env, res)
 
 
 def reset_env(env: Any, task: Mapping[str, Any], seed: int) -> dict[str, str]:
     """``env.reset(task, seed=seed)``: the agents' observations as text, else an :class:`EnvOutputError`; an
     exception from the environment's code is named as in :func:`step_env`."""
-    try:
-        obs = env.reset(task, seed=seed)
-    except (OSError, MemoryError):
-        raise
-    except Exception as err:  # re-raised with the environment named, as in step_env
-        if _accords(err):
-            raise
-        where = task.get("id") if isinstance(task, Mapping) else None
-        raise _raised(env, f"reset(task {where!r})", err, "fix its reset or the task's row") from err
+    where = task.get("id") if isinstance(task, Mapping) else None
+    obs = _call(env, f"reset(task {where!r})", "fix its reset or the task's row", env.reset, task, seed=seed)
     if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):
         raise EnvOutputError(f"environment {_env_name(env)!r}: reset() must return the agents' observations as "
                              f"text, got {obs!r:.120}")

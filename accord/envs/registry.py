@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 import types
+from collections import Counter
 from typing import Any, Callable, Protocol
 
 from accord.config import ConfigError
@@ -295,7 +296,7 @@ def _check_task(name: str, task: Any) -> None:
             or not all(isinstance(a, str) and a for a in agents):
         raise TaskError(f"task {name!r} has agents={agents!r}; give a non-empty tuple of role names, e.g. "
                         "agents = ('first', 'second')")
-    repeated = sorted({a for a in agents if list(agents).count(a) > 1})
+    repeated = sorted(a for a, n in Counter(agents).items() if n > 1)
     if repeated:
         raise TaskError(f"task {name!r} has agents={tuple(agents)!r}, which repeats {repeated}; give each role its "
                         "own name")

@@ -51,7 +51,7 @@ from accord.algorithms.credit import counterfactual_credit, credit_rng as step_c
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
 from accord.config.rules import joint_mode_for
-from accord.envs.protocol import Env, Messages, StepResult, check_step_result, is_env, reset_env, step_env
+from accord.envs.protocol import Env, Messages, StepResult, is_env, reset_env, step_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
 from accord.seeding import episode_seed, rollout_seed
@@ -88,7 +88,7 @@ class Episode:
         return msgs
 
     def apply(self, actions: dict[str, str], res: StepResult) -> None:
-        check_step_result(self.env, res)
+        """Record a step's actions and its result (checked where it was taken: :func:`step_env`)."""
         for a, text in actions.items():
             self.history[a].append((self.obs[a], text))
         self.obs = dict(res.observations)

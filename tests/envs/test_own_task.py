@@ -403,18 +403,20 @@ def test_a_tasks_prompt_must_be_chat_messages(messages, match):
     ((1.0, {"a": 0.0, "b": 0.0}, "no"), "done must be a bool, got 'no'"),
 ])
 def test_a_step_result_is_checked_on_every_step(result, match):
-    """An environment's step() result is checked where an episode takes it (the shape `accord envs --check`
-    checks): a text reward was read as a number, a done of 'no' as true, a missing local reward as 0."""
-    from accord.envs.protocol import EnvOutputError, StepResult
-    from accord.rollout.multiturn import Episode
+    """An environment's step() result is checked where every step of a run is taken (step_env; the shape
+    `accord envs --check` checks): a text reward was read as a number, a done of 'no' as true, a missing local reward as 0."""
+    from accord.envs.protocol import EnvOutputError, StepResult, step_env
+
+    res = result if isinstance(result, dict) else StepResult({"a": "", "b": ""}, *result)
 
     class Env2:
         name, agents = "two", ("a", "b")
 
-    res = result if isinstance(result, dict) else StepResult({"a": "", "b": ""}, *result)
-    episode = Episode(Env2(), {"a": "go", "b": "go"}, {"a": [], "b": []})
+        def step(self, actions):
+            return res
+
     with pytest.raises(EnvOutputError, match=f"environment 'two': (step\\(\\) returned a StepResult whose )?{match}"):
-        episode.apply({"a": "x"}, res)
+        step_env(Env2(), {"a": "x"})
 
 
 @pytest.mark.parametrize("result, match", [

@@ -414,7 +414,11 @@ def test_data_files_errors(tmp_path):
     for raw, message in [(b"\xef\xbb\xbf" + good.encode(), None),   # a byte-order mark is not text: read as without
                          (good.encode() + b'{"prompt": "caf\xe9"}\n', "line 2 is not UTF-8 text"),
                          (b"[" * 100000 + b"]" * 100000 + b"\n", "nested too deeply"),
-                         (good.encode() + b'{"prompt": "x \\ud800 y"}\n', "lone surrogate")]:
+                         (good.encode() + b'{"prompt": "x \\ud800 y"}\n', "lone surrogate"),
+                         # nested 600 deep (the parser takes it) with an escape: the recursive surrogate search hit the
+                         # recursion limit (a RecursionError out of the reader)
+                         (b"[" * 600 + b'"\\u0041"' + b"]" * 600 + b"\n", "record 1 holds list"),
+                         (b"[" * 600 + b'"\\ud800"' + b"]" * 600 + b"\n", "lone surrogate")]:
         bad.write_bytes(raw)
         if message is None:
             assert load_writing_rows("tldr", "train", data_files=str(bad)) + load_writing_rows(
