@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, load_config
-from accord.tracking.console import configure_logging
+from accord.tracking.console import configure_logging, printable
 
 logger = logging.getLogger("accord")
 
@@ -57,6 +57,11 @@ def _user_errors() -> tuple[type, ...]:
     """The user-facing error classes of the modules imported so far (an unimported module raised nothing)."""
     found = [getattr(sys.modules[m], name) for m, names in _USER_ERRORS.items() if m in sys.modules for name in names]
     return (OSError, *found)
+
+
+def _out(text: str) -> None:
+    """Write a command's result on stdout, terminal controls (a model's text in a table) shown as escapes."""
+    sys.stdout.write(printable(text))
 
 
 def _one_line(err: BaseException) -> str:
@@ -208,8 +213,8 @@ def _eval(args: argparse.Namespace) -> int:
         runs = ([args.target] if args.target else []) + list(args.crossplay)
         out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out,
                             allow_unverified=args.allow_unverified)
-        sys.stdout.write((out / "crossplay.md").read_text())
-        sys.stdout.write(f"\n{out / 'crossplay.json'}\n")
+        _out((out / "crossplay.md").read_text())
+        _out(f"\n{out / 'crossplay.json'}\n")
         return 0
     if args.target is None:
         raise ConfigError("accord eval needs a CONFIG.yaml or RUN_DIR (or --crossplay RUN_DIR [RUN_DIR ...])")
@@ -218,8 +223,8 @@ def _eval(args: argparse.Namespace) -> int:
     out = run_eval(args.target, args.overrides, samples=args.samples, ks=args.k, temperature=args.temperature,
                    compare_base=not args.no_base, out=args.out, pipeline=args.pipeline,
                    allow_unverified=args.allow_unverified)
-    sys.stdout.write((out / "eval.md").read_text())
-    sys.stdout.write(f"\n{out / 'eval.json'}\n")
+    _out((out / "eval.md").read_text())
+    _out(f"\n{out / 'eval.json'}\n")
     return 0
 
 
@@ -242,8 +247,8 @@ def _compare(args: argparse.Namespace) -> int:
             logger.warning("stopped by Ctrl-C; run the same command again to go on: finished methods and seeds are "
                            "kept, and an unfinished run resumes from its last checkpoint (run.checkpoint_every)")
             return 130
-    sys.stdout.write(Path(data["files"]["markdown"]).read_text())
-    sys.stdout.write(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
+    _out(Path(data["files"]["markdown"]).read_text())
+    _out(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
     return 0
 
 
@@ -251,7 +256,7 @@ def _report(args: argparse.Namespace) -> int:
     from accord.report import write_report
 
     path = write_report(args.run_dir)
-    sys.stdout.write(f"{path}\n")
+    _out(f"{path}\n")
     return 0
 
 
@@ -259,7 +264,7 @@ def _audit(args: argparse.Namespace) -> int:
     from accord.audit import audit_run, format_run_audit
 
     result = audit_run(args.run_dir)
-    sys.stdout.write(format_run_audit(Path(args.run_dir), result))
+    _out(format_run_audit(Path(args.run_dir), result))
     return 1 if result.violations else 0
 
 
@@ -267,7 +272,7 @@ def _export(args: argparse.Namespace) -> int:
     from accord.export import export_run
 
     out = export_run(args.run_dir, step=args.step, out=args.out, allow_unverified=args.allow_unverified)
-    sys.stdout.write(f"{out}\n")
+    _out(f"{out}\n")
     return 0
 
 
@@ -287,7 +292,7 @@ def _envs(args: argparse.Namespace) -> int:
             # example moves (legal ones, so that the checker gets past the first turn)
             examples = getattr(make_env(name), "example_actions", ())
             check_env(lambda: make_env(name), actions=examples)
-            sys.stdout.write(f"{name}: conforms to the environment protocol\n")
+            _out(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}
     for name in entry_point_names():
@@ -313,7 +318,7 @@ def _envs(args: argparse.Namespace) -> int:
     rows.append("(kind and roles with the default options; a task's options can change them, e.g. single_agent)")
     rows.append("other libraries' environments: pettingzoo:<env_id>, textarena:<env_id>, gymnasium:<env_id> "
                 "(pip install 'accord[envs]'; see docs/pettingzoo.md)")
-    sys.stdout.write("\n".join(rows) + "\n")
+    _out("\n".join(rows) + "\n")
     return 0
 
 
@@ -339,7 +344,7 @@ def _plan(args: argparse.Namespace) -> int:
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_plan_config(config_path, positional)
     plan = make_plan(cfg, prompt_tokens=args.prompt_tokens)
-    sys.stdout.write(format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus)))
+    _out(format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus)))
     return 0
 
 

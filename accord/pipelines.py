@@ -175,4 +175,4 @@ def transcript_path(out_dir: Path, variant: str) -> Path:
 
 def load_transcripts(path: str | Path) -> list[dict[str, Any]]:
     """The JSON lines of :func:`transcript_path`: one instance each."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()]

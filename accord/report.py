@@ -192,25 +192,31 @@ def _config_summary(config: dict | None, note: str | None) -> tuple[list[tuple[s
 
 
 def _latest_jsonl(directory: Path) -> tuple[int, list[dict]] | None:
-    """(step, rows) of the newest ``step_N.jsonl`` in ``directory``; None when there is none."""
+    """(step, rows) of the newest ``step_N.jsonl`` in ``directory``; None when there is none. Lines are split
+    at ``\\n`` only (a completion's text may hold other line breaks, U+2028 say); a line that is not a JSON
+    object is left out with a warning naming it."""
     files = sorted(directory.glob("step_*.jsonl")) if directory.is_dir() else []
     for path in reversed(files):
         match = re.fullmatch(r"step_(\d+)\.jsonl", path.name)
         if not match:
             continue
-        rows = []
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        rows, bad = [], []
+        for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                _logger.warning("%s:%d is not JSON (%s); the report shows no completions from this file",
-                                path, lineno, err.msg)
-                break
-            rows.append(row)
-        else:
-            return int(match.group(1)), rows
+                bad.append(f"{lineno} ({err.msg})")
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad.append(f"{lineno} (a JSON {type(row).__name__}, not an object)")
+        if bad:
+            _logger.warning("%s: %d line(s) left out of the report, not completion records: line %s", path,
+                            len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""))
+        return int(match.group(1)), rows
     return None
 
 
@@ -536,7 +542,7 @@ def _render_unit(title: str, unit: list[dict]) -> list[str]:
 
 def _samples_section(run_dir: Path) -> list[str]:
     lines = ["## Sample completions", ""]
-    found = False
+    found, unscored = False, []
     for dirname, what in ((COMPLETIONS_DIRNAME, "training step"), (EVAL_COMPLETIONS_DIRNAME, "held-out evaluation")):
         latest = _latest_jsonl(run_dir / dirname)
         if latest is None:
@@ -544,6 +550,7 @@ def _samples_section(run_dir: Path) -> list[str]:
         step, rows = latest
         scored = [u for u in _units(rows) if _reward_of(u) is not None]
         if not scored:
+            unscored.append(f"`{dirname}/step_{step:06d}.jsonl`")
             continue
         found = True
         scored.sort(key=lambda u: _reward_of(u))
@@ -554,7 +561,10 @@ def _samples_section(run_dir: Path) -> list[str]:
         else:
             lines += _render_unit("Best", scored[-1])
             lines += _render_unit("Worst", scored[0])
-    if not found:
+    if not found and unscored:
+        lines += [f"_No scored completions in the newest completion tables ({', '.join(unscored)}): see the "
+                  "warnings of `accord report` for lines it left out._", ""]
+    elif not found:
         lines += ["_No completion tables in the run directory (logging.completions_every is 0 and no evaluation "
                   "wrote eval_completions/)._", ""]
     return lines

@@ -46,7 +46,9 @@ def eval_rewards(run_dir: Path, step: int) -> dict[str, float]:
     """Held-out team reward per text (instance id) at ``step``: the joint action's reward, one per instance."""
     path = eval_completions_path(run_dir, step)
     out: dict[str, float] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        if not line:
+            continue
         row = json.loads(line)
         out[str(row["instance"])] = float(row["reward"])
     return out
@@ -56,7 +58,9 @@ def distinct_answers(run_dir: Path, step: int) -> dict[str, int]:
     """Per agent, how many different completions it wrote over the held-out texts at ``step``: far fewer than
     the texts means one answer for every text, which a lexical reward can still pay for (docs/quickstart.md)."""
     seen: dict[str, set[str]] = {}
-    for line in eval_completions_path(run_dir, step).read_text(encoding="utf-8").splitlines():
+    for line in eval_completions_path(run_dir, step).read_text(encoding="utf-8").split("\n"):
+        if not line:
+            continue
         row = json.loads(line)
         seen.setdefault(str(row["agent"]), set()).add(row["completion"])
     return {agent: len(texts) for agent, texts in seen.items()}

@@ -168,8 +168,15 @@ def _accords(err: Exception) -> bool:
     return type(err).__module__.split(".")[0] == "accord"
 
 
+# characters of an environment's exception message kept in the error (it may quote a model's whole move)
+RAISED_MESSAGE_CHARS = 300
+
+
 def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
-    return EnvOutputError(f"environment {_env_name(env)!r}: {call} raised {type(err).__name__}: {err}; {fix} "
+    message = str(err)
+    if len(message) > RAISED_MESSAGE_CHARS:
+        message = f"{message[:RAISED_MESSAGE_CHARS]}... ({len(message)} characters)"
+    return EnvOutputError(f"environment {_env_name(env)!r}: {call} raised {type(err).__name__}: {message}; {fix} "
                           "(--debug shows the traceback)")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -39,9 +40,29 @@ _logger = logging.getLogger(__name__)
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 TIME_FORMAT = "%H:%M:%S"
 
+# characters a terminal acts on instead of showing: C0 controls but the line feed and tab (ESC starts the
+# sequences that move the cursor, recolour, retitle the window or clear the screen; CR overwrites the line),
+# DEL, C1 controls (CSI, OSC and DCS of 8-bit terminals) and the bidirectional overrides and isolates, which
+# reorder what is shown (a model's text reaches log lines: an environment quoting its move in an error)
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (:data:`_TERMINAL_CONTROLS`) as its escape
+    (``\\x1b``, ``\\u202e``): shown, not obeyed."""
+    return _TERMINAL_CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+class PrintableFormatter(logging.Formatter):
+    """A formatter whose lines (message and traceback) show terminal controls as escapes (:func:`printable`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
 
 def configure_logging(level: int = logging.INFO) -> logging.Handler:
-    """Install one root handler (rich's in a terminal, plain stderr lines elsewhere); return it."""
+    """Install one root handler (rich's in a terminal, plain stderr lines elsewhere), whose lines show terminal
+    controls as escapes (:class:`PrintableFormatter`); return it."""
     from rich import get_console
 
     console = get_console()
@@ -50,10 +71,10 @@ def configure_logging(level: int = logging.INFO) -> logging.Handler:
 
         handler: logging.Handler = RichHandler(console=console, show_path=False, markup=False,
                                                 log_time_format=f"[{TIME_FORMAT}]")
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        handler.setFormatter(PrintableFormatter("%(name)s: %(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(PLAIN_FORMAT, datefmt=TIME_FORMAT))
+        handler.setFormatter(PrintableFormatter(PLAIN_FORMAT, datefmt=TIME_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
     return handler
 

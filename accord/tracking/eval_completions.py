@@ -17,12 +17,11 @@ later steps, as it does with the training completions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from accord.tracking.registry import _atomic_write_text, _check_step, _json_default
+from accord.tracking.registry import _atomic_write_text, _check_step, json_line
 
 __all__ = ["EVAL_COMPLETIONS_DIRNAME", "eval_completions_path", "write_eval_completions", "joint_completion_rows",
            "episode_completion_rows"]
@@ -39,8 +38,7 @@ def write_eval_completions(run_dir: str | Path, step: int, rows: Sequence[dict[s
     """Write ``rows`` as JSON lines (atomically) and return the file's path."""
     path = eval_completions_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(path, "".join(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n"
-                                     for row in rows))
+    _atomic_write_text(path, "".join(json_line(row) + "\n" for row in rows))
     return path
 
 

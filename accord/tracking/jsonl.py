@@ -26,8 +26,8 @@ from accord.tracking.registry import (
     _atomic_write_text,
     _check_step,
     _clean_metrics,
-    _json_default,
     _SinkBase,
+    json_line,
     register_sink,
 )
 
@@ -200,7 +200,7 @@ class JsonlSink(_SinkBase):
         for i, row in enumerate(rows):
             if not isinstance(row, Mapping):
                 raise TypeError(f"completion row {i} for step {step} is a {type(row).__name__}, expected a dict")
-            lines.append(json.dumps(dict(row), default=_json_default, ensure_ascii=False) + "\n")
+            lines.append(json_line(dict(row)) + "\n")
         path.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(path, "".join(lines))
 

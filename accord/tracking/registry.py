@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import numbers
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -159,6 +161,29 @@ def _json_default(obj: Any) -> Any:
         f"completion row value of type {type(obj).__name__} is not JSON serializable; "
         "convert it to str / float / list before calling log_completions"
     )
+
+
+# characters ``json.dumps(ensure_ascii=False)`` writes as they are that would break a JSON-lines file: line
+# separators that ``str.splitlines`` (and many JSON-lines readers) split on, and lone surrogates, which UTF-8
+# cannot encode
+_UNSAFE_IN_LINE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate (which UTF-8 cannot encode: a tracker writing it fails) as its
+    ``\\uXXXX`` escape."""
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON (no newline) with non-ASCII text as it is, except the characters that would
+    split the line or fail to encode (U+0085, U+2028, U+2029, lone surrogates), written as ``\\uXXXX`` escapes:
+    model text holds any of them, and JSON reads the escapes back to the same string."""
+    text = json.dumps(value, default=_json_default, ensure_ascii=False)
+    return _UNSAFE_IN_LINE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

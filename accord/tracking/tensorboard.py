@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accord.tracking.registry import _check_step, _clean_metrics, _completion_columns, _SinkBase, register_sink
+from accord.tracking.registry import (
+    _check_step,
+    _clean_metrics,
+    _completion_columns,
+    _SinkBase,
+    encodable,
+    register_sink,
+)
 
 if TYPE_CHECKING:
     from accord.config import Config
@@ -17,15 +25,23 @@ __all__ = ["TENSORBOARD_DIRNAME", "TensorBoardSink", "completions_markdown"]
 TENSORBOARD_DIRNAME = "tb"
 
 
+# TensorBoard renders the text as markdown, raw HTML included: a cell shows these characters as themselves
+# (backslash escapes for markdown, entities for HTML), so model text cannot make a link, an image that the
+# browser fetches, a code span or a table row
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
 def _md_cell(value: Any, max_chars: int) -> str:
     if isinstance(value, float):
         text = f"{value:.4g}"
     else:
-        text = str(value)
+        text = encodable(str(value))
     text = text.replace("\r", "").replace("\n", " ⏎ ")
     if len(text) > max_chars:
         text = text[: max_chars - 1] + "…"
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+    text = _MARKDOWN.sub(r"\\\1", text)
+    return "".join(_HTML.get(c, c) for c in text)
 
 
 def completions_markdown(rows: Sequence[Mapping[str, Any]], max_rows: int = 8, max_chars: int = 300) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from accord.config import ConfigError
-from accord.tracking.registry import _completion_columns, _json_default
+from accord.tracking.registry import _completion_columns, _json_default, encodable, json_line
 
 __all__ = ["TRACKERS_FILENAME", "flatten_config"]
 
@@ -62,11 +62,13 @@ def _resume_id(run_dir: Path, tracker: str, resume: bool) -> dict | None:
 
 def _cell(value: Any) -> Any:
     """A table cell: scalars and None as they are, anything else (lists, dicts, arrays) as JSON text."""
-    if value is None or isinstance(value, (str, bool, int, float)):
+    if isinstance(value, str):
+        return encodable(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars
         return value.item()
-    return json.dumps(value, default=_json_default, ensure_ascii=False)
+    return json_line(value)
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
