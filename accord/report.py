@@ -42,7 +42,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from accord import metric_names as mn
-from accord.tracking.console import held_out_summary, training_summary
+from accord.tracking.console import held_out_summary, printable, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
 
@@ -486,10 +486,12 @@ def _fence(text: str) -> str:
 
 
 def _shown(text: Any) -> str:
+    """A prompt's or completion's text for the report: cut at ``_MAX_SHOWN_CHARS``, terminal controls as escapes
+    (``cat report.md`` shows them, not obeys them)."""
     text = "" if text is None else str(text)
     if len(text) > _MAX_SHOWN_CHARS:
-        return text[:_MAX_SHOWN_CHARS] + f"\n… ({len(text) - _MAX_SHOWN_CHARS} more characters)"
-    return text
+        return printable(text[:_MAX_SHOWN_CHARS]) + f"\n… ({len(text) - _MAX_SHOWN_CHARS} more characters)"
+    return printable(text)
 
 
 def _units(rows: list[dict]) -> list[list[dict]]:

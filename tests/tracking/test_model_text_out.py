@@ -57,14 +57,15 @@ def test_report_reads_lines_at_newlines_only_and_names_a_bad_line(tmp_path, capl
     """A table written with the separators raw (as before json_line) and a damaged line: the report still shows
     the step's best and worst samples, and warns naming the damaged line."""
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "team/reward": 0.5}) + "\n")
-    rows = _rows(["worst\u2028text", "middle", "BEST\x85TEXT"])
+    rows = _rows(["worst\u2028text", "middle", "BEST\x85TEXT\x1b[2J"])
     lines = [json.dumps(r, ensure_ascii=False) for r in rows]
     lines.insert(1, '{"prompt": "cut')
     (tmp_path / "completions").mkdir()
     (tmp_path / "completions" / "step_000001.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         report = write_report(tmp_path).read_text(encoding="utf-8")
-    assert "BEST\x85TEXT" in report and "worst\u2028text" in report
+    assert "BEST\\x85TEXT\\x1b[2J" in report and "worst\u2028text" in report   # controls shown as escapes
+    assert "\x1b" not in report and "\x85" not in report
     assert "Last training step: step 1" in report and "3 scored" in report
     assert any("1 line(s) left out" in r.getMessage() and "line 2" in r.getMessage() for r in caplog.records)
 
