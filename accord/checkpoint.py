@@ -23,6 +23,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def is_disk_full(err: BaseException, where: Path | None = None) -> bool:
 def disk_full_error(run_dir: Path, doing: str, err: BaseException) -> DiskFullError:
     """The one-line error of a full disk: what failed, the newest checkpoint (verified now, so that "intact" is a
     fact) and how to go on."""
-    found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    found = checkpoints(run_dir)[::-1]
     if not found:
         kept = "the run has no checkpoint yet (a resume starts it over)"
     else:
@@ -188,7 +189,7 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
 def prune_checkpoints(run_dir: Path, keep: int, newest: Path) -> None:
     """Delete all but the ``keep`` newest checkpoints up to ``newest`` (the one just saved or loaded); newer
     ones (skipped as corrupt on resume) stay until the run writes their step again."""
-    older = [p for p in sorted(checkpoint_dir(run_dir).glob("step_*")) if p.name <= newest.name]
+    older = [p for p in checkpoints(run_dir) if checkpoint_step(p) <= checkpoint_step(newest)]
     for old in older[:-keep]:
         _discard(old)
 
@@ -243,7 +244,7 @@ def clean_checkpoints(run_dir: Path) -> list[Path]:
         for path in sorted(root.iterdir()):
             if path.name.startswith((".tmp_step_", ".trash_")) and path.is_dir():
                 logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
-            elif (path.name.startswith("step_") and path.is_dir() and not (path / MANIFEST).exists()
+            elif (_CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir() and not (path / MANIFEST).exists()
                   and not _legacy_complete(path)):
                 logger.info("removing %s (a checkpoint of an older accord, half deleted by an interrupted prune)",
                             path)
@@ -309,7 +310,7 @@ def verified_checkpoint(run_dir: Path, allow_unverified: bool = False) -> Path |
     """The newest checkpoint of a run whose manifest verifies (or, with ``allow_unverified``, that has none);
     each newer one that fails is named in a warning. None if the run has no checkpoint; :class:`CheckpointError`
     if it has some but none verifies."""
-    found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    found = checkpoints(run_dir)[::-1]
     unverifiable = False
     for ckpt in found:
         problem = checkpoint_problem(ckpt, allow_unverified)
@@ -330,9 +331,9 @@ def resume_checkpoint(run_dir: Path, policies: dict, parts: dict | None = None, 
     in a warning and the next older one is tried; :class:`CheckpointError` when checkpoints exist but none can
     be used. ``verified``: the checkpoint the caller chose with :func:`verified_checkpoint` (not hashed again;
     the newer ones it skipped, and warned about, are not tried again)."""
-    found = sorted(checkpoint_dir(run_dir).glob("step_*"), reverse=True)
+    found = checkpoints(run_dir)[::-1]
     if verified is not None:
-        found = [ckpt for ckpt in found if ckpt.name <= verified.name]
+        found = [ckpt for ckpt in found if checkpoint_step(ckpt) <= checkpoint_step(verified)]
     unverifiable = False
     for ckpt in found:
         problem = None if verified is not None and ckpt == verified else checkpoint_problem(ckpt, allow_unverified)
@@ -357,9 +358,20 @@ def checkpoint_step(path: Path) -> int:
     return int(Path(path).name.split("_", 1)[1])
 
 
+_CHECKPOINT_NAME = re.compile(r"step_\d{6,}")
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first: ``checkpoints/step_NNNNNN`` only (a copy a user made
+    beside them, ``step_000010.bak`` or ``step_000010_best``, is not the run's: never loaded, exported or
+    pruned)."""
+    found = [p for p in checkpoint_dir(run_dir).glob("step_*") if _CHECKPOINT_NAME.fullmatch(p.name)]
+    return sorted(found, key=checkpoint_step)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest ``step_*`` directory, verified or not (see :func:`verified_checkpoint`)."""
-    found = sorted(checkpoint_dir(run_dir).glob("step_*"))
+    """The newest checkpoint directory (:func:`checkpoints`), verified or not (see :func:`verified_checkpoint`)."""
+    found = checkpoints(run_dir)
     return found[-1] if found else None
 
 
@@ -431,7 +443,7 @@ def completed_step(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a completed training step: a checkpoint, or a metrics line of a step >= 1
     (step 0 is the evaluation before training). A run that failed at start-up (a tracker that would not log in,
     a model that would not load) or was stopped during its first step has none: there is nothing to protect."""
-    if any(checkpoint_dir(run_dir).glob("step_*")):
+    if checkpoints(run_dir):
         return True
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
@@ -510,7 +522,8 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
     A new run into a directory that holds a run with a completed step is a :class:`ConfigError` naming the
     fixes; ``overwrite`` deletes the old run's files first (logged). A directory whose run never completed a
     step (:func:`completed_step`) is started over with a warning, so that the same command can simply be run
-    again after a failed start. A resume removes what a crash left behind. A directory in use by another
+    again after a failed start; a directory holding such names without the lock file every run of accord's
+    writes first (another tool's ``config.yaml`` or ``tb/``) is a :class:`ConfigError`, not started over. A resume removes what a crash left behind. A directory in use by another
     process is refused in every case. Nothing is created here: a config refused later leaves no directory
     behind."""
     run_dir = Path(run_dir)
@@ -520,6 +533,12 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
                 raise ConfigError(f"run directory {run_dir}: {parent} is a file, not a directory; set run.output_dir "
                                   "(or run.run_dir) to a directory path")
             break
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    # every run of accord's holds its directory's lock from the start: without the file, the names are another's
+    if held and not resume and not overwrite and not (run_dir / LOCK_FILE).exists():
+        raise ConfigError(f"{run_dir} holds {', '.join(held)} but is not a run directory of accord's (no "
+                          f"{LOCK_FILE}); choose another run.name (or run.run_dir), or pass --overwrite to delete "
+                          f"{', '.join(held)} and what else a run writes there ({', '.join(_RUN_OUTPUTS)})")
     release = hold_run_dir(run_dir) if run_dir.is_dir() else (lambda: None)
     try:
         if resume:

@@ -158,9 +158,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _after_interrupt(run_dir: Path) -> str:
     """How to go on after a run was stopped without a checkpoint of its last step."""
-    from accord.checkpoint import completed_step
+    from accord.checkpoint import checkpoints, completed_step
 
-    if any((run_dir / "checkpoints").glob("step_*")):
+    if checkpoints(run_dir):
         return f"the steps after its last checkpoint are lost; continue with `accord train --resume {run_dir}`"
     if completed_step(run_dir):
         return f"it has no checkpoint yet: `accord train --resume {run_dir}` starts it over from step 0"

@@ -338,7 +338,10 @@ def claim_output(plan: Plan, settings: dict, *, overwrite: bool) -> None:
             shutil.rmtree(out)
         else:
             try:
-                old = json.loads(stored.read_text())
+                old = json.loads(stored.read_text(encoding="utf-8"))
+                if not isinstance(old, dict) or not isinstance(old.get("methods", {}), dict):
+                    raise ValueError(f"a JSON {type(old).__name__} without a methods table, not the settings of a "
+                                     "comparison")
             except (OSError, ValueError) as err:
                 raise CompareError(f"{stored} cannot be read ({err}); use another compare.output_dir or --overwrite") \
                     from err
@@ -406,7 +409,10 @@ def run_compare(plan: Plan, *, overwrite: bool = False) -> dict:
 def _read_result(path: Path) -> dict:
     """A stored result or before-evaluation; a damaged one is a :class:`CompareError` saying how to redo it."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not a result")
+        return data
     except (OSError, ValueError) as err:
         raise CompareError(f"{path} cannot be read ({type(err).__name__}: {err}); delete it to run that method and "
                            "seed (or its before-evaluation) again") from err
@@ -782,18 +788,24 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
         if not overwrite:
             raise CompareError(f"--out {out} holds an earlier comparison; give a new directory, or --overwrite to "
                                "delete it")
-        logger.warning("--overwrite: deleting the earlier comparison in %s before writing the merged one", out)
-        shutil.rmtree(out)
     results, seeds, total = [], [], 0.0
     first: tuple[Path, dict] | None = None
     for p in map(Path, paths):
         path = p / "compare.json" if p.is_dir() else p
         try:
-            data = json.loads(path.read_text())
-            settings, runs, their = data["settings"], data["runs"], list(data["seeds"])
+            data = json.loads(path.read_text(encoding="utf-8"))
+            settings, runs, their, spent = data["settings"], data["runs"], data["seeds"], data.get("total_s", 0.0)
             if data.get("format") != FORMAT:
                 raise KeyError("format")
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            if not (isinstance(settings, dict) and isinstance(runs, list) and isinstance(their, list)
+                    and all(isinstance(r, dict) and isinstance(r.get("method"), str) for r in runs)
+                    and all(isinstance(s, int) and not isinstance(s, bool) for s in their)
+                    and isinstance(spent, (int, float)) and not isinstance(spent, bool)):
+                raise TypeError("settings, runs, seeds or total_s of the wrong type")
+            if sorted({r.get("seed") for r in runs}, key=repr) != sorted(set(their), key=repr):
+                raise ValueError(f"its runs are of seeds {sorted({r.get('seed') for r in runs}, key=repr)}, its "
+                                 f"seeds field says {their}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise CompareError(f"--merge {path}: not a compare.json of accord compare ({type(err).__name__}: {err}); "
                                "give the compare.json files (or the output directories) of comparisons") from err
         if first is None:
@@ -808,9 +820,12 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
             raise CompareError(f"--merge {path}: seed(s) {again} are already in an earlier file; give each seed once")
         seeds += their
         results += runs
-        total += data.get("total_s", 0.0)
+        total += spent
     if first is None:
         raise CompareError("--merge needs the compare.json files of the comparisons to merge")
+    if out.is_dir() and any(out.iterdir()):   # every input read and checked: only now the earlier merge goes
+        logger.warning("--overwrite: deleting the earlier comparison in %s before writing the merged one", out)
+        shutil.rmtree(out)
     return report(first[1], seeds, results, out, total_s=total, merged_from=[str(p) for p in paths])
 
 

@@ -33,7 +33,14 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import load_model
 
-from accord.checkpoint import CheckpointError, checkpoint_dir, checkpoint_problem, checkpoint_step, verified_checkpoint
+from accord.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    checkpoint_problem,
+    checkpoint_step,
+    checkpoints,
+    verified_checkpoint,
+)
 from accord.config import Config, ConfigError, load_config
 
 __all__ = ["checkpoint_of", "export_run"]
@@ -52,7 +59,7 @@ def checkpoint_of(run_dir: Path, step: int | None, allow_unverified: bool = Fals
         return found
     path = checkpoint_dir(run_dir) / f"step_{step:06d}"
     if not path.is_dir():
-        steps = sorted(checkpoint_step(p) for p in checkpoint_dir(run_dir).glob("step_*"))
+        steps = [checkpoint_step(p) for p in checkpoints(run_dir)]
         raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps} (pass one of them "
                                 "with --step, or leave --step out for the latest)")
     problem = checkpoint_problem(path, allow_unverified)

@@ -466,7 +466,7 @@ def _claim_partial(cfg: Config, part: Path, train: list[Demo]) -> bool:
     :class:`ConfigError` naming the difference when it holds a checkpoint (trained steps that would be lost),
     else started over with a warning (nothing trained is kept there: a run stopped or failed before its first
     checkpoint)."""
-    from accord.checkpoint import LOCK_FILE
+    from accord.checkpoint import LOCK_FILE, checkpoints
     from accord.config.base import first_difference
     from accord.tracking.registry import _atomic_write_text
 
@@ -486,7 +486,7 @@ def _claim_partial(cfg: Config, part: Path, train: list[Demo]) -> bool:
             other = "other demonstrations (sft.data changed?)"
         else:
             return True
-        if any((part / "checkpoints").glob("step_*")):
+        if checkpoints(part):
             raise ConfigError(f"{part} holds an unfinished warm start of {other}; run with its settings to finish "
                               "it, or delete it to start over")
         logger.warning("sft: %s holds an unfinished warm start of %s without a checkpoint; starting over", part, other)

@@ -155,9 +155,6 @@ def check_lora_policies(cfg: _Config) -> None:
             f"specialization=lora trains one LoRA adapter per policy over one shared base model, but the "
             f"policies name different base models ({desc}); give every policy the same model (and "
             "model_kwargs), or set specialization=separate for different models")
-    for name in cfg.policies:
-        if not name.replace("_", "").replace("-", "").isalnum():
-            raise ConfigError(f"policy name {name!r} cannot name a LoRA adapter; use letters, digits, '_' or '-'")
 
 
 def _check_fsdp(cfg: _Config) -> None:

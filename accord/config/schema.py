@@ -895,8 +895,12 @@ class Config:
 
     def _check_policies(self) -> None:
         """Each policy's own rules, named by its key: learning rate > 0, a model name that is not a misspelt
-        built-in, model_kwargs that fit the tiny model they configure, Ray resources >= 0."""
+        built-in, model_kwargs that fit the tiny model they configure, Ray resources >= 0; the name itself (it
+        names the policy's checkpoint directory and LoRA adapter) of letters, digits, '_' and '-'."""
         for name, p in self.policies.items():
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"policies: the name {name!r} names the policy's checkpoint directory; use "
+                                  "letters, digits, '_' or '-'")
             if p.lr is not None and p.lr <= 0:
                 raise ConfigError(f"policies.{name}.lr={p.lr} must be > 0 (or null to use training.lr)")
             check_model_name(f"policies.{name}.model", p.model)

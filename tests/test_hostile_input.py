@@ -1,0 +1,114 @@
+"""Input that must not destroy a user's files or end in a traceback: directories that only look like runs, copies
+a user keeps beside the checkpoints, policy names that are paths, merges refused after deleting, and config
+values that YAML would silently change."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from accord.checkpoint import (
+    MANIFEST,
+    checkpoint_step,
+    checkpoints,
+    claim_run_dir,
+    latest_checkpoint,
+    prune_checkpoints,
+)
+from accord.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny.yaml"
+
+
+def _fake_checkpoint(run: Path, name: str) -> Path:
+    path = run / "checkpoints" / name
+    path.mkdir(parents=True)
+    (path / MANIFEST).write_text("{}")
+    return path
+
+
+def test_a_directory_that_only_looks_like_a_run_is_not_started_over(tmp_path):
+    """Another tool's config.yaml and tb/ beside the user's eval/ and report/: refused, nothing deleted, no lock
+    file left that would make the next attempt take the directory for accord's."""
+    project = tmp_path / "project"
+    for name in ("eval", "report", "tb"):
+        (project / name).mkdir(parents=True)
+        (project / name / "mine.txt").write_text("keep")
+    (project / "config.yaml").write_text("lr: 0.1  # another tool's\n")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match=r"holds config\.yaml, tb but is not a run directory of accord's"):
+            claim_run_dir(project, resume=False, overwrite=False)
+    assert sorted(p.name for p in project.iterdir()) == ["config.yaml", "eval", "report", "tb"]
+    release = claim_run_dir(project, resume=False, overwrite=True)   # asked for: deleted
+    release()
+    assert sorted(p.name for p in project.iterdir()) == [".accord.lock"]
+
+
+def test_checkpoints_are_step_directories_only(tmp_path):
+    """A user's copies beside the checkpoints (step_000001_best, step_000002.bak) are never the run's: not the
+    latest, not pruned, and their names do not stop a resume."""
+    run = tmp_path / "run"
+    ones = [_fake_checkpoint(run, f"step_{s:06d}") for s in (1, 2, 3)]
+    best = _fake_checkpoint(run, "step_000001_best")
+    bak = _fake_checkpoint(run, "step_000009.bak")
+    assert checkpoints(run) == ones and latest_checkpoint(run) == ones[-1]
+    assert [checkpoint_step(p) for p in checkpoints(run)] == [1, 2, 3]
+    prune_checkpoints(run, 1, ones[-1])
+    assert checkpoints(run) == [ones[-1]] and best.is_dir() and bak.is_dir()
+
+
+def test_a_seven_digit_step_sorts_after_six(tmp_path):
+    run = tmp_path / "run"
+    small, large = _fake_checkpoint(run, "step_999999"), _fake_checkpoint(run, "step_1000000")
+    assert checkpoints(run) == [small, large]
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "", ".", "a/b", "a b"])
+def test_a_policy_name_is_not_a_path(name):
+    with pytest.raises(ConfigError, match="names the policy's checkpoint directory"):
+        load_config(None, [f"policies={{{json.dumps(name)}: {{model: tiny-qwen2}}}}", "agents=[]",
+                           "specialization=shared"])
+
+
+def _comparison(path: Path, seeds: list[int], runs: list[dict] | None = None, **extra) -> Path:
+    path.mkdir(parents=True)
+    from accord.compare import FORMAT
+
+    runs = [{"method": "a", "seed": s} for s in seeds] if runs is None else runs
+    (path / "compare.json").write_text(json.dumps({"format": FORMAT, "settings": {"x": 1}, "seeds": seeds,
+                                                   "runs": runs, "total_s": 1.0, **extra}))
+    return path
+
+
+def test_merge_refused_keeps_the_earlier_merge(tmp_path):
+    """--overwrite deletes the earlier merge only once every input has been read and checked."""
+    from accord.compare import CompareError, merge
+
+    one = _comparison(tmp_path / "one", [0])
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "compare.json").write_text("{}")
+    (out / "compare.md").write_text("the earlier merge")
+    with pytest.raises(CompareError, match=r"seed\(s\) \[0\] are already in an earlier file"):
+        merge([one, one], out, overwrite=True)
+    assert (out / "compare.md").read_text() == "the earlier merge"
+
+
+@pytest.mark.parametrize("fields, problem", [
+    ({"runs": [5]}, "wrong type"),
+    ({"total_s": "x"}, "wrong type"),
+    ({"seeds": "17"}, "wrong type"),
+    ({"seeds": [7]}, r"its runs are of seeds \[1\], its seeds field says \[7\]"),
+])
+def test_merge_names_a_compare_json_of_the_wrong_shape(tmp_path, fields, problem):
+    from accord.compare import CompareError, merge
+
+    seeds = fields.pop("seeds", [1])
+    path = _comparison(tmp_path / "bad", seeds, runs=fields.pop("runs", [{"method": "a", "seed": 1}]), **fields)
+    with pytest.raises(CompareError, match=problem):
+        merge([path], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
