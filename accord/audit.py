@@ -277,19 +277,26 @@ def prune_after(run_dir: Path, step: int) -> None:
 
 def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
     step, samples, scored, instances = -1, [], {}, []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise AuditError(f"{path} is not UTF-8 text (byte {err.start}); the file is damaged: delete it or re-run the "
+                         "step") from err
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
             kind = rec.pop("kind")
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+            if kind == "step":
+                step, instances = rec["step"], rec["instances"]
+            elif kind == "scored":
+                scored[rec.pop("key")] = rec
+            else:
+                samples.append(rec)
+        except (ValueError, RecursionError, KeyError, AttributeError, TypeError) as err:
             raise AuditError(f"{path}:{n} is not an audit record ({type(err).__name__}); the file is damaged: "
                              "delete it or re-run the step") from err
-        if kind == "step":
-            step, instances = rec["step"], rec["instances"]
-        elif kind == "scored":
-            scored[rec.pop("key")] = rec
-        else:
-            samples.append(rec)
     return step, samples, scored, instances
 
 

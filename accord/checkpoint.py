@@ -76,7 +76,12 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 class DiskFullError(CheckpointError):
-    """The disk of the run directory filled up. The message names the last intact checkpoint and the fix."""
+    """The disk of the run directory filled up. The message names the last intact checkpoint and the fix;
+    ``what`` is the message without the way to go on (for a command that goes on otherwise, ``accord sft``)."""
+
+    def __init__(self, message: str, what: str | None = None):
+        super().__init__(message)
+        self.what = message if what is None else what
 
 
 DISK_FULL_MARGIN = 1 << 20
@@ -119,8 +124,8 @@ def disk_full_error(run_dir: Path, doing: str, err: BaseException) -> DiskFullEr
     free = _free_bytes(Path(run_dir))
     left = f" ({free // 2**20} MiB free now)" if free is not None else ""
     detail = (str(err).splitlines() or [type(err).__name__])[0]
-    return DiskFullError(f"disk full while {doing} ({type(err).__name__}: {detail}); {kept}; free space on the disk "
-                         f"of {run_dir}{left} and continue with `accord train --resume {run_dir}`")
+    what = f"disk full while {doing} ({type(err).__name__}: {detail}); {kept}; free space on the disk of {run_dir}{left}"
+    return DiskFullError(f"{what} and continue with `accord train --resume {run_dir}`", what)
 
 
 def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, parts: dict | None = None) -> Path:
@@ -267,6 +272,8 @@ def verify_checkpoint(path: Path) -> str | None:
     if not isinstance(files, dict) or not files:
         return f"{MANIFEST} lists no files"
     for rel, want in files.items():
+        if not isinstance(rel, str) or not isinstance(want, dict):
+            return f"{MANIFEST} has an entry {rel!r} that is not a file's size and SHA-256"
         f = path / rel
         if not f.is_file():
             return f"{rel} is missing"
@@ -407,6 +414,11 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
         except ConfigError:  # the checkpoint is intact but of another config (e.g. a LoRA base mismatch)
             raise
         except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError) as err:
+            if "Error(s) in loading state_dict" in str(err):   # intact files, another model: the config differs
+                raise ConfigError(
+                    f"checkpoint {path}: the weights of policy {name!r} do not fit the model this config builds "
+                    f"({_first_mismatch(err)}); resume with the model settings the run was trained with (its "
+                    f"config.yaml): an override of policies.{name}.model or model_kwargs changes the model") from err
             raise CheckpointError(f"checkpoint {path}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
                                   "corrupted: resume from an older checkpoint or start over") from err
@@ -428,8 +440,18 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         raise CheckpointError(f"checkpoint {path}: state.pt cannot be loaded ({type(err).__name__}: {err}); resume "
                               "from an older checkpoint or start over") from err
-    set_rng_state(state["rng"])
+    try:
+        set_rng_state(state["rng"])
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:
+        raise CheckpointError(f"checkpoint {path}: state.pt holds no usable random state ({type(err).__name__}: "
+                              f"{err}); resume from an older checkpoint or start over") from err
     return state
+
+
+def _first_mismatch(err: BaseException) -> str:
+    """The first mismatch of a ``load_state_dict`` error, in one line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else type(err).__name__)
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb", "audit")

@@ -49,6 +49,7 @@ _USER_ERRORS = {
     "accord.data": ("DataFileError",),
     "accord.envs.single_turn": ("RewardError",),
     "accord.envs.protocol": ("EnvOutputError",),
+    "accord.generation.hf": ("GenerationError",),
 }
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 

@@ -452,7 +452,19 @@ def _before_key(trainer, samples: int, temperature: float) -> str:
 
 
 def run_one(plan: Plan, method: str, seed: int) -> dict:
-    """Build, evaluate before, train to the budget, evaluate after, and store one (method, seed)."""
+    """Build, evaluate before, train to the budget, evaluate after, and store one (method, seed). A full disk
+    says to run the comparison again (a run's own advice, ``accord train --resume``, would train it past its
+    budget)."""
+    from accord.checkpoint import DiskFullError
+
+    try:
+        return _run_one(plan, method, seed)
+    except DiskFullError as err:
+        raise DiskFullError(f"{err.what} and run the same `accord compare` command again: it goes on from the last "
+                            "checkpoint", err.what) from err
+
+
+def _run_one(plan: Plan, method: str, seed: int) -> dict:
     from accord.evaluate import evaluate_episodes
     from accord.trainer import Trainer
     from accord.tracking.jsonl import read_metrics
@@ -511,6 +523,10 @@ def run_one(plan: Plan, method: str, seed: int) -> dict:
     rows = [r for r in read_metrics(run_dir)
             if mn.PERF_GEN_TOKENS in r and (last_step is None or r.get("step", 0) <= last_step)]
     tokens = [int(r[mn.PERF_GEN_TOKENS]) for r in rows]
+    if sum(tokens[:-1]) >= budget:
+        raise CompareError(f"{run_dir} trained past its budget ({len(tokens)} steps, {sum(tokens)} tokens, the budget "
+                           f"{budget} reached before its last step): it was resumed outside accord compare; delete "
+                           "it to run that method and seed again")
     if sum(tokens) < budget:
         logger.warning("compare: %s seed %d stopped at compare.max_steps=%d with %d of %d tokens: its budget is "
                        "smaller than the others'", method, seed, len(rows), sum(tokens), budget)

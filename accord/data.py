@@ -148,6 +148,9 @@ def json_lines(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
         except RecursionError as err:
             raise DataFileError(f"{what} {path} line {n}: not valid JSON here (nested too deeply to parse); write "
                                 "one JSON object per line") from err
+        except ValueError as err:   # an integer of more digits than Python converts
+            raise DataFileError(f"{what} {path} line {n}: not valid JSON here ({err}); write one JSON object per "
+                                "line") from err
         if "\\u" in line and _lone_surrogate(out[-1][1]):   # JSON writes its escapes with a lowercase u
             raise DataFileError(f"{what} {path} line {n}: a string holds a lone surrogate escape (\\ud800-\\udfff "
                                 "without its pair), which is no character; fix or remove that escape")
@@ -197,6 +200,8 @@ def read_records(path: str | os.PathLike, what: str = "data_files") -> list[Any]
     except RecursionError as err:
         raise DataFileError(f"{what} {path} is not valid JSON here (nested too deeply to parse); use a JSON list "
                             "of records") from err
+    except ValueError as err:   # an integer of more digits than Python converts
+        raise DataFileError(f"{what} {path} is not valid JSON here ({err}); use a JSON list of records") from err
     if isinstance(data, dict):
         data = data.get("data", data.get("rows"))
     if not isinstance(data, list):

@@ -35,6 +35,8 @@ from safetensors.torch import load_model
 
 from accord.checkpoint import (
     CheckpointError,
+    DiskFullError,
+    is_disk_full,
     checkpoint_dir,
     checkpoint_problem,
     checkpoint_step,
@@ -76,6 +78,12 @@ def _policy_names(cfg: Config, ckpt: Path) -> list[str]:
         raise ConfigError(f"checkpoint {ckpt} holds policies {names}, but the run's config.yaml defines "
                           f"{sorted(cfg.policies)}; export needs the config the checkpoint was trained with")
     return names
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _export_full(cfg: Config, names: list[str], ckpt: Path, out: Path) -> None:
@@ -141,13 +149,24 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         raise ConfigError(f"{out} already exists; pass another --out or delete it")
     names = _policy_names(cfg, ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in out.parent.glob(f".{out.name}.*"):   # of an export killed before it could clean up
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())   # mkdtemp's 0700 would be the exported directory's mode
     try:
         if cfg.specialization == "lora":
             _export_lora(cfg, names, ckpt, tmp, out)
         else:
             _export_full(cfg, names, ckpt, tmp)
         os.replace(tmp, out)
+    except (OSError, RuntimeError, SafetensorError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(err, out.parent):
+            raise DiskFullError(f"disk full while exporting {ckpt} into {out} ({type(err).__name__}: "
+                                f"{(str(err).splitlines() or [''])[0]}); nothing was written there: free space on "
+                                "that disk and export again", "") from err
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -206,8 +206,8 @@ def _latest_jsonl(directory: Path) -> tuple[int, list[dict]] | None:
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as err:
-                bad.append(f"{lineno} ({err.msg})")
+            except (ValueError, RecursionError) as err:
+                bad.append(f"{lineno} ({getattr(err, 'msg', None) or type(err).__name__})")
                 continue
             if isinstance(row, dict):
                 rows.append(row)

@@ -510,6 +510,9 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
         metrics.unlink(missing_ok=True)
         logger.info("sft: %s has no checkpoint yet; starting it over", part)
         return 0, {}
+    if "tokens" not in state:   # an RL run's checkpoint (`accord train --resume` in this directory)
+        raise ConfigError(f"{part} holds a checkpoint of step {state['step']} that is not a warm start's (an RL run "
+                          "resumed there?); delete that directory to start the warm start over")
     step = int(state["step"])
     for name, stream in batches.items():
         for _ in range(min(step, steps[name])):
@@ -521,7 +524,9 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
                 kept.append(line)
         except ValueError:   # a line cut short by the kill
             continue
-    metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    from accord.tracking.registry import _atomic_write_text
+
+    _atomic_write_text(metrics, "".join(line + "\n" for line in kept))   # a kill here keeps the old file
     logger.info("sft: resuming %s after step %d", part, step)
     return step, state
 
@@ -568,7 +573,9 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
                resumable: bool) -> dict[str, Any]:
     """:func:`run_sft` from its demonstrations on: train in ``part`` (resuming its checkpoint when
     ``resumable``), export, and rename it to ``final``."""
-    from accord.checkpoint import LOCK_FILE, commit_checkpoint, write_checkpoint
+    from safetensors import SafetensorError
+
+    from accord.checkpoint import LOCK_FILE, DiskFullError, commit_checkpoint, is_disk_full, write_checkpoint
     from accord.trainer import GracefulStop, TrainingInterrupted
 
     s = cfg.sft
@@ -599,20 +606,31 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
     tokens_total, train_s = state.get("tokens", 0), state.get("train_s", 0.0)
     progress = {"step": done}
 
-    def checkpoint(step: int) -> None:
-        tmp = write_checkpoint(part, step, {n: p for n, (p, _) in policies.items()},
-                               {"tokens": tokens_total, "train_s": train_s})
-        commit_checkpoint(part, tmp, step, keep=1)
+    go_on = "run the same `accord sft` command again: it goes on from the last checkpoint"
 
-    stop = GracefulStop(lambda: f"finishing sft step {progress['step'] + 1}/{last}, then a checkpoint of it and stop")
-    with open(part / "metrics.jsonl", "a", encoding="utf-8") as log, stop:
+    def checkpoint(step: int) -> None:
+        try:
+            tmp = write_checkpoint(part, step, {n: p for n, (p, _) in policies.items()},
+                                   {"tokens": tokens_total, "train_s": train_s})
+            commit_checkpoint(part, tmp, step, keep=1)
+        except DiskFullError as err:   # the advice of an RL run's checkpoint (`accord train --resume`) is not ours
+            raise DiskFullError(f"{err.what} and {go_on}", err.what) from err
+
+    stop = GracefulStop(lambda: f"finishing sft step {progress['step'] + 1}/{last}, then a checkpoint of it and stop"
+                        if progress["step"] + 1 < last else "finishing the warm start's last step and its export")
+    with stop, open(part / "metrics.jsonl", "a", encoding="utf-8") as log:
         def record(step: int, metrics: dict) -> None:
             log.write(json.dumps({"step": step, **metrics}) + "\n")
             log.flush()
 
         if done:
-            before = json.loads((part / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])
-            before.pop("step", None)
+            first = (part / "metrics.jsonl").read_text(encoding="utf-8").split("\n", 1)[0]
+            try:
+                before = json.loads(first)
+                before.pop("step")
+            except (ValueError, KeyError, AttributeError) as err:
+                raise ConfigError(f"{part / 'metrics.jsonl'} has no step-0 evaluation on its first line, which the "
+                                  "resumed warm start reports against; delete that directory to start over") from err
         else:
             before = {mn.sft_policy_key(n, mn.EVAL_NLL): mean_nll(p, held[n], micro)
                       for n, (p, _) in policies.items() if held[n]}
@@ -657,17 +675,26 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
                         "tokens_per_s": round(tokens_total / max(train_s, 1e-9), 1)})
         logger.info("sft: %d steps, %d prompt+completion tokens in %.1fs (%.0f tokens/s)", last, tokens_total,
                     train_s, tokens_total / max(train_s, 1e-9))
-    for name, (pol, _) in policies.items():
-        pol.export(part / name)
-        nll = mn.sft_policy_key(name, mn.EVAL_NLL)
-        if before.get(nll) is not None:
-            logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[nll], after[nll])
-    shutil.rmtree(part / "checkpoints", ignore_errors=True)
-    (part / "settings.json").unlink(missing_ok=True)
-    if final.exists():   # an empty directory (checked above)
-        final.rmdir()
-    os.replace(part, final)
-    (final / LOCK_FILE).unlink(missing_ok=True)
+        log.close()
+        try:   # inside the Ctrl-C guard: a Ctrl-C here lets the export finish (the steps since the last
+            # checkpoint are in these weights only)
+            for name, (pol, _) in policies.items():
+                pol.export(part / name)
+        except (OSError, RuntimeError, SafetensorError) as err:
+            if not is_disk_full(err, part):
+                raise
+            raise DiskFullError(f"disk full while exporting the warm start into {part} ({type(err).__name__}: "
+                                f"{err}); free space on that disk and {go_on}") from err
+        for name in policies:
+            nll = mn.sft_policy_key(name, mn.EVAL_NLL)
+            if before.get(nll) is not None:
+                logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[nll], after[nll])
+        shutil.rmtree(part / "checkpoints", ignore_errors=True)
+        (part / "settings.json").unlink(missing_ok=True)
+        if final.exists():   # an empty directory (checked above)
+            final.rmdir()
+        os.replace(part, final)
+        (final / LOCK_FILE).unlink(missing_ok=True)
     summary.update({"output_dir": str(final), "before": before, "after": after,
                     "overrides": rl_overrides(cfg, final)})
     logger.info("sft: wrote %s; start RL from it with: accord train CONFIG %s", final,

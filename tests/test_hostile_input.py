@@ -112,3 +112,59 @@ def test_merge_names_a_compare_json_of_the_wrong_shape(tmp_path, fields, problem
     with pytest.raises(CompareError, match=problem):
         merge([path], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("run.name=my run #2", r"YAML reads the value as 'my run', not as written"),
+    ("run.name=0755", r"run.name=493: YAML read this value as a number"),
+    ("run.name=1:30", r"run.name=90: YAML read this value as a number"),
+    ("run.output_dir=2024.10", r"run.output_dir=2024.1: YAML read this value as a number"),
+    ('run.name="a\\0b"', r"run.name holds the character '\\x00'"),
+    ('run.name="a\\ud800"', r"run.name holds the character '\\ud800'"),
+    ("run.run_dir=", r"run.run_dir is an empty string \(an unset shell variable\?\)"),
+    ("run.threads=100000", r"run.threads=100000 is more than 1024"),
+    ("rollout.temperature=1e-300", r"rollout.temperature=1e-300 is below 0.0001"),
+    ("rollout.top_p=1e-300", r"rollout.top_p=1e-300 must be in \[1e-06, 1\]"),
+    ("rollout.eval_temperature=1e-300", r"rollout.eval_temperature=1e-300 is below 0.0001"),
+    ("task.options.x=" + "[" * 2000 + "]" * 2000, r"nested too deeply to read"),
+])
+def test_config_values_yaml_would_change_or_that_break_later_are_refused(override, problem):
+    with pytest.raises(ConfigError, match=problem):
+        load_config(TINY, [override])
+
+
+def test_quoted_text_keeps_what_was_written():
+    cfg = load_config(TINY, ["run.name='0755'", "run.output_dir='my runs #2'"])
+    assert cfg.run.name == "0755" and cfg.run.output_dir == "my runs #2"
+
+
+def test_a_section_after_a_key_inside_it_is_refused_the_other_order_refines():
+    with pytest.raises(ConfigError, match=r"sets all of run, replacing 'run.steps=3' given before it"):
+        load_config(TINY, ["run.steps=3", "run={name: x}"])
+    cfg = load_config(TINY, ["run={name: x}", "run.steps=3"])
+    assert (cfg.run.name, cfg.run.steps) == ("x", 3)
+
+
+def test_json_integers_too_long_to_convert_are_one_line_errors(tmp_path):
+    from accord.data import DataFileError, json_lines
+    from accord.tracking import read_metrics
+    from accord.tracking.jsonl import MetricsFileError
+
+    big = "9" * 5000
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"x": %s}\n' % big)
+    with pytest.raises(DataFileError, match="line 1: not valid JSON here"):
+        json_lines(data, "demonstrations file")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x": %s}\n{"step": 2}\n' % big)
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl:1: invalid JSON \(ValueError\)"):
+        read_metrics(tmp_path)
+
+
+def test_damaged_audit_records_are_audit_errors(tmp_path):
+    from accord.audit import AuditError, read_step
+
+    for text in (b'{"kind": "step"}\n', b"[1]\n", b'{"kind": "sample"}\n\xff\xfe\n', b'{"x": %s}\n' % (b"9" * 5000)):
+        path = tmp_path / "step_000001.jsonl"
+        path.write_bytes(text)
+        with pytest.raises(AuditError, match="the file is damaged"):
+            read_step(path)

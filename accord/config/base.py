@@ -42,7 +42,8 @@ def _positive(section: str, name: str, value: float, minimum: float = 1) -> None
 def _no_empty_path(section: str, name: str, value: str | None) -> None:
     """A path setting given as an empty string (``key=''``) is refused: it would name the current directory."""
     if isinstance(value, str) and not value.strip():
-        raise ConfigError(f"{section}.{name} is an empty string; give a file path, or null to leave it unset")
+        raise ConfigError(f"{section}.{name} is an empty string (an unset shell variable?); give a path, or null to "
+                          "leave it unset")
 
 
 def check_device_setting(key: str, value: str | None) -> None:
@@ -129,8 +130,16 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
                 raise ConfigError(f"{path}={value!r} is not a finite number; give a finite value")
             return number
     elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
+        if isinstance(value, str):
+            bad = next((c for c in value if c == "\x00" or "\ud800" <= c <= "\udfff"), None)
+            if bad is not None:
+                raise ConfigError(f"{path} holds the character {bad!r}, which no path, name or file can hold; remove it")
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # YAML read the text as a number, and not always as written (0755 is 493, 1:30 is 90, 2024.10 is
+            # 2024.1): the text cannot be recovered, so it must be quoted
+            raise ConfigError(f"{path}={value!r}: YAML read this value as a number, where text is expected (and may "
+                              f"have changed it: 0755 reads as 493, 1:30 as 90); quote it, e.g. {path}='...'")
     elif tp in (dict, list, tuple) or origin in (dict, list, tuple):
         base = origin or tp
         if isinstance(value, (list, tuple)) and base in (list, tuple):

@@ -177,7 +177,14 @@ def apply_override(data: dict, dotted: str) -> None:
     except yaml.YAMLError as err:
         raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
                           "fix the brackets, e.g. key=[1, 2] or key='text'") from err
+    except RecursionError as err:
+        raise ConfigError(f"override {key!r}: the value is nested too deeply to read; write it flatter") from err
     _check_size(value, f"override {key!r}")
+    plain = raw.strip()
+    if isinstance(value, str) and plain and plain[0] not in "'\"" and value != plain:
+        # an unquoted text YAML changed: a ' #...' read as a comment and dropped, lines folded into one
+        raise ConfigError(f"override {dotted!r}: YAML reads the value as {value!r}, not as written (a ' #' starts a "
+                          f"comment; line breaks are folded); quote it, e.g. {key.strip()}='...'")
     parts = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
@@ -218,12 +225,17 @@ def _list_index(node: list, part: str, path: str) -> int:
 
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> None:
     """Apply ``key=value`` overrides in order; a key given twice is a :class:`ConfigError` (as a key twice in a
-    YAML file is): the later one would silently win."""
+    YAML file is): the later one would silently win. So is a section set after a key inside it (``run.steps=3
+    run={name: x}``: the section would replace it); the other order refines the section and is kept."""
     seen: dict[str, str] = {}
     for item in overrides:
         key = item.split("=", 1)[0].strip() if "=" in item else None
         if key is not None and key in seen:
             raise ConfigError(f"override {item!r}: {key} is already set by {seen[key]!r}; give each key once")
+        inner = [seen[k] for k in seen if key is not None and k.startswith(key + ".")]
+        if inner:
+            raise ConfigError(f"override {item!r} sets all of {key}, replacing {inner[0]!r} given before it; give "
+                              f"{key} first and the keys inside it after")
         if key is not None:
             seen[key] = item
         apply_override(data, item)
@@ -267,6 +279,8 @@ def read_yaml(p: Path) -> dict:
                           f"{err.key!r} (YAML keeps only one value per key)") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
+    except RecursionError as err:
+        raise ConfigError(f"config file {p} is nested too deeply to read; write it flatter") from err
     _check_size(loaded, f"config file {p}")
     if loaded is None:
         raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "

@@ -42,6 +42,9 @@ def _run_name_problem(name: str) -> str | None:
     return None
 
 
+MAX_THREADS = 1024   # torch threads a run may ask for (more made the tokenizer's thread pool panic)
+
+
 @dataclass
 class RunConfig:
     name: str = _f("writing-pydoc", "Run name, used for the run directory under output_dir (the default job's is "
@@ -89,6 +92,11 @@ class RunConfig:
         _positive("run", "eval_every", self.eval_every, 0)
         if self.threads is not None:
             _positive("run", "threads", self.threads)
+            if self.threads > MAX_THREADS:
+                raise ConfigError(f"run.threads={self.threads} is more than {MAX_THREADS}; give the number of cores "
+                                  "to use (null: torch's default, the cores this process may use)")
+        _no_empty_path("run", "output_dir", self.output_dir)
+        _no_empty_path("run", "run_dir", self.run_dir)
 
 
 @dataclass
@@ -122,13 +130,22 @@ class PolicyConfig:
             _positive("policies.<name>", "replicas", self.replicas)
 
 
+# the smallest sampling temperature and nucleus: below them the logits divided by the temperature overflow, or
+# the value rounds to 0 in float32 (which the sampler computes in)
+MIN_TEMPERATURE = 1e-4
+MIN_TOP_P = 1e-6
+
+
 def _check_sampling(where: str, temperature, top_p, top_k, max_new_tokens, min_new_tokens=None) -> None:
     """The rules of the sampling settings, shared by ``rollout`` and ``agents[].sampling`` (None: not set)."""
     if temperature is not None and temperature <= 0:
         raise ConfigError(f"{where}temperature={temperature} must be > 0 for training (sampling log-probs are needed); "
                           "use rollout.eval_temperature=0 for greedy evaluation")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"{where}top_p={top_p} must be in (0, 1]")
+    if temperature is not None and temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"{where}temperature={temperature} is below {MIN_TEMPERATURE}, where the sampler's float32 "
+                          f"arithmetic breaks down; use at least {MIN_TEMPERATURE}")
+    if top_p is not None and not MIN_TOP_P <= top_p <= 1:
+        raise ConfigError(f"{where}top_p={top_p} must be in [{MIN_TOP_P}, 1] (smaller rounds to 0 in float32)")
     if top_k is not None and top_k < 0:
         raise ConfigError(f"{where}top_k={top_k} must be >= 0 (0: off)")
     if max_new_tokens is not None and max_new_tokens < 1:
@@ -410,6 +427,10 @@ class RolloutConfig:
         _check_sampling("rollout.", self.temperature, self.top_p, self.top_k, None, self.min_new_tokens)
         _positive("rollout", "max_extra_rounds", self.max_extra_rounds, 0)
         _positive("rollout", "eval_temperature", self.eval_temperature, 0)
+        if 0 < self.eval_temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"rollout.eval_temperature={self.eval_temperature} is below {MIN_TEMPERATURE}, where the "
+                              "sampler's float32 arithmetic breaks down; use 0 for greedy evaluation, or at least "
+                              f"{MIN_TEMPERATURE}")
         if self.max_turns is not None:
             _positive("rollout", "max_turns", self.max_turns)
         if self.history_turns is not None:
@@ -638,6 +659,7 @@ class SftConfig:
     def __post_init__(self) -> None:
         _no_empty_path("sft", "data", self.data)
         _no_empty_path("sft", "eval_data", self.eval_data)
+        _no_empty_path("sft", "output_dir", self.output_dir)
         _positive("sft", "steps", self.steps)
         if self.epochs is not None and not self.epochs > 0:
             raise ConfigError(f"sft.epochs={self.epochs} must be > 0 (or null to use sft.steps)")
@@ -799,6 +821,8 @@ class CompareConfig:
                                 "resume it), so that 6 methods x 5 seeds do not keep 30 models on disk.")
 
     def __post_init__(self) -> None:
+        _no_empty_path("compare", "warm_start", self.warm_start)
+        _no_empty_path("compare", "output_dir", self.output_dir)
         if not isinstance(self.methods, dict):
             raise ConfigError(f"compare.methods={self.methods!r} must map method names to lists of key=value "
                               "overrides, e.g. {grpo: [algorithm.baseline=single_agent], atgrpo: []}")

@@ -73,13 +73,13 @@ def _parse_metrics_lines(path: Path, text: str) -> list[tuple[dict, str]]:
         is_last = lineno == len(lines)
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as err:
+        except (ValueError, RecursionError) as err:   # also an integer of more digits than Python converts
             if is_last and not ends_with_newline:
                 _logger.warning("%s:%d: dropping truncated last line (interrupted write?)", path, lineno)
                 continue
             raise MetricsFileError(
-                f"{path}:{lineno}: invalid JSON ({err.msg}): {line[:80]!r}; fix or delete that line of the metrics "
-                "file (nothing was changed)"
+                f"{path}:{lineno}: invalid JSON ({getattr(err, 'msg', None) or type(err).__name__}): {line[:80]!r}; "
+                "fix or delete that line of the metrics file (nothing was changed)"
             ) from err
         if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
             raise MetricsFileError(

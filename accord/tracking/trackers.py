@@ -31,8 +31,8 @@ def _read_ids(run_dir: Path) -> dict:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON ({err.msg}); fix it or delete it (a resumed run then starts "
+    except (ValueError, RecursionError) as err:
+        raise ConfigError(f"{path} is not valid JSON ({getattr(err, 'msg', None) or type(err).__name__}); fix it or delete it (a resumed run then starts "
                           "new tracker runs)") from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object of tracker -> run id; fix it or delete it")

@@ -190,6 +190,47 @@ def test_a_full_disk_while_logging_is_one_line(tmp_path, small_disk):
     assert "step_000001" in line and "is intact (verified)" in line, line
 
 
+SFT = """run: {name: warm, threads: 1, steps: 2, eval_before: false, eval_after: false}
+specialization: shared
+policies:
+  main: {model: tiny-qwen2, model_kwargs: {hidden_size: 64, num_layers: 2, max_position_embeddings: 4096}}
+task: {name: planpath, options: {size: 5, max_turns: 2, workflow: direct}, eval_size: 2}
+algorithm: {name: atgrpo, num_generations: 2}
+rollout: {batch_size: 2, max_new_tokens: 96, max_prompt_tokens: 2048}
+training: {micro_batch_size: 16, bf16: false}
+logging: {console: false, report_to: []}
+sft: {instances: 24, eval_size: 2, steps: 30, batch_size: 16, lr: 0.003, checkpoint_every: 5, eval_success: false}
+"""
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_sft_says_to_run_sft_again(tmp_path, small_disk):
+    """The advice of an RL run's checkpoint (`accord train --resume` in the unfinished warm start) would train RL
+    there; sft's own is to run the same command again, which then finishes the warm start."""
+    (tmp_path / "sft.yaml").write_text(SFT)
+    out = small_disk / "w"
+    filler = _fill(small_disk, leave=3 * 2**20)
+    full = accord("sft", "sft.yaml", f"sft.output_dir={out}", cwd=tmp_path)
+    assert full.returncode == 2, full.stderr[-3000:]
+    line = one_line(full.stderr, " ERROR ")
+    assert "disk full while writing the checkpoint of step" in line, line
+    assert "run the same `accord sft` command again" in line and "accord train" not in line, line
+    filler.unlink()
+    again = accord("sft", "sft.yaml", f"sft.output_dir={out}", cwd=tmp_path)
+    assert again.returncode == 0 and "resuming" in again.stderr, again.stderr[-3000:]
+    assert (out / "main" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(trained, tmp_path, small_disk):
+    _fill(small_disk, leave=16 * 1024)
+    full = accord("export", trained, "--out", small_disk / "exp", cwd=tmp_path)
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    line = one_line(full.stderr, " ERROR ")
+    assert "disk full while exporting" in line and "nothing was written there" in line, line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trained")
