@@ -551,6 +551,9 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
     run_dir = Path(run_dir)
     for parent in (run_dir, *run_dir.parents):
         if parent.exists() or parent.is_symlink():
+            if parent.is_symlink() and not parent.exists():
+                raise ConfigError(f"run directory {run_dir}: {parent} is a symbolic link that leads nowhere (or to "
+                                  "itself); point run.output_dir (or run.run_dir) at a directory")
             if not parent.is_dir():
                 raise ConfigError(f"run directory {run_dir}: {parent} is a file, not a directory; set run.output_dir "
                                   "(or run.run_dir) to a directory path")

@@ -125,7 +125,12 @@ def _train(args: argparse.Namespace) -> int:
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
     else:
         cfg = load_config(config_path, positional)
-        if config_path is not None and Path(config_path).resolve() == (cfg.run_dir / "config.yaml").resolve():
+        try:
+            same = config_path is not None and Path(config_path).resolve() == (cfg.run_dir / "config.yaml").resolve()
+        except (RuntimeError, OSError) as err:   # a symbolic link that leads to itself
+            raise ConfigError(f"run directory {cfg.run_dir} cannot be resolved ({err}); point run.run_dir (or "
+                              "run.output_dir) at a directory") from err
+        if same:
             raise ConfigError(f"{config_path} is where the run writes its resolved config (run directory {cfg.run_dir}), "
                               "so a new run would replace it; move the file elsewhere or set another run.run_dir (to "
                               f"continue the run that wrote it: accord train --resume {cfg.run_dir})")

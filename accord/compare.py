@@ -753,7 +753,9 @@ def plot(data: dict, path: Path) -> None:
                  fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from accord.tracking.registry import _atomic_save
+
+    _atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110))
 
 
 def report(settings: dict, seeds: list[int], results: list[dict], out: Path, *, total_s: float,
@@ -797,7 +799,9 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
     target = out.resolve()
     if any(target == i or target in i.parents for i in inputs):
         raise CompareError(f"--out {out} holds one of the comparisons being merged; give a new directory")
-    if out.is_dir() and any(out.iterdir()):
+    # what a merge stopped half-way (a full disk) leaves: written again without --overwrite
+    leftovers = {"compare.md", "compare.png"}
+    if out.is_dir() and any(p.name not in leftovers for p in out.iterdir()):
         if not ((out / "compare.json").is_file() or (out / "settings.json").is_file()):
             raise CompareError(f"--out {out} is not empty and holds no comparison (no compare.json or settings.json), "
                                "so --overwrite would delete files that are not accord's; give a new directory")
@@ -839,7 +843,8 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
         total += spent
     if first is None:
         raise CompareError("--merge needs the compare.json files of the comparisons to merge")
-    if out.is_dir() and any(out.iterdir()):   # every input read and checked: only now the earlier merge goes
+    if out.is_dir() and any(p.name not in leftovers for p in out.iterdir()):   # every input read and checked: only
+        # now the earlier merge goes
         logger.warning("--overwrite: deleting the earlier comparison in %s before writing the merged one", out)
         shutil.rmtree(out)
     return report(first[1], seeds, results, out, total_s=total, merged_from=[str(p) for p in paths])

@@ -44,6 +44,7 @@ from accord.checkpoint import (
     verified_checkpoint,
 )
 from accord.config import Config, ConfigError, load_config
+from accord.tracking.registry import _UMASK
 
 __all__ = ["checkpoint_of", "export_run"]
 
@@ -78,12 +79,6 @@ def _policy_names(cfg: Config, ckpt: Path) -> list[str]:
         raise ConfigError(f"checkpoint {ckpt} holds policies {names}, but the run's config.yaml defines "
                           f"{sorted(cfg.policies)}; export needs the config the checkpoint was trained with")
     return names
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _export_full(cfg: Config, names: list[str], ckpt: Path, out: Path) -> None:
@@ -153,7 +148,7 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(0o777 & ~_umask())   # mkdtemp's 0700 would be the exported directory's mode
+    tmp.chmod(0o777 & ~_UMASK)   # mkdtemp's 0700 would be the exported directory's mode
     try:
         if cfg.specialization == "lora":
             _export_lora(cfg, names, ckpt, tmp, out)

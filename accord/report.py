@@ -45,6 +45,7 @@ from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, printable, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
+from accord.tracking.registry import _atomic_save, _atomic_write_text
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -171,7 +172,7 @@ def _load_config(path: Path) -> tuple[dict | None, str | None]:
         return None, f"no {CONFIG_FILENAME} in the run directory"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
         _logger.warning("could not parse %s (%s); the report omits the config summary", path, err)
         return None, f"{CONFIG_FILENAME} could not be parsed"
     if not isinstance(config, dict):
@@ -289,7 +290,7 @@ def _save(fig: Figure, axes: list, path: Path, smoothed: bool, title: str | None
         title = f"{title}\n(thin: raw, thick: moving average)" if title else "thin: raw, thick: moving average"
     if title:
         fig.suptitle(title)
-    fig.savefig(path)
+    _atomic_save(path, fig.savefig)
     return path
 
 
@@ -476,6 +477,8 @@ def _table(keys: Sequence[str], series: dict[str, _Series], groups: bool = True)
 
 
 def _fmt_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or abs(seconds) >= 1e9:   # beyond what a timedelta holds: a damaged time
+        return f"{seconds:.3g} s"
     return str(_dt.timedelta(seconds=round(seconds)))
 
 
@@ -499,7 +502,7 @@ def _units(rows: list[dict]) -> list[list[dict]]:
     units: dict[Any, list[dict]] = {}
     singles = []
     for row in rows:
-        if row.get("joint") is None:
+        if row.get("joint") is None or not isinstance(row["joint"], (int, str)):   # a damaged joint id: on its own
             singles.append([row])
         else:
             units.setdefault(row["joint"], []).append(row)
@@ -737,8 +740,6 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             stale.unlink()
 
     report_path = out / REPORT_FILENAME
-    report_path.write_text(
-        _render_markdown(run_dir, rows, series, config, config_note, images), encoding="utf-8"
-    )
+    _atomic_write_text(report_path, _render_markdown(run_dir, rows, series, config, config_note, images))
     _logger.info("wrote report %s (%d plot(s))", report_path, len(images))
     return report_path

@@ -168,3 +168,78 @@ def test_damaged_audit_records_are_audit_errors(tmp_path):
         path.write_bytes(text)
         with pytest.raises(AuditError, match="the file is damaged"):
             read_step(path)
+
+
+def _metrics_run(tmp_path: Path, last: str) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({"step": s, "team/reward": 0.1 * s, "time/step": 1.0}) for s in range(3)]
+    (run / "metrics.jsonl").write_bytes(("\n".join(lines) + "\n").encode() + last.encode("utf-8", "surrogateescape"))
+    return run
+
+
+@pytest.mark.parametrize("last, problem", [
+    ("{\"step\": 3, \"x\": \udcff}\n", r"metrics.jsonl:4: not UTF-8 text \(byte 0xff\)"),
+    ('{"step": %d}\n' % 10**30, r"metrics.jsonl:4: expected a JSON object with an integer 'step' field in"),
+    ('{"step": 3, "x": %s}\n' % ("1" + "0" * 400), r"metrics.jsonl:4: x=1000.* is larger than a metric can be"),
+])
+def test_a_damaged_metrics_file_is_one_line_for_the_report(tmp_path, last, problem):
+    from accord.report import write_report
+    from accord.tracking.jsonl import MetricsFileError
+
+    with pytest.raises(MetricsFileError, match=problem):
+        write_report(_metrics_run(tmp_path, last))
+
+
+def test_the_report_takes_odd_but_readable_files(tmp_path):
+    """A step that took 1e300 s, a completions row whose joint id is a list, a config.yaml that is not UTF-8: the
+    report is written (the time shown as seconds, the row on its own, the config left out with its reason)."""
+    from accord.report import write_report
+
+    run = _metrics_run(tmp_path, '{"step": 3, "team/reward": 0.3, "time/step": 1e300}\n')
+    (run / "completions").mkdir()
+    rows = [{"prompt": "p", "agent": "a", "completion": "c", "reward": 1.0, "joint": [1, 2]},
+            {"prompt": "p", "agent": "b", "completion": "d", "reward": 0.0, "joint": 5}]
+    (run / "completions" / "step_000003.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.yaml").write_bytes(b"\xff\xfe")
+    text = write_report(run).read_text(encoding="utf-8")
+    assert "1e+300 s" in text and "2 scored" in text
+    assert oct((run / "report" / "report.md").stat().st_mode & 0o777) != oct(0o600)   # not mkstemp's mode
+
+
+def test_a_merge_stopped_half_way_is_not_taken_for_another_directory(tmp_path):
+    """What a full disk left of a merge (its plot and table) does not make the retry ask for a new directory:
+    the retry goes on to read its inputs (here refused for their own reason)."""
+    from accord.compare import CompareError, merge
+
+    one = _comparison(tmp_path / "one", [0])
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "compare.png").write_bytes(b"\x89PNG truncated")
+    (out / "compare.md").write_text("# cut")
+    with pytest.raises(CompareError, match=r"seed\(s\) \[0\] are already in an earlier file"):
+        merge([one, one], out)
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(CompareError, match="is not empty and holds no comparison"):
+        merge([one], out, overwrite=True)
+    assert (out / "notes.txt").is_file()
+
+
+def test_exit_in_a_task_is_an_error_not_a_silent_end(tmp_path):
+    from accord.build import build_env
+    from accord.envs.registry import TaskError
+
+    with pytest.raises(TaskError, match=r"task 'builtins:exit' called exit\(None\) while being built"):
+        build_env(load_config(TINY, ["task.name=builtins:exit"]))
+
+
+def test_a_symbolic_link_loop_as_run_directory_is_named(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(ConfigError, match="is a symbolic link that leads nowhere"):
+        claim_run_dir(loop / "run", resume=False, overwrite=False)
+
+
+def test_a_list_index_is_ascii_digits():
+    with pytest.raises(ConfigError, match=r"'²' is not an index of a list"):
+        load_config(TINY, ["agents.².name=x"])

@@ -196,7 +196,7 @@ def apply_override(data: dict, dotted: str) -> None:
             raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
                               f"set {'.'.join(parts[:i])}=VALUE, or check the key")
         if part not in node or node[part] is None:
-            if parts[i + 1].isdigit() and (prefix in _LIST_KEYS or prefix.startswith("compare.methods.")):
+            if parts[i + 1].isascii() and parts[i + 1].isdigit() and (prefix in _LIST_KEYS or prefix.startswith("compare.methods.")):
                 raise ConfigError(f"override {dotted!r}: {prefix} is not set here, so it has no item {parts[i + 1]} "
                                   f"to change; set the whole list, e.g. {_LIST_EXAMPLES.get(prefix, prefix + '=[...]')}")
             node[part] = {}
@@ -218,7 +218,7 @@ _LIST_EXAMPLES = {"agents": "agents=[{name: first, policy: main}, {name: second,
 
 
 def _list_index(node: list, part: str, path: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
+    if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
         raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items")
     return int(part)
 

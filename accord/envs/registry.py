@@ -110,6 +110,9 @@ class TaskBuilder:
             raise TaskError(f"task {self.name!r} could not be built with options {self.options}: "
                             f"{type(err).__name__}: {err}; fix the options or the task's code (--debug shows the "
                             "traceback)") from err
+        except SystemExit as err:   # exit() in the task's code would end the run with its status and no word
+            raise TaskError(f"task {self.name!r} called exit({err.code!r}) while being built; point task.name at a "
+                            "task class or factory that returns a task") from err
         _name_task(self.name, task)
         _check_task(self.name, task)
         return task

@@ -39,6 +39,9 @@ __all__ = ["COMPLETIONS_DIRNAME", "METRICS_FILENAME", "JsonlSink", "MetricsFileE
 
 _logger = logging.getLogger(__name__)
 
+MAX_STEP = 2**53           # a step number a metrics file may hold (any run's steps are far fewer)
+MAX_EXACT_INT = 2**53      # integers beyond it are not metrics (and a 400-digit one overflows a float)
+
 METRICS_FILENAME = "metrics.jsonl"
 COMPLETIONS_DIRNAME = "completions"
 
@@ -81,11 +84,18 @@ def _parse_metrics_lines(path: Path, text: str) -> list[tuple[dict, str]]:
                 f"{path}:{lineno}: invalid JSON ({getattr(err, 'msg', None) or type(err).__name__}): {line[:80]!r}; "
                 "fix or delete that line of the metrics file (nothing was changed)"
             ) from err
-        if not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int):
+        if (not isinstance(record, dict) or isinstance(record.get("step"), bool) or not isinstance(record.get("step"), int)
+                or not 0 <= record["step"] <= MAX_STEP):
             raise MetricsFileError(
-                f"{path}:{lineno}: expected a JSON object with an integer 'step' field, got {line[:80]!r}; "
-                "fix or delete that line of the metrics file (nothing was changed)"
+                f"{path}:{lineno}: expected a JSON object with an integer 'step' field in [0, {MAX_STEP}], got "
+                f"{line[:80]!r}; fix or delete that line of the metrics file (nothing was changed)"
             )
+        bad = next((k for k, v in record.items() if isinstance(v, int) and not isinstance(v, bool)
+                    and abs(v) > MAX_EXACT_INT), None)
+        if bad is not None:
+            raise MetricsFileError(f"{path}:{lineno}: {bad}={str(record[bad])[:20]}... is larger than a metric can be "
+                                   "(beyond a float's exact integers); fix or delete that line of the metrics file "
+                                   "(nothing was changed)")
         records.append((record, line))
     return records
 
@@ -104,7 +114,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             f"metrics file not found: {path}; pass a run directory containing {METRICS_FILENAME} "
             "(written by JsonlSink during training)"
         )
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise MetricsFileError(f"{path}:{line}: not UTF-8 text (byte {err.object[err.start]:#04x}); fix or delete that "
+                               "line of the metrics file (nothing was changed)") from err
     return [record for record, _ in _parse_metrics_lines(path, text)]
 
 

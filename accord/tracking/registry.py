@@ -186,9 +186,34 @@ def json_line(value: Any) -> str:
     return _UNSAFE_IN_LINE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()   # read once, at import (setting it to read it is not thread-safe)
+
+
+def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
+    """``save(tmp)`` into a temporary file beside ``path`` (same suffix: a plot's format follows it), then renamed
+    onto ``path``: a full disk or a kill never leaves a truncated file where a good one was."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)   # a plain file's mode, not mkstemp's 0600
+    os.close(fd)
+    try:
+        save(Path(tmp_name))
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory + os.replace."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)   # a plain file's mode, not mkstemp's 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
