@@ -23,6 +23,7 @@ import errno
 import inspect
 import os
 import logging
+import math
 import re
 import sys
 from pathlib import Path
@@ -122,6 +123,10 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--resume takes its config from RUN_DIR/config.yaml; pass only key=value overrides")
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"{run_dir} has no config.yaml; --resume needs the directory of an earlier run")
+        moved = [o for o in positional if o.split("=", 1)[0].strip() in ("run.run_dir", "run.output_dir")]
+        if moved:
+            raise ConfigError(f"{moved[0]}: a resumed run stays in its directory ({run_dir}); drop it (to train a copy "
+                              "elsewhere, copy the directory and resume the copy)")
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
     else:
         cfg = load_config(config_path, positional)
@@ -346,6 +351,16 @@ def _plan(args: argparse.Namespace) -> int:
 
     from accord.plan import load_plan_config
 
+    if args.gpu_memory_gb is not None and not (math.isfinite(args.gpu_memory_gb) and args.gpu_memory_gb > 0):
+        raise ConfigError(f"--gpu-memory-gb {args.gpu_memory_gb}: give each GPU's memory in GiB, a number > 0 (80 for "
+                          "an H100)")
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus}: give a number of GPUs >= 1")
+    if args.gpus is not None and args.gpu_memory_gb is None:
+        raise ConfigError("--gpus plans for GPUs of another machine and needs their memory: add --gpu-memory-gb "
+                          "(80 for an H100)")
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
+        raise ConfigError(f"--prompt-tokens {args.prompt_tokens}: give a prompt length >= 1 token")
     positional = list(args.args)
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_plan_config(config_path, positional)

@@ -109,6 +109,12 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
         raise ConfigError("--crossplay needs at least one run directory")
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
+    seen: dict[Path, Path] = {}
+    for p in paths:   # one run given twice would be cross-played against itself as if it were another seed
+        key = p.resolve()
+        if key in seen:
+            raise ConfigError(f"--crossplay: {p} and {seen[key]} are the same run; give each run once")
+        seen[key] = p
     loaded = [_load_run(p, list(overrides), allow_unverified) for p in paths]
     cfg0 = loaded[0][0]
     if temperature is None:

@@ -285,6 +285,11 @@ def _eos_id(policy: ModelPolicy) -> int:
     return int(eos)
 
 
+# more characters than a token of any tokenizer holds: a completion longer than this many per allowed token is
+# judged on its prefix of that length first
+CHARS_PER_TOKEN = 64
+
+
 def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) -> list[Encoded]:
     """Token ids as the rollout makes them: ``encode_chat`` of the messages, then the completion's tokens
     and the EOS token (generated completions end with it too)."""
@@ -292,9 +297,17 @@ def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) ->
     out = []
     for d in demos:
         # written control strings stay text (split_special_tokens), as the prompts keep them (chat_ids)
-        ids = policy.tokenizer(d.completion, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [eos]
+        text, ids = d.completion, None
+        if len(text) > CHARS_PER_TOKEN * max_new_tokens:   # a first look at a prefix: a 50 MB completion is not
+            # tokenized whole to find it too long (that took 9 GB)
+            ids = policy.tokenizer(text[:CHARS_PER_TOKEN * max_new_tokens], add_special_tokens=False,
+                                   split_special_tokens=True)["input_ids"]
+            ids = ids + [eos] if len(ids) > max_new_tokens else None
+        least = "" if ids is None else "at least "   # the prefix's count
+        if ids is None:
+            ids = policy.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [eos]
         if len(ids) > max_new_tokens:
-            raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {len(ids)} tokens (with EOS), more "
+            raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {least}{len(ids)} tokens (with EOS), more "
                             f"than rollout.max_new_tokens={max_new_tokens}: RL could never write it; raise "
                             "rollout.max_new_tokens or shorten the completion")
         try:

@@ -243,3 +243,52 @@ def test_a_symbolic_link_loop_as_run_directory_is_named(tmp_path):
 def test_a_list_index_is_ascii_digits():
     with pytest.raises(ConfigError, match=r"'²' is not an index of a list"):
         load_config(TINY, ["agents.².name=x"])
+
+
+def test_sizes_that_fill_the_memory_before_a_run_starts_are_refused():
+    from accord.build import build_env
+    from accord.envs.registry import TaskError
+
+    with pytest.raises(TaskError, match=r"task.options.size=10000000000000: must be an integer in \[1, 1000000\]"):
+        build_env(load_config(TINY, ["task.options.size=10000000000000"]))
+    with pytest.raises(ConfigError, match="num_generations=100000000 is more than 4096"):
+        load_config(TINY, ["algorithm.num_generations=100000000"])
+    with pytest.raises(ConfigError, match=r"vocab_size=1000000000 is more than 1000000"):
+        load_config(TINY, ["policies.main.model_kwargs.vocab_size=1000000000"])
+
+
+def test_a_huge_demonstration_is_judged_on_its_prefix(tmp_path):
+    """A 5 MB completion against max_new_tokens=16: refused from a prefix, not tokenized whole (2 GB, 14 s)."""
+    from accord.sft import DemoError, _policies, encode_demos, read_demos
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"agent": "e", "prompt": "hi", "completion": "e " * 2_500_000}) + "\n")
+    cfg = load_config(TINY, [f"run.run_dir={tmp_path / 'run'}"])
+    (pol, _), = _policies(cfg).values()
+    with pytest.raises(DemoError, match="has at least"):
+        encode_demos(pol, read_demos(data, ("e", "o")), cfg.rollout.max_new_tokens)
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--gpu-memory-gb", "nan"], "--gpu-memory-gb nan: give each GPU's memory"),
+    (["--gpus", "3"], "--gpus plans for GPUs of another machine and needs their memory"),
+    (["--prompt-tokens", "-5"], "--prompt-tokens -5: give a prompt length >= 1"),
+])
+def test_plan_flags_are_checked(flags, problem, caplog):
+    from accord.cli import main
+
+    assert main(["plan", str(TINY), *flags]) == 2
+    assert any(problem in r.getMessage() for r in caplog.records)
+
+
+def test_a_run_given_twice_is_not_cross_played_against_itself(tmp_path):
+    from accord.crossplay import run_crossplay
+
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ConfigError, match="are the same run; give each run once"):
+        run_crossplay([tmp_path / "run", f"{tmp_path}/run/"])
+
+
+def test_a_home_relative_output_dir_is_expanded():
+    cfg = load_config(TINY, ["run.output_dir='~/runs'"])
+    assert cfg.run.output_dir == str(Path.home() / "runs")

@@ -42,6 +42,8 @@ def _run_name_problem(name: str) -> str | None:
     return None
 
 
+MAX_GENERATIONS = 4096   # K a run may ask for (the rollout's rows grow with it)
+MAX_TINY_SIZE = 1_000_000   # any size of a tiny model's model_kwargs (vocab_size 1e9 aborted the tokenizer)
 MAX_THREADS = 1024   # torch threads a run may ask for (more made the tokenizer's thread pool panic)
 
 
@@ -97,6 +99,9 @@ class RunConfig:
                                   "to use (null: torch's default, the cores this process may use)")
         _no_empty_path("run", "output_dir", self.output_dir)
         _no_empty_path("run", "run_dir", self.run_dir)
+        # ~ as a shell reads it (a quoted path in YAML reaches here unexpanded), as model paths are read
+        self.output_dir = os.path.expanduser(self.output_dir)
+        self.run_dir = None if self.run_dir is None else os.path.expanduser(self.run_dir)
 
 
 @dataclass
@@ -330,6 +335,9 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.alpha={self.alpha} must be >= 0 (0: local rewards only)")
         if self.parse_penalty < 0:
             raise ConfigError(f"algorithm.parse_penalty={self.parse_penalty} is subtracted; give a value >= 0")
+        if self.num_generations > MAX_GENERATIONS:
+            raise ConfigError(f"algorithm.num_generations={self.num_generations} is more than {MAX_GENERATIONS} samples "
+                              "per agent and instance; the papers use 4-16")
         if self.name in SINGLE_SAMPLE_ALGORITHMS:   # no group: a critic is the baseline (marlhf: see Config)
             _positive("algorithm", "num_generations", self.num_generations)
         elif self.name == "madpo" and self.num_generations < 2:
@@ -1020,6 +1028,9 @@ def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
         kwargs[key] = _coerce(f"{path}.model_kwargs.{key}", value, hints[key])
         if hints[key] is int and kwargs[key] < 1:
             raise ConfigError(f"{path}.model_kwargs.{key}={value!r} must be >= 1 (a size)")
+        if hints[key] is int and kwargs[key] > MAX_TINY_SIZE:
+            raise ConfigError(f"{path}.model_kwargs.{key}={value!r} is more than {MAX_TINY_SIZE}: no tiny model (a test "
+                              "model) is that large; the real vocabularies have up to 256k entries")
     problem = tiny_shape_problem(**{k: kwargs[k] for k in ("hidden_size", "num_heads", "vocab_size") if k in kwargs})
     if problem:
         raise ConfigError(f"{path}.model_kwargs: {problem}")

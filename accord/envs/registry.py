@@ -51,6 +51,10 @@ class TaskError(ConfigError):
     variant); the message says how to fix it."""
 
 
+# instances a generated task may hold (built up front: far more fills the memory before the run starts)
+MAX_TASK_SIZE = 1_000_000
+
+
 def check_number(name: str, value: Any, lo: float, hi: float | None = None, integer: bool = False) -> Any:
     """``value`` within [lo, hi] (an int when ``integer``), else a :class:`TaskError` naming the option."""
     kind = int if integer else (int, float)

@@ -352,15 +352,15 @@ def test_handoff_oracle_answers_score_and_noisy_ones_do_not(start):
 # --- the synthetic tasks' options (letters, relay) ------------------------------------------------------
 
 @pytest.mark.parametrize("name,options,match", [
-    ("letters", {"size": "abc"}, r"size='abc': must be an integer >= 1"),
-    ("letters", {"size": 1.5}, r"size=1.5: must be an integer >= 1"),
-    ("letters", {"size": True}, r"size=True: must be an integer >= 1"),
-    ("letters", {"size": -5}, r"size=-5: must be an integer >= 1"),
+    ("letters", {"size": "abc"}, r"size='abc': must be an integer in \[1, 1000000\]"),
+    ("letters", {"size": 1.5}, r"size=1.5: must be an integer in \[1, 1000000\]"),
+    ("letters", {"size": True}, r"size=True: must be an integer in \[1, 1000000\]"),
+    ("letters", {"size": -5}, r"size=-5: must be an integer in \[1, 1000000\]"),
     ("relay", {"simultaneous": "false"}, r"simultaneous='false': must be true or false"),
     ("relay", {"single_agent": 1}, r"single_agent=1: must be true or false"),
     ("relay", {"success_at": "abc"}, r"success_at='abc': must be a number in \[0.0, 1.0\]"),
     ("relay", {"success_at": 5}, r"success_at=5: must be a number in \[0.0, 1.0\]"),
-    ("relay", {"size": 0}, r"size=0: must be an integer >= 1"),
+    ("relay", {"size": 0}, r"size=0: must be an integer in \[1, 1000000\]"),
     ("relay", {"num_agents": 6}, r"num_agents=6: must be an integer in \[1, 5\]"),
 ])
 def test_synthetic_task_bad_options_are_one_line_errors(name, options, match):

@@ -61,7 +61,7 @@ from typing import Any
 from accord.envs.cooperation.items import items, shown, walk
 from accord.envs.cooperation.signalling import check_letters, numbered_rows
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.envs.registry import TaskError, check_number, register_task
+from accord.envs.registry import MAX_TASK_SIZE, TaskError, check_number, register_task
 
 FIRST, SECOND, SOLO = "first", "second", "solo"
 
@@ -95,7 +95,7 @@ class Handoff:
         self.local_scale = float(check_number("local_scale", local_scale, 0.0))
         self.emphasis = check_number("emphasis", emphasis, 1, 32, integer=True)
         self.echo = check_number("echo", echo, 1, 8, integer=True)
-        self.size = check_number("size", size, 1, integer=True)
+        self.size = check_number("size", size, 1, MAX_TASK_SIZE, integer=True)
 
     def draw(self, number: int) -> dict[str, Any]:
         if self.start != "given":

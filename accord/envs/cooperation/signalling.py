@@ -64,7 +64,7 @@ from typing import Any
 
 from accord.envs.cooperation.items import items, names, naming, shown, vote
 from accord.envs.protocol import StepResult, check_step_actions
-from accord.envs.registry import TaskError, check_number, register_task
+from accord.envs.registry import MAX_TASK_SIZE, TaskError, check_number, register_task
 
 SPEAKER, LISTENER, SOLO = "speaker", "listener", "solo"
 
@@ -104,7 +104,7 @@ class SignalEnv:
         self.emphasis = check_number("emphasis", emphasis, 1, 32, integer=True)
         self.echo = check_number("echo", echo, 1, 8, integer=True)
         self.local_scale = float(check_number("local_scale", local_scale, 0.0))
-        self.size = check_number("size", size, 1, integer=True)
+        self.size = check_number("size", size, 1, MAX_TASK_SIZE, integer=True)
         for key, value in (("single_agent", single_agent), ("gate", gate)):
             if not isinstance(value, bool):
                 raise TaskError(f"task.options.{key}={value!r}: must be true or false")

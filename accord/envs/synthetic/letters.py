@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from accord.envs.registry import Messages, check_number, register_task
+from accord.envs.registry import MAX_TASK_SIZE, Messages, check_number, register_task
 
 AGENTS = ("e", "o")
 
@@ -27,7 +27,7 @@ class LettersTask:
     agents = AGENTS
 
     def __init__(self, size: int = 1000):
-        self.size = check_number("size", size, 1, integer=True)
+        self.size = check_number("size", size, 1, MAX_TASK_SIZE, integer=True)
 
     def rows(self, split: str, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         if split not in ("train", "eval"):

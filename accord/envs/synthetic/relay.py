@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from accord.envs.registry import check_flag, check_number, register_task
+from accord.envs.registry import MAX_TASK_SIZE, check_flag, check_number, register_task
 from accord.envs.protocol import StepResult, check_step_actions
 
 
@@ -41,7 +41,7 @@ class RelayEnv:
         self.max_turns = check_number("max_turns", max_turns, 1, integer=True)
         self.simultaneous = check_flag("simultaneous", simultaneous)
         self.success_at = check_number("success_at", success_at, 0.0, 1.0)
-        self.size = check_number("size", size, 1, integer=True)
+        self.size = check_number("size", size, 1, MAX_TASK_SIZE, integer=True)
         num_agents = check_number("num_agents", num_agents, 1, len(VOWELS), integer=True)
         self.agents = ("solo",) if check_flag("single_agent", single_agent) else tuple(VOWELS[:num_agents])
         self.letters = {"solo": "eo", **{v: v for v in VOWELS}}
