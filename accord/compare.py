@@ -395,6 +395,9 @@ def run_compare(plan: Plan, *, overwrite: bool = False) -> dict:
             if path.is_file():
                 logger.info("compare: %s seed %d is done (%s)", method, seed, path)
                 results.append(_read_result(path))
+                leftover = plan.config(method, seed).run_dir / "checkpoints"   # a kill after storing the result
+                if not plan.compare.keep_checkpoints and leftover.is_dir():
+                    shutil.rmtree(leftover)
                 continue
             results.append(run_one(plan, method, seed))
     seeds = list(plan.compare.seeds)

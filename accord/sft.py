@@ -220,8 +220,12 @@ def write_demos(demos: list[Demo], path: str | os.PathLike) -> None:
         f = open(path, "x", encoding="utf-8")
     except FileExistsError as err:
         raise DemoError(f"{path} already exists; give a new path for the demonstrations (or delete it)") from err
-    with f:
-        f.write(_demos_text(demos))
+    try:
+        with f:
+            f.write(_demos_text(demos))
+    except OSError:   # a full disk: no cut file left that the next try would refuse as existing
+        Path(path).unlink(missing_ok=True)
+        raise
 
 
 def held_out_rows(cfg: Config) -> list[dict]:

@@ -31,7 +31,7 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = datacl
 def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         key = f"{section}.{name}" if section else name
-        raise ConfigError(f"{key}={value!r} is not valid; choose one of {list(choices)}")
+        raise ConfigError(f"{key}={_brief(value)} is not valid; choose one of {list(choices)}")
 
 
 def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
@@ -149,7 +149,13 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
     else:
         return value
     name = getattr(tp, '__name__', tp)
-    raise ConfigError(f"{path}={value!r} is not a valid {name}; give a value of type {name}")
+    raise ConfigError(f"{path}={_brief(value)} is not a valid {name}; give a value of type {name}")
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut at ``limit`` characters (a 400-deep list would be the whole error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 # --- settings as flat dotted keys (comparisons, warm starts: what must be the same to resume or merge) -----
