@@ -560,7 +560,8 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
             break
     held = [name for name in RUN_FILES if (run_dir / name).exists()]
     # every run of accord's holds its directory's lock from the start: without the file, the names are another's
-    if held and not resume and not overwrite and not (run_dir / LOCK_FILE).exists():
+    # (a directory with a completed step is refused below in any case, as a run)
+    if held and not resume and not overwrite and not (run_dir / LOCK_FILE).exists() and not completed_step(run_dir):
         raise ConfigError(f"{run_dir} holds {', '.join(held)} but is not a run directory of accord's (no "
                           f"{LOCK_FILE}); choose another run.name (or run.run_dir), or pass --overwrite to delete "
                           f"{', '.join(held)} and what else a run writes there ({', '.join(_RUN_OUTPUTS)})")
