@@ -292,3 +292,13 @@ def test_a_run_given_twice_is_not_cross_played_against_itself(tmp_path):
 def test_a_home_relative_output_dir_is_expanded():
     cfg = load_config(TINY, ["run.output_dir='~/runs'"])
     assert cfg.run.output_dir == str(Path.home() / "runs")
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("training.learning_rate=0.1", "did you mean 'training.lr'?"),
+    ("rollout.max_completion_length=5", "did you mean 'rollout.max_new_tokens'?"),
+    ("algorithm.beta=0.1", "did you mean 'algorithm.kl_coef'?"),
+])
+def test_a_key_by_trls_name_is_given_accords(override, suggestion):
+    with pytest.raises(ConfigError, match=suggestion):
+        load_config(TINY, [override])

@@ -70,11 +70,18 @@ BUILTIN_MODELS = ("smollm2-135m", "tiny-qwen2", "tiny-llama", "tiny-qwen3")
 here so that a config is checked before torch is imported)."""
 
 
+# keys by the names TRL's trainers (and Hugging Face's Trainer) give them, too far apart to be suggested by
+# spelling (learning_rate is not close to lr): the suggestion where the key is unknown in the same section
+OTHER_NAMES = {"learning_rate": "lr", "max_completion_length": "max_new_tokens", "max_prompt_length": "max_prompt_tokens",
+               "num_train_epochs": "epochs", "per_device_train_batch_size": "micro_batch_size", "beta": "kl_coef",
+               "lr_scheduler_type": "schedule"}
+
+
 def _unknown_key(path: str, key: str, valid: list[str],
                  nested_hint: Callable[[str, bool], str] | None = None) -> ConfigError:
     """The error of an unknown key at ``path`` with the closest valid one; at the top level ``nested_hint(key,
     exact)`` names the nested keys it may mean (:func:`accord.config.loading._nested_hint`)."""
-    close = difflib.get_close_matches(key, valid, n=1)
+    close = [OTHER_NAMES[key]] if OTHER_NAMES.get(key) in valid else difflib.get_close_matches(key, valid, n=1)
     hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
     if not path and nested_hint is not None:  # a nested key at the top level (steps=5 for run.steps=5): exact first
         hint = nested_hint(key, True) or hint or nested_hint(key, False)
