@@ -344,7 +344,11 @@ def audit_run(run_dir: str | Path) -> RunAudit:
     out = RunAudit()
     for path in files:
         step, samples, scored, instances = read_step(path)
-        result = audit_records(step, samples, scored, instances)
+        try:
+            result = audit_records(step, samples, scored, instances)
+        except (KeyError, IndexError, TypeError, ValueError) as err:   # a record without its fields
+            raise AuditError(f"{path} holds a record without its fields ({type(err).__name__}: {err}); the file is "
+                             "damaged: delete it or re-run the step") from err
         out.steps += 1
         out.groups += result.groups
         out.singleton += result.singleton

@@ -221,6 +221,12 @@ def _eval(args: argparse.Namespace) -> int:
     if args.crossplay is not None:
         from accord.crossplay import run_crossplay
 
+        ignored = [flag for flag, given in (("--k", args.k != [1]), ("--no-base", args.no_base),
+                                            ("--pipeline", args.pipeline != "parallel")) if given]
+        if ignored:
+            raise ConfigError(f"{' and '.join(ignored)} do(es) not apply to --crossplay (it plays each role with base, "
+                              "own and other runs' partners); drop them")
+
         runs = ([args.target] if args.target else []) + list(args.crossplay)
         out = run_crossplay(runs, args.overrides, samples=args.samples, temperature=args.temperature, out=args.out,
                             allow_unverified=args.allow_unverified)

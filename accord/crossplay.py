@@ -46,6 +46,7 @@ from typing import Any
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.seeding import eval_stream_seed
+from accord.evaluate import scratch_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +131,7 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
                               "one task and baseline")
     out_dir = Path(out) if out else paths[0] / "crossplay"
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = out_dir / "_work"
-    if work.is_dir():
-        shutil.rmtree(work)
+    work = scratch_run_dir(out_dir)
     cfg0.run = dataclasses.replace(cfg0.run, run_dir=str(work))
     run = build_run(cfg0)
     try:

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +35,9 @@ from safetensors import SafetensorError
 from accord import metric_names as mn
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
+from accord.config.schema import MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
+from accord.tracking.registry import _atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +180,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     """Evaluate the base weights and (for a run directory) the newest checkpoint that verifies
     (``allow_unverified``: or has no manifest); write eval.json/.md. ``pipeline``: ``parallel`` (agents answer
     independently), ``sequential`` or ``discussion`` (prompt-only multi-agent pipelines of a single-turn task,
-    see :mod:`accord.pipelines`). The scratch run directory of the evaluating run, ``OUT/_work``, is removed
-    at the end."""
+    see :mod:`accord.pipelines`). The scratch run directory of the evaluating run, ``OUT/.accord-work.*``
+    (:func:`scratch_run_dir`), is removed at the end."""
     from accord.pipelines import check_pipeline_name
 
     target = Path(target)
@@ -194,20 +197,19 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
         raise ConfigError(f"pass@{ks[-1]} needs at least {ks[-1]} samples per instance; pass --samples {ks[-1]} or "
                           "more (--k values are at most --samples)")
     temperature = temperature if temperature is not None else (cfg.rollout.eval_temperature or cfg.rollout.temperature)
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")
+    if not math.isfinite(temperature) or temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"--temperature={temperature} must be a finite number >= {MIN_TEMPERATURE} for sampled "
+                          "evaluation (below it the sampler's float32 arithmetic breaks down)")
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
     if not out and pipeline != "parallel":  # beside the plain eval, not over it
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file; give a directory for eval.json and eval.md")
-    if (out_dir / "eval.json").exists():
-        logger.warning("%s holds an earlier evaluation: its eval.json and eval.md are replaced when this one ends; "
-                       "pass --out DIR to keep both", out_dir)
+    if (out_dir / "eval.json").exists() or (out_dir / "eval.md").exists():
+        logger.warning("%s holds an eval.json or eval.md (an earlier evaluation): they are replaced when this one "
+                       "ends; pass --out DIR to keep them", out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = out_dir / "_work"  # scratch run directory of the run that evaluates: the last eval's goes
-    if work.is_dir():
-        shutil.rmtree(work)
+    work = scratch_run_dir(out_dir)
     cfg.run = replace(cfg.run, run_dir=str(work))
     try:
         variants = _evaluate_variants(cfg, run_dir, ckpt, out_dir, samples=samples, ks=ks, temperature=temperature,
@@ -217,9 +219,22 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
               "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
-    (out_dir / "eval.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "eval.md").write_text(markdown_table(report))
+    _atomic_write_text(out_dir / "eval.json", json.dumps(report, indent=2))
+    _atomic_write_text(out_dir / "eval.md", markdown_table(report))
     return out_dir
+
+
+SCRATCH_PREFIX = ".accord-work."
+
+
+def scratch_run_dir(out_dir: Path) -> Path:
+    """A new scratch run directory in ``out_dir`` for the run that evaluates (removed when it ends); those a killed
+    evaluation left (named :data:`SCRATCH_PREFIX`...) go first. Nothing else there is touched: a directory of the
+    user's named ``_work`` stays."""
+    for leftover in out_dir.glob(f"{SCRATCH_PREFIX}*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out_dir))
 
 
 def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out_dir: Path, *, samples: int,

@@ -302,3 +302,26 @@ def test_a_home_relative_output_dir_is_expanded():
 def test_a_key_by_trls_name_is_given_accords(override, suggestion):
     with pytest.raises(ConfigError, match=suggestion):
         load_config(TINY, [override])
+
+
+def test_eval_leaves_a_directory_named_work_alone(tmp_path):
+    """The evaluating run's scratch directory is a fresh one: a user's _work (or a run trained into OUT/_work)
+    is not deleted."""
+    from accord.evaluate import SCRATCH_PREFIX, scratch_run_dir
+
+    (tmp_path / "_work").mkdir()
+    (tmp_path / "_work" / "notes.txt").write_text("mine")
+    left = tmp_path / f"{SCRATCH_PREFIX}killed"
+    left.mkdir()
+    work = scratch_run_dir(tmp_path)
+    assert work.parent == tmp_path and work.name.startswith(SCRATCH_PREFIX) and not left.exists()
+    assert (tmp_path / "_work" / "notes.txt").read_text() == "mine"
+
+
+def test_exit_at_import_is_an_error(tmp_path, monkeypatch):
+    from accord.envs.registry import TaskError, import_modules
+
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(TaskError, match=r"called exit\(0\) while being imported"):
+        import_modules(["exits_at_import"])

@@ -234,6 +234,9 @@ def _import_module(module: str, what: str) -> types.ModuleType:
     except Exception as err:  # the module's own code failed: re-raised as one line, the original chained
         raise TaskError(f"{what}: module {module!r} does not import ({type(err).__name__}: {err}); fix the module "
                         "so that `python -c 'import " + module + "'` works") from err
+    except SystemExit as err:   # sys.exit() at import would end the command with its status and no word
+        raise TaskError(f"{what}: module {module!r} called exit({err.code!r}) while being imported; a module listed "
+                        "for accord must not exit") from err
 
 
 def _from_reference(ref: str) -> tuple[Callable[..., Task], str]:

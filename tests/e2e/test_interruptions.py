@@ -433,7 +433,7 @@ def test_eval_skips_a_checkpoint_without_its_manifest_unless_allowed(trained, tm
     ev = accord("eval", run, "--samples", "0", "--no-base", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "| step_000001 |" in ev.stdout and "skipping checkpoint" in ev.stderr
-    assert not (run / "eval" / "_work").exists()     # the evaluating run's scratch directory is gone
+    assert not list((run / "eval").glob(".accord-work.*"))   # the evaluating run's scratch directory is gone
     ev = accord("eval", run, "--samples", "0", "--no-base", "--allow-unverified", cwd=tmp_path)
     assert ev.returncode == 0 and "| step_000002 |" in ev.stdout, ev.stderr[-3000:]
 
