@@ -342,8 +342,15 @@ def audit_run(run_dir: str | Path) -> RunAudit:
         raise AuditError(f"{run_dir} has no audit records ({AUDIT_DIR}/step_N.jsonl); train with training.audit=record "
                          "(the default) or strict to record them")
     out = RunAudit()
+    seen: dict[int, Path] = {}
     for path in files:
         step, samples, scored, instances = read_step(path)
+        if step in seen:   # a copy beside the records (step_1.jsonl of step_000001.jsonl) would count twice
+            raise AuditError(f"{path} and {seen[step]} both hold the records of step {step}; keep one")
+        seen[step] = path
+        if step < 0:   # an empty file: not even its header
+            raise AuditError(f"{path} holds no records of a step (cut short?); the file is damaged: delete it or "
+                             "re-run the step")
         try:
             result = audit_records(step, samples, scored, instances)
         except (KeyError, IndexError, TypeError, ValueError) as err:   # a record without its fields

@@ -186,10 +186,19 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
 
     target = Path(target)
     cfg, run_dir, ckpt = _load(target, list(overrides), allow_unverified)
-    ks = sorted(set(ks or [1]))
+    given = list(ks or [1])
+    ks = sorted(set(given))
     check_pipeline_name(pipeline)
     if samples < 0:
         raise ConfigError(f"--samples={samples} must be >= 0")
+    if len(ks) < len(given):
+        raise ConfigError(f"--k {' '.join(map(str, given))} gives a k twice; give each once")
+    if samples == 0 and ks != [1]:
+        raise ConfigError(f"--k {' '.join(map(str, given))} with --samples 0 (greedy: one answer per instance, no "
+                          "pass@k); drop --k, or sample with --samples N")
+    if not compare_base and run_dir is None:
+        raise ConfigError("--no-base skips a run's base weights, but a config file has only those to evaluate; drop "
+                          "--no-base, or pass a run directory")
     if ks[0] < 1:
         raise ConfigError(f"--k {' '.join(map(str, ks))}: pass@k needs k >= 1 (and <= --samples); pass e.g. --k 1 "
                           f"{max(samples, 1)}")

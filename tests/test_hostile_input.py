@@ -325,3 +325,29 @@ def test_exit_at_import_is_an_error(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(TaskError, match=r"called exit\(0\) while being imported"):
         import_modules(["exits_at_import"])
+
+
+@pytest.mark.parametrize("kwargs, problem", [
+    ({"samples": 4, "ks": [1, 1]}, r"--k 1 1 gives a k twice"),
+    ({"samples": 0, "ks": [5]}, r"--k 5 with --samples 0 \(greedy"),
+    ({"samples": 2, "compare_base": False}, r"--no-base skips a run's base weights, but a config file"),
+    ({"samples": 2, "temperature": 1e-300}, r"--temperature=1e-300 must be a finite number >= 0.0001"),
+])
+def test_eval_flags_that_would_be_dropped_or_break_later_are_refused(tmp_path, kwargs, problem):
+    from accord.evaluate import run_eval
+
+    with pytest.raises(ConfigError, match=problem):
+        run_eval(TINY, [], out=tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_audit_refuses_a_step_recorded_twice(tmp_path):
+    from accord.audit import AuditError, audit_run
+
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    record = json.dumps({"kind": "step", "step": 1, "instances": []}) + "\n"
+    (audit / "step_000001.jsonl").write_text(record)
+    (audit / "step_1.jsonl").write_text(record)
+    with pytest.raises(AuditError, match="both hold the records of step 1; keep one"):
+        audit_run(tmp_path)
