@@ -196,7 +196,8 @@ def apply_override(data: dict, dotted: str) -> None:
             raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is {node!r}, not a section with keys; "
                               f"set {'.'.join(parts[:i])}=VALUE, or check the key")
         if part not in node or node[part] is None:
-            if parts[i + 1].isascii() and parts[i + 1].isdigit() and (prefix in _LIST_KEYS or prefix.startswith("compare.methods.")):
+            index = parts[i + 1].isascii() and parts[i + 1].isdigit()
+            if index and (prefix in _LIST_KEYS or prefix.startswith("compare.methods.")):
                 raise ConfigError(f"override {dotted!r}: {prefix} is not set here, so it has no item {parts[i + 1]} "
                                   f"to change; set the whole list, e.g. {_LIST_EXAMPLES.get(prefix, prefix + '=[...]')}")
             node[part] = {}
