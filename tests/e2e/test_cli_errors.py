@@ -113,7 +113,7 @@ CASES = [
     ("eval-k-zero", ["eval", TINY, "--k", "0"], ["--k 0", "k >= 1", "--k 1 4"]),
     ("eval-k-above-samples", ["eval", TINY, "--samples", "2", "--k", "1", "4"],
      ["pass@4 needs at least 4 samples", "--samples 4"]),
-    ("eval-temperature-nan", ["eval", TINY, "--temperature", "nan"], ["--temperature=nan", "finite number > 0"]),
+    ("eval-temperature-nan", ["eval", TINY, "--temperature", "nan"], ["--temperature=nan", "finite number >= 0.0001"]),
     # key=value after an option is an override (here a misspelt one, so that the error proves where it went)
     ("eval-override-after-option", ["eval", TINY, "--samples", "2", "task.eval_sise=3"],
      ["task.eval_sise", "did you mean 'task.eval_size'"]),
