@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -36,11 +37,11 @@ from safetensors.torch import load_model
 from accord.checkpoint import (
     CheckpointError,
     DiskFullError,
-    is_disk_full,
     checkpoint_dir,
     checkpoint_problem,
     checkpoint_step,
     checkpoints,
+    is_disk_full,
     verified_checkpoint,
 )
 from accord.config import Config, ConfigError, load_config
@@ -144,8 +145,10 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         raise ConfigError(f"{out} already exists; pass another --out or delete it")
     names = _policy_names(cfg, ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in out.parent.glob(f".{out.name}.*"):   # of an export killed before it could clean up
-        if leftover.is_dir():
+    # the temporary directories of an export killed before it could clean up (mkdtemp's names, nothing else)
+    ours = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}")
+    for leftover in out.parent.glob(f".{out.name}.*"):
+        if leftover.is_dir() and ours.fullmatch(leftover.name):
             shutil.rmtree(leftover, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tmp.chmod(0o777 & ~_UMASK)   # mkdtemp's 0700 would be the exported directory's mode
@@ -160,7 +163,7 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         if is_disk_full(err, out.parent):
             raise DiskFullError(f"disk full while exporting {ckpt} into {out} ({type(err).__name__}: "
                                 f"{(str(err).splitlines() or [''])[0]}); nothing was written there: free space on "
-                                "that disk and export again", "") from err
+                                "that disk and export again") from err
         raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

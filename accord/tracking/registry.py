@@ -167,15 +167,17 @@ def _json_default(obj: Any) -> Any:
 # separators that ``str.splitlines`` (and many JSON-lines readers) split on, and lone surrogates, which UTF-8
 # cannot encode
 _UNSAFE_IN_LINE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
-
-
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _u_escape(match: re.Match) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def encodable(text: str) -> str:
     """``text`` with each lone surrogate (which UTF-8 cannot encode: a tracker writing it fails) as its
     ``\\uXXXX`` escape."""
-    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _LONE_SURROGATE.sub(_u_escape, text)
 
 
 def json_line(value: Any) -> str:
@@ -183,7 +185,7 @@ def json_line(value: Any) -> str:
     split the line or fail to encode (U+0085, U+2028, U+2029, lone surrogates), written as ``\\uXXXX`` escapes:
     model text holds any of them, and JSON reads the escapes back to the same string."""
     text = json.dumps(value, default=_json_default, ensure_ascii=False)
-    return _UNSAFE_IN_LINE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSAFE_IN_LINE.sub(_u_escape, text)
 
 
 def _read_umask() -> int:
