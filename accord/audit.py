@@ -255,10 +255,12 @@ def step_path(run_dir: Path, step: int) -> Path:
 
 
 def write_step(run_dir: Path, step: int, samples: list[dict], scored: dict[str, dict], instances: list[str]) -> Path:
-    """``RUN_DIR/audit/step_N.jsonl``: a header line (instances), then one line per scored unit and per sample."""
+    """``RUN_DIR/audit/step_N.jsonl``: a header line (instances, and how many scored units and samples follow, so
+    that a file cut back at a line's end is found), then one line per scored unit and per sample."""
     path = step_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"kind": "step", "step": step, "instances": instances})]
+    lines = [json.dumps({"kind": "step", "step": step, "instances": instances, "scored": len(scored),
+                         "samples": len(samples)})]
     lines += [json.dumps({"kind": "scored", "key": key, **unit}) for key, unit in scored.items()]
     lines += [json.dumps({"kind": "sample", **rec}) for rec in samples]
     tmp = path.with_name(f".{path.name}.tmp")
@@ -276,7 +278,9 @@ def prune_after(run_dir: Path, step: int) -> None:
 
 
 def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
-    step, samples, scored, instances = -1, [], {}, []
+    """Step, sample records, scored units and instances of one step's file; :class:`AuditError` when the file is
+    damaged, or holds fewer records than its header counts (cut short)."""
+    step, samples, scored, instances, counts = -1, [], {}, [], {}
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
@@ -290,6 +294,7 @@ def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
             kind = rec.pop("kind")
             if kind == "step":
                 step, instances = rec["step"], rec["instances"]
+                counts = {k: int(rec[k]) for k in ("scored", "samples") if k in rec}
             elif kind == "scored":
                 scored[rec.pop("key")] = rec
             else:
@@ -297,6 +302,11 @@ def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
         except (ValueError, RecursionError, KeyError, AttributeError, TypeError) as err:
             raise AuditError(f"{path}:{n} is not an audit record ({type(err).__name__}); the file is damaged: "
                              "delete it or re-run the step") from err
+    held = {"scored": len(scored), "samples": len(samples)}
+    for kind, want in counts.items():
+        if held[kind] != want:
+            raise AuditError(f"{path} holds {held[kind]} {kind} records but its header counts {want} (cut short?); the "
+                             "file is damaged: delete it or re-run the step")
     return step, samples, scored, instances
 
 
@@ -343,6 +353,7 @@ def audit_run(run_dir: str | Path) -> RunAudit:
                          "(the default) or strict to record them")
     out = RunAudit()
     seen: dict[int, Path] = {}
+    records = []
     for path in files:
         step, samples, scored, instances = read_step(path)
         if step in seen:   # a copy beside the records (step_1.jsonl of step_000001.jsonl) would count twice
@@ -351,6 +362,8 @@ def audit_run(run_dir: str | Path) -> RunAudit:
         if step < 0:   # an empty file: not even its header
             raise AuditError(f"{path} holds no records of a step (cut short?); the file is damaged: delete it or "
                              "re-run the step")
+        records.append((path, step, samples, scored, instances))
+    for path, step, samples, scored, instances in records:
         try:
             result = audit_records(step, samples, scored, instances)
         except (KeyError, IndexError, TypeError, ValueError) as err:   # a record without its fields

@@ -370,7 +370,7 @@ def _plan(args: argparse.Namespace) -> int:
     positional = list(args.args)
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_plan_config(config_path, positional)
-    plan = make_plan(cfg, prompt_tokens=args.prompt_tokens)
+    plan = make_plan(cfg, prompt_tokens=args.prompt_tokens, cuda=True if args.gpu_memory_gb is not None else None)
     _out(format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus)))
     return 0
 

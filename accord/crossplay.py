@@ -45,8 +45,10 @@ from typing import Any
 
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
+from accord.config.schema import MIN_TEMPERATURE
+from accord.evaluate import check_samples, made_dirs, remove_if_empty, scratch_run_dir, warn_task_change
+from accord.tracking.registry import _atomic_write_text
 from accord.seeding import eval_stream_seed
-from accord.evaluate import scratch_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +104,10 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
     Each run's newest checkpoint that verifies is played (``allow_unverified``: also one without a manifest)."""
     import math
 
-    from accord.build import build_run
-    from accord.policies.model import build_policy
-
     paths = [Path(r) for r in runs]
     if not paths:
         raise ConfigError("--crossplay needs at least one run directory")
-    if samples < 0:
-        raise ConfigError(f"--samples={samples} must be >= 0")
+    check_samples(samples)
     seen: dict[Path, Path] = {}
     for p in paths:   # one run given twice would be cross-played against itself as if it were another seed
         key = p.resolve()
@@ -120,8 +118,9 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
     cfg0 = loaded[0][0]
     if temperature is None:
         temperature = cfg0.rollout.eval_temperature or cfg0.rollout.temperature
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise ConfigError(f"--temperature={temperature} must be a finite number > 0 for sampled evaluation")
+    if not math.isfinite(temperature) or temperature < MIN_TEMPERATURE:
+        raise ConfigError(f"--temperature={temperature} must be a finite number >= {MIN_TEMPERATURE} for sampled "
+                          "evaluation (below it the sampler's float32 arithmetic breaks down)")
     for p, (cfg, _) in zip(paths[1:], loaded[1:]):
         if (cfg.task.name, cfg.task.options) != (cfg0.task.name, cfg0.task.options) or \
                 cfg.algorithm.baseline != cfg0.algorithm.baseline:
@@ -129,10 +128,31 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
                               f"(baseline {cfg.algorithm.baseline}) but {paths[0]} trains {cfg0.task.name!r} "
                               f"{cfg0.task.options} (baseline {cfg0.algorithm.baseline}); cross-play pairs runs of "
                               "one task and baseline")
+    warn_task_change(paths[0], cfg0, paths[0])
     out_dir = Path(out) if out else paths[0] / "crossplay"
+    made = made_dirs(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = scratch_run_dir(out_dir)
     cfg0.run = dataclasses.replace(cfg0.run, run_dir=str(work))
+    try:
+        report = _crossplay(cfg0, paths, loaded, samples=samples, temperature=temperature)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        remove_if_empty(made)   # a failed cross-play leaves no empty --out behind
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    report.update(runs=[str(p) for p in paths], task=cfg0.task.name, task_options=cfg0.task.options,
+                  samples=samples, temperature=temperature)
+    _atomic_write_text(out_dir / "crossplay.json", json.dumps(report, indent=2))
+    _atomic_write_text(out_dir / "crossplay.md", markdown(report))
+    return out_dir
+
+
+def _crossplay(cfg0: Config, paths: list[Path], loaded: list, *, samples: int, temperature: float) -> dict[str, Any]:
+    """Build the first run's setting, load every run's checkpoint and play the cells."""
+    from accord.build import build_run
+    from accord.policies.model import build_policy
+
     run = build_run(cfg0)
     try:
         agents = run.agents
@@ -162,12 +182,8 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
         report = _play_cells(run, sources, agents, rows, samples=samples, temperature=temperature)
     finally:
         run.close()
-        shutil.rmtree(work, ignore_errors=True)
-    report.update(runs=[str(p) for p in paths], task=cfg0.task.name, task_options=cfg0.task.options,
-                  samples=samples, temperature=temperature, instances=len(rows))
-    (out_dir / "crossplay.json").write_text(json.dumps(report, indent=2))
-    (out_dir / "crossplay.md").write_text(markdown(report))
-    return out_dir
+    report["instances"] = len(rows)
+    return report
 
 
 def _play_cells(run, sources: list[Source], agents: tuple[str, ...], rows: list[dict], *, samples: int,

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from accord import metric_names as mn
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
-from accord.config.schema import MIN_TEMPERATURE
+from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
 from accord.tracking.registry import _atomic_write_text
 
@@ -174,6 +174,24 @@ def _load(target: Path, overrides: list[str],
     return load_config(target, overrides), None, None
 
 
+def check_samples(samples: int) -> None:
+    """``--samples`` of ``accord eval``: 0 (greedy only) to :data:`MAX_GENERATIONS` per instance."""
+    if samples < 0 or samples > MAX_GENERATIONS:
+        raise ConfigError(f"--samples={samples} must be between 0 (greedy only) and {MAX_GENERATIONS} completions per "
+                          "instance (the rows of one generation call grow with it)")
+
+
+def warn_task_change(target: Path, cfg: Config, run_dir: Path | None) -> None:
+    """Warn when overrides evaluate a run's checkpoint on another task than the one it trained on."""
+    if run_dir is None:
+        return
+    trained = load_config(run_dir / "config.yaml", [])
+    if (trained.task.name, trained.task.options) != (cfg.task.name, cfg.task.options):
+        logger.warning("evaluating %s on task %r %s, not the task it trained on (%r %s): the overrides changed it; "
+                       "the results are a transfer, not the run's held-out score", target, cfg.task.name,
+                       cfg.task.options, trained.task.name, trained.task.options)
+
+
 def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4, ks: list[int] | None = None,
              temperature: float | None = None, compare_base: bool = True, out: str | Path | None = None,
              pipeline: str = "parallel", allow_unverified: bool = False) -> Path:
@@ -186,11 +204,11 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
 
     target = Path(target)
     cfg, run_dir, ckpt = _load(target, list(overrides), allow_unverified)
+    warn_task_change(target, cfg, run_dir)
     given = list(ks or [1])
     ks = sorted(set(given))
     check_pipeline_name(pipeline)
-    if samples < 0:
-        raise ConfigError(f"--samples={samples} must be >= 0")
+    check_samples(samples)
     if len(ks) < len(given):
         raise ConfigError(f"--k {' '.join(map(str, given))} gives a k twice; give each once")
     if samples == 0 and ks != [1]:
@@ -217,20 +235,45 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if (out_dir / "eval.json").exists() or (out_dir / "eval.md").exists():
         logger.warning("%s holds an eval.json or eval.md (an earlier evaluation): they are replaced when this one "
                        "ends; pass --out DIR to keep them", out_dir)
+    made = made_dirs(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = scratch_run_dir(out_dir)
     cfg.run = replace(cfg.run, run_dir=str(work))
     try:
         variants = _evaluate_variants(cfg, run_dir, ckpt, out_dir, samples=samples, ks=ks, temperature=temperature,
                                       compare_base=compare_base, pipeline=pipeline)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # the evaluating run's config.yaml and lock: scratch
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        remove_if_empty(made)   # a failed evaluation leaves no empty --out behind
+        raise
+    shutil.rmtree(work, ignore_errors=True)  # the evaluating run's config.yaml and lock: scratch
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
               "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
     _atomic_write_text(out_dir / "eval.json", json.dumps(report, indent=2))
     _atomic_write_text(out_dir / "eval.md", markdown_table(report))
     return out_dir
+
+
+def made_dirs(path: Path) -> list[Path]:
+    """The directories ``path.mkdir(parents=True)`` is about to create, deepest first (for :func:`remove_if_empty`
+    when the command that made them fails)."""
+    made = []
+    while not path.exists():
+        made.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    return made
+
+
+def remove_if_empty(made: list[Path]) -> None:
+    """Remove the directories of :func:`made_dirs` that are still empty, deepest first."""
+    for path in made:
+        try:
+            path.rmdir()
+        except OSError:   # not empty (something else wrote there) or already gone: keep it
+            return
 
 
 SCRATCH_PREFIX = ".accord-work."

@@ -298,14 +298,14 @@ def _head_critic(cfg: Config) -> bool:
     return stage_of(cfg) == "iac" and cfg.critic.mode in (None, "head")
 
 
-def extra_plans(cfg: Config, prompt: int, turns: int) -> list[PolicyPlan]:
+def extra_plans(cfg: Config, prompt: int, turns: int, cuda: bool | None = None) -> list[PolicyPlan]:
     """The trainer's own models, as plans on the trainer's device: separate critics (iac: one per agent), the
     centralised critic (maac) and marlhf's reward model (its Bradley-Terry stage: weights, gradients, AdamW and
     one micro-batch of winner and loser texts; frozen afterwards)."""
     from accord.trainer_steps import stage_of
 
     c, n, b = cfg.rollout.max_new_tokens, len(cfg.agents), cfg.training.micro_batch_size
-    device = _planned_device(cfg.run.device, "local", 0.0)
+    device = _planned_device(cfg.run.device, "local", 0.0, cuda)
     first = cfg.policies[cfg.agents[0].policy]
     out: list[tuple[str, str, dict, int, int]] = []   # name, model, kwargs, sequences per micro-batch, tokens each
     stage = stage_of(cfg)
@@ -355,11 +355,12 @@ def _bf16_guess(setting, device: str) -> bool:
     return cpu_bf16_matrix_units() is True
 
 
-def _planned_device(setting: str, backend: str, gpus: float) -> str:
+def _planned_device(setting: str, backend: str, gpus: float, cuda: bool | None = None) -> str:
+    """The device a policy lands on. ``cuda``: whether the planned machine has GPUs (None: this machine's)."""
     if backend == "ray":
         return "cuda" if (setting.startswith("cuda") or (setting == "auto" and gpus > 0)) else "cpu"
     if setting == "auto":
-        return "cuda:0" if torch.cuda.is_available() else "cpu"
+        return "cuda:0" if (torch.cuda.is_available() if cuda is None else cuda) else "cpu"
     return "cuda:0" if setting == "cuda" else setting
 
 
@@ -382,8 +383,9 @@ def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None)
     return out
 
 
-def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
-    """The plan of a config as plain data (what :func:`format_plan` prints)."""
+def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | None = None) -> dict:
+    """The plan of a config as plain data (what :func:`format_plan` prints). ``cuda``: whether the machine planned
+    for has GPUs, where ``device: auto`` puts the policies (None: this machine; ``accord plan --gpus``: True)."""
     from accord.build import build_env, check_run
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
@@ -410,7 +412,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
         params = sum(t.numel() for t in meta.parameters())
         trainable = lora_parameters(meta, cfg) if lora else params
         setting = p.device or cfg.run.device
-        device = _planned_device(setting, cfg.run.backend, resources[n][1])
+        device = _planned_device(setting, cfg.run.backend, resources[n][1], cuda)
         reps = p.replicas or 1  # a rank updates on 1/replicas of the samples (its generate calls: see fit)
         plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, math.ceil(samples[n] / reps),
                           rows[n], shared_base=names[0] if lora and i else None, replicas=reps)
@@ -419,7 +421,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None) -> dict:
             _shard_memory(plan)
         plans.append(plan)
     return {"plans": plans, "generations": total, "turns": turns, "multi_turn": multi, "prompt": prompt,
-            "resources": resources, "extras": extra_plans(cfg, prompt, turns)}
+            "resources": resources, "extras": extra_plans(cfg, prompt, turns, cuda)}
 
 
 def _shard_memory(plan: PolicyPlan) -> None:

@@ -332,6 +332,7 @@ def test_exit_at_import_is_an_error(tmp_path, monkeypatch):
     ({"samples": 0, "ks": [5]}, r"--k 5 with --samples 0 \(greedy"),
     ({"samples": 2, "compare_base": False}, r"--no-base skips a run's base weights, but a config file"),
     ({"samples": 2, "temperature": 1e-300}, r"--temperature=1e-300 must be a finite number >= 0.0001"),
+    ({"samples": 10 ** 8}, r"--samples=100000000 must be between 0 \(greedy only\) and 4096"),
 ])
 def test_eval_flags_that_would_be_dropped_or_break_later_are_refused(tmp_path, kwargs, problem):
     from accord.evaluate import run_eval
@@ -346,8 +347,56 @@ def test_audit_refuses_a_step_recorded_twice(tmp_path):
 
     audit = tmp_path / "audit"
     audit.mkdir()
-    record = json.dumps({"kind": "step", "step": 1, "instances": []}) + "\n"
+    record = json.dumps({"kind": "step", "step": 1, "instances": []}) + "\n" + json.dumps({"kind": "sample"}) + "\n"
     (audit / "step_000001.jsonl").write_text(record)
     (audit / "step_1.jsonl").write_text(record)
     with pytest.raises(AuditError, match="both hold the records of step 1; keep one"):
         audit_run(tmp_path)
+
+
+def test_an_audit_file_cut_back_at_a_line_end_is_damaged(tmp_path):
+    """A step's records cut back to the header, or by whole lines, fail the audit instead of passing it (a step
+    may hold no samples at all: rollout.drop_flat_groups can drop every group, so the header counts them)."""
+    from accord.audit import AuditError, audit_run, write_step
+
+    samples = [{"agent": "a", "group": "g", "instance": "0"}] * 3
+    path = write_step(tmp_path, 1, samples, {"k": {"reward": 1.0}}, ["0"])
+    lines = path.read_text().split("\n")
+    for keep, problem in ((1, "holds 0 scored records but its header counts 1"),
+                          (3, "holds 1 samples records but its header counts 3")):
+        path.write_text("\n".join(lines[:keep]) + "\n")
+        with pytest.raises(AuditError, match=f"{problem} \\(cut short\\?\\); the file is damaged"):
+            audit_run(tmp_path)
+
+
+def test_a_failed_eval_leaves_no_empty_output_directory(tiny_cfg, tmp_path):
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_cfg(task={"name": "letters", "eval_size": 0})))
+    from accord.evaluate import run_eval
+
+    with pytest.raises(ConfigError, match="nothing to evaluate"):
+        run_eval(cfg, samples=0, out=tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "mine").mkdir()   # a directory that was there before stays
+    with pytest.raises(ConfigError, match="nothing to evaluate"):
+        run_eval(cfg, samples=0, out=tmp_path / "mine")
+    assert (tmp_path / "mine").is_dir()
+
+
+def test_eval_of_a_run_on_another_task_says_so(tiny_cfg, tmp_path, caplog):
+    import logging
+
+    import yaml
+
+    from accord.evaluate import run_eval
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(tiny_cfg(task={"name": "letters", "eval_size": 1})))
+    with caplog.at_level(logging.WARNING, logger="accord.evaluate"):
+        run_eval(run, ["task.eval_size=1"], samples=0, out=tmp_path / "same")
+        assert "not the task it trained on" not in caplog.text
+        run_eval(run, ["task.name=relay"], samples=0, out=tmp_path / "other")
+    assert "on task 'relay' {}, not the task it trained on ('letters' {})" in caplog.text

@@ -1,5 +1,7 @@
 """accord plan: its parameter counts are the real models' (full and LoRA), and its sizes follow the config."""
 
+from pathlib import Path
+
 import pytest
 
 from accord.config import config_from_dict
@@ -123,3 +125,16 @@ def test_ray_actors_sharing_a_gpu_each_count_a_context_and_an_engine(tiny_cfg):
     assert dev == "cuda:0" and need == pytest.approx(max(update / 0.75, generation / 0.5))
     assert details[dev].engines == 2 and details[dev].engine_share == 0.5
     assert "its engine asleep (rollout.vllm_sleep), the others awake" in format_plan(cfg, plan, gpus)
+
+
+def test_planning_for_gpus_puts_auto_devices_on_them(capsys):
+    """`accord plan --gpus N --gpu-memory-gb G` plans for a machine with GPUs: device auto lands on cuda:0 there,
+    whatever this machine has."""
+    from accord.cli import main
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    assert main(["plan", str(tiny), "run.device=auto", "--gpus", "2", "--gpu-memory-gb", "80"]) == 0
+    text = capsys.readouterr().out
+    assert "device cuda:0" in text and "cuda:0: needs" in text and "verdict: the run fits" in text
+    assert main(["plan", str(tiny), "run.device=cpu", "--gpus", "2", "--gpu-memory-gb", "80"]) == 0
+    assert "device cpu" in capsys.readouterr().out
