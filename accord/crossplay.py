@@ -47,8 +47,8 @@ from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MIN_TEMPERATURE
 from accord.evaluate import check_samples, made_dirs, remove_if_empty, scratch_run_dir, warn_task_change
-from accord.tracking.registry import _atomic_write_text
 from accord.seeding import eval_stream_seed
+from accord.tracking.registry import _atomic_write_text
 
 logger = logging.getLogger(__name__)
 
