@@ -39,14 +39,13 @@ import dataclasses
 import json
 import logging
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 from accord.checkpoint import CheckpointError, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MIN_TEMPERATURE
-from accord.evaluate import check_samples, made_dirs, remove_if_empty, scratch_run_dir, warn_task_change
+from accord.evaluate import check_samples, scratch_run, warn_task_change
 from accord.seeding import eval_stream_seed
 from accord.tracking.registry import _atomic_write_text
 
@@ -130,17 +129,9 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
                               "one task and baseline")
     warn_task_change(paths[0], cfg0, paths[0])
     out_dir = Path(out) if out else paths[0] / "crossplay"
-    made = made_dirs(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = scratch_run_dir(out_dir)
-    cfg0.run = dataclasses.replace(cfg0.run, run_dir=str(work))
-    try:
+    with scratch_run(out_dir) as work:
+        cfg0.run = dataclasses.replace(cfg0.run, run_dir=str(work))
         report = _crossplay(cfg0, paths, loaded, samples=samples, temperature=temperature)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        remove_if_empty(made)   # a failed cross-play leaves no empty --out behind
-        raise
-    shutil.rmtree(work, ignore_errors=True)
     report.update(runs=[str(p) for p in paths], task=cfg0.task.name, task_options=cfg0.task.options,
                   samples=samples, temperature=temperature)
     _atomic_write_text(out_dir / "crossplay.json", json.dumps(report, indent=2))

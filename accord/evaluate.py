@@ -19,6 +19,7 @@ Results go to ``OUT/eval.json`` and ``OUT/eval.md`` (one table, one column per v
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -28,7 +29,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from safetensors import SafetensorError
 
@@ -199,7 +200,7 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     (``allow_unverified``: or has no manifest); write eval.json/.md. ``pipeline``: ``parallel`` (agents answer
     independently), ``sequential`` or ``discussion`` (prompt-only multi-agent pipelines of a single-turn task,
     see :mod:`accord.pipelines`). The scratch run directory of the evaluating run, ``OUT/.accord-work.*``
-    (:func:`scratch_run_dir`), is removed at the end."""
+    (:func:`scratch_run`), is removed at the end."""
     from accord.pipelines import check_pipeline_name
 
     target = Path(target)
@@ -235,18 +236,10 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if (out_dir / "eval.json").exists() or (out_dir / "eval.md").exists():
         logger.warning("%s holds an eval.json or eval.md (an earlier evaluation): they are replaced when this one "
                        "ends; pass --out DIR to keep them", out_dir)
-    made = made_dirs(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = scratch_run_dir(out_dir)
-    cfg.run = replace(cfg.run, run_dir=str(work))
-    try:
+    with scratch_run(out_dir) as work:
+        cfg.run = replace(cfg.run, run_dir=str(work))
         variants = _evaluate_variants(cfg, run_dir, ckpt, out_dir, samples=samples, ks=ks, temperature=temperature,
                                       compare_base=compare_base, pipeline=pipeline)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        remove_if_empty(made)   # a failed evaluation leaves no empty --out behind
-        raise
-    shutil.rmtree(work, ignore_errors=True)  # the evaluating run's config.yaml and lock: scratch
     report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
               "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
               "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
@@ -255,9 +248,8 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     return out_dir
 
 
-def made_dirs(path: Path) -> list[Path]:
-    """The directories ``path.mkdir(parents=True)`` is about to create, deepest first (for :func:`remove_if_empty`
-    when the command that made them fails)."""
+def _made_dirs(path: Path) -> list[Path]:
+    """The directories ``path.mkdir(parents=True)`` is about to create, deepest first."""
     made = []
     while not path.exists():
         made.append(path)
@@ -267,12 +259,30 @@ def made_dirs(path: Path) -> list[Path]:
     return made
 
 
-def remove_if_empty(made: list[Path]) -> None:
-    """Remove the directories of :func:`made_dirs` that are still empty, deepest first."""
-    for path in made:
+@contextlib.contextmanager
+def scratch_run(out_dir: Path) -> Iterator[Path]:
+    """Create ``out_dir`` (and its parents) and yield a scratch run directory in it for the run that evaluates
+    (:func:`scratch_run_dir`: its config.yaml and lock), removed when the block ends. When the block fails, the
+    directories this made are removed too while still empty: a failed command leaves no empty ``--out``."""
+    made = _made_dirs(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = scratch_run_dir(out_dir)
+    done = False
+    try:
+        yield work
+        done = True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not done:
+            _remove_empty(made)
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove ``dirs`` (deepest first) while they are empty."""
+    for path in dirs:
         try:
             path.rmdir()
-        except OSError:   # not empty (something else wrote there) or already gone: keep it
+        except OSError:   # not empty (the evaluation wrote there, or something else did) or gone: keep it
             return
 
 
