@@ -12,6 +12,7 @@ unknown keys with the closest valid ones, and builds the sections, whose checks 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -23,7 +24,7 @@ from typing import Any
 import yaml
 
 from accord.config.base import ConfigError, _coerce, _unknown_key
-from accord.config.schema import AgentConfig, Config, PolicyConfig, _to_plain
+from accord.config.schema import DEFAULT_POLICIES, AgentConfig, Config, PolicyConfig, _to_plain
 
 _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
 
@@ -247,6 +248,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     data: dict = {}
     if path is not None:
         data = read_yaml(Path(path))
+    if "policies" not in data:   # the default policies, which policies.main.KEY=VALUE overrides refine
+        data["policies"] = copy.deepcopy(DEFAULT_POLICIES)
     apply_overrides(data, overrides)
     return config_from_dict(data)
 

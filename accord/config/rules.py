@@ -148,6 +148,11 @@ def check_agents(cfg: _Config) -> None:
 def check_lora_policies(cfg: _Config) -> None:
     """specialization=lora: every policy is an adapter over one common base model."""
     bases = {(p.model, repr(sorted(p.model_kwargs.items()))) for p in cfg.policies.values()}
+    layers = {p.trainable_layers for p in cfg.policies.values()}
+    if len(bases) == 1 and len(layers) > 1:
+        desc = ", ".join(f"{n}: {p.trainable_layers}" for n, p in sorted(cfg.policies.items()))
+        raise ConfigError(f"specialization=lora puts every policy's adapter on the same blocks of one base model, but "
+                          f"the policies' trainable_layers differ ({desc}); give every policy the same value")
     if len(bases) > 1:
         desc = ", ".join(f"{n}: {p.model!r}" + (f" {p.model_kwargs}" if p.model_kwargs else "")
                          for n, p in sorted(cfg.policies.items()))

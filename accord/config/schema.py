@@ -119,6 +119,15 @@ class PolicyConfig:
                                 "ray.num_gpus_per_policy).")
     device: str | None = _f(None, "Device of this policy's model (null: run.device): auto, cpu, cuda or cuda:N, so "
                             "that two policies of one process can sit on two GPUs.")
+    trainable_layers: int | None = _f(None, "Train only the top of this policy's model: its last N decoder blocks, "
+                                      "the final norm and an output head of its own. What lies below (the blocks "
+                                      "before them and the input embeddings, and an output head tied to those, as "
+                                      "SmolLM2's is) stays frozen, so the update's backward stops at the lowest "
+                                      "trained block: with SmolLM2's 30 blocks and N=10 an update took about half of "
+                                      "full fine-tuning's time. A model with N blocks or fewer trains whole. null: "
+                                      "the whole model. The default policy (a config without `policies`) sets 10. "
+                                      "Under specialization=lora: adapters on the last N blocks only (the same N "
+                                      "for every policy).")
     replicas: int | None = _f(None, "Data parallelism: N learner ranks of this policy (torch.distributed: gloo on "
                               "CPU, NCCL on GPU), each generating and scoring 1/N of its work, gradients all-reduced, "
                               "identical weights. Runs as N Ray actors (run.backend=ray) or N processes of `torchrun "
@@ -131,6 +140,11 @@ class PolicyConfig:
             raise ConfigError(f"policies.<name>.model={self.model!r} names no model; give a bundled or tiny model's "
                               "name (smollm2-135m, tiny-qwen2), a local directory or a hub id")
         check_device_setting("policies.<name>.device", self.device)
+        if self.trainable_layers is not None and (isinstance(self.trainable_layers, bool)
+                                                  or not isinstance(self.trainable_layers, int)
+                                                  or self.trainable_layers < 1):
+            raise ConfigError(f"policies.<name>.trainable_layers={self.trainable_layers!r} must be an integer >= 1 "
+                              "(the number of last decoder blocks to train) or null (the whole model)")
         if self.replicas is not None:
             _positive("policies.<name>", "replicas", self.replicas)
 
@@ -379,7 +393,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RolloutConfig:
-    batch_size: int = _f(3, "B: task instances per training step.")
+    batch_size: int = _f(2, "B: task instances per training step.")
     max_new_tokens: int = _f(80, "Completion length cap in tokens.")
     min_new_tokens: int | None = _f(None, "Completion floor in tokens: EOS may not be drawn before this many tokens "
                                     "(Hugging Face generate's min_new_tokens, vLLM's min_tokens), in training and "
@@ -874,8 +888,14 @@ class CompareConfig:
         self.knobs = list(self.knobs)
 
 
+DEFAULT_POLICIES = {"main": {"model": "smollm2-135m", "trainable_layers": 10, "lr": 2e-4}}
+"""The policies of a config without a ``policies`` section (the default job's): SmolLM2 with its last 10 of 30
+blocks trained, at a learning rate of its own (docs/quickstart.md says why). ``load_config`` starts from these
+when a YAML file has no ``policies``, so that ``policies.main.KEY=VALUE`` overrides refine them."""
+
+
 def _default_policies() -> dict:
-    return {"main": PolicyConfig()}
+    return {name: PolicyConfig(**settings) for name, settings in DEFAULT_POLICIES.items()}
 
 
 @dataclass

@@ -109,7 +109,7 @@ def tiny_shape_problem(hidden_size: int = 64, num_heads: int = 4, vocab_size: in
 
 
 def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_heads: int,
-                 max_position_embeddings: int) -> transformers.PreTrainedConfig:
+                 max_position_embeddings: int, tie_word_embeddings: bool = True) -> transformers.PreTrainedConfig:
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; valid choices are {', '.join(TINY_ARCHS)}")
     problem = tiny_shape_problem(hidden_size, num_heads)
@@ -127,7 +127,7 @@ def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_he
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         use_cache=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -144,18 +144,21 @@ def build_tiny_model(
     seed: int = 0,
     pad_is_eos: bool = False,
     max_position_embeddings: int = 1024,
+    tie_word_embeddings: bool = True,
 ) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """Build a randomly initialised fp32 causal LM (``arch`` in ``"qwen2"``, ``"llama"``, ``"qwen3"``) and its
     tokenizer (``qwen3``: Qwen3's q/k norms, the architecture of the AT-GRPO papers' Qwen3 models).
 
-    Weights depend only on ``seed``; the global torch RNG is left untouched. Embeddings are tied,
+    Weights depend only on ``seed``; the global torch RNG is left untouched. Embeddings are tied (the output head
+    is the input embedding matrix) unless ``tie_word_embeddings`` is false,
     ``intermediate_size = 2 * hidden_size`` and ``num_key_value_heads = num_heads // 2`` (GQA) when
     ``num_heads`` is even. The model's vocabulary is ``len(tokenizer)`` and the config and
     generation config carry the tokenizer's bos/eos/pad ids. Returned in eval mode.
     """
     tokenizer = tiny_tokenizer(vocab_size=vocab_size, pad_is_eos=pad_is_eos)
     tokenizer.model_max_length = max_position_embeddings
-    config = _tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings)
+    config = _tiny_config(arch, tokenizer, hidden_size, num_layers, num_heads, max_position_embeddings,
+                          tie_word_embeddings)
     with seeded_torch(seed, devices=[]):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = model.generation_config

@@ -122,6 +122,38 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def train_last_layers(model, n: int) -> str:
+    """``policies.<name>.trainable_layers``: freeze what lies below the last ``n`` decoder blocks of ``model`` (the
+    blocks before them and the input embeddings); its last ``n`` blocks, final norm and an output head of its own
+    train. No activation below the lowest trained block then requires grad, so autograd's backward stops there.
+    An output head tied to the input embeddings stays frozen with them (training it would take the backward
+    through every block). With ``n`` at least the model's blocks nothing lies below them: the whole model trains.
+    Returns what trains, for the log."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    blocks = getattr(decoder, "layers", None)
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise ConfigError(f"trainable_layers={n}: {type(model).__name__} has no list of decoder blocks "
+                          "(model.get_decoder().layers) to choose the last ones from; set the policy's "
+                          "trainable_layers to null to train the whole model")
+    total = sum(p.numel() for p in model.parameters())
+    if n >= len(blocks):
+        return f"the whole model ({len(blocks)} blocks, trainable_layers={n}; {total / 1e6:.1f}M parameters)"
+    model.requires_grad_(False)
+    for block in blocks[len(blocks) - n:]:
+        block.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if isinstance(norm, torch.nn.Module):
+        norm.requires_grad_(True)
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embeddings.weight:
+        head.requires_grad_(True)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    head_state = ("and its output head" if head is not None and head.weight.requires_grad
+                  else "(its output head tied to the frozen embeddings)")
+    return (f"the last {n} of {len(blocks)} blocks and the final norm {head_state}: {trained / 1e6:.1f}M of "
+            f"{total / 1e6:.1f}M parameters")
+
+
 def can_cache_forward(model) -> bool:
     """Whether a forward of ``model`` can run on top of a KV cache, as prompt and prefix sharing need: a plain
     full-attention cache (as in generation) and no gradient checkpointing (which turns the cache off in

@@ -101,6 +101,21 @@ def default_target_modules(model) -> list[str]:
     return sorted(names)
 
 
+def adapted_blocks(model, trainable_layers: int | None) -> list[int] | None:
+    """The decoder blocks that get adapters under ``policies.<name>.trainable_layers``: the last N (None: all,
+    also when the model has N blocks or fewer). The backward then stops at the lowest adapted block."""
+    if trainable_layers is None:
+        return None
+    blocks = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise ConfigError(f"trainable_layers={trainable_layers}: {type(model).__name__} has no list of decoder blocks "
+                          "(model.get_decoder().layers) to choose the last ones from; set the policies' "
+                          "trainable_layers to null to adapt every block")
+    if trainable_layers >= len(blocks):
+        return None
+    return list(range(len(blocks) - trainable_layers, len(blocks)))
+
+
 def check_target_modules(model, targets: list[str], spec: str) -> None:
     """Every target must name a module (by its last name component or a dotted suffix)."""
     available = adaptable_modules(model)
@@ -130,7 +145,8 @@ class LoraGroup:
         self.keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.context_len = getattr(model.config, "max_position_embeddings", None)
         config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=self.targets, bias="none", task_type="CAUSAL_LM")
+                                 target_modules=self.targets, bias="none", task_type="CAUSAL_LM",
+                                 layers_to_transform=adapted_blocks(model, base.trainable_layers))
         with warnings.catch_warnings():
             # PEFT warns when an adapter name is a substring of "lora_" (its own loader could then
             # confuse keys); accord saves and loads adapter tensors itself, by module.
@@ -249,8 +265,11 @@ class LoraPolicy(ModelPolicy):
 
     # --- state -----------------------------------------------------------------------------------
     def _base_record(self) -> dict:
-        return {"model": self.group.spec.model, "model_kwargs": self.group.spec.model_kwargs,
-                "lora": {"r": self.group.lora.r, "alpha": self.group.lora.alpha, "target_modules": self.group.targets}}
+        record = {"model": self.group.spec.model, "model_kwargs": self.group.spec.model_kwargs,
+                  "lora": {"r": self.group.lora.r, "alpha": self.group.lora.alpha, "target_modules": self.group.targets}}
+        if self.group.spec.trainable_layers is not None:
+            record["trainable_layers"] = self.group.spec.trainable_layers
+        return record
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)

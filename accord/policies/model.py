@@ -47,7 +47,7 @@ from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda,
                                     make_adamw, micro_batches, optimizer_step, prefix_pass, prefix_plan, right_aligned,
-                                    scheduler_step, select_cache_rows)
+                                    scheduler_step, select_cache_rows, train_last_layers)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -173,6 +173,8 @@ class ModelPolicy:
         self.device = torch.device("cpu") if device is None else torch.device(device)
         # loaded (and a tiny model initialised) on the CPU, then moved: the same weights on every device
         self.model, self.tokenizer = load_model_and_tokenizer(cfg.model, model_kwargs=cfg.model_kwargs, seed=seed)
+        if cfg.trainable_layers is not None:
+            logger.info("policy %s trains %s", name, train_last_layers(self.model, cfg.trainable_layers))
         self.model = self._place_model(self.model)
         self.backend = make_backend(rollout)   # rollout.generation_backend; see accord.generation.backends
         self._adapter: str | None = None       # the LoRA adapter a backend selects (LoraPolicy: its name)

@@ -130,6 +130,12 @@ PATHS = {
     "magrpo_single_turn": (160, 0.005, SEEDS, 0.5,
                            {"options": {"single_turn": True, "start": "free", "letters": "aoi"}}),
     "magrpo_tree": (80, 0.01, SEEDS, 0.5, {"algorithm": {"name": "magrpo"}}),
+    # policies.main.trainable_layers: the top block, the final norm and an untied output head train (a random model's
+    # frozen tied head would cap every logit near 0.2: see atgrpo_lora); the bottom block and the embeddings do not
+    "magrpo_tree_top_layer": (80, 0.01, SEEDS, 0.5, {"algorithm": {"name": "magrpo"},
+                                                    "policies": {"main": {**TINY, "trainable_layers": 1,
+                                                                          "model_kwargs": {**TINY["model_kwargs"],
+                                                                                           "tie_word_embeddings": False}}}}),
     "atgrpo_shared": (50, 0.01, SEEDS, 0.6, {"algorithm": {"name": "atgrpo"}}),
     # adapters on the output head too: a random base's frozen head and final norm cap every logit near 0.2, so
     # adapters of the decoder's projections alone leave the output uniform (entropy stayed at log 2048)
@@ -149,7 +155,7 @@ PATHS = {
 
 # the paths whose runs stop once their training team reward is saturated (MAGRPO's: see saturated); the others'
 # steps are few enough, and the single agent's training team reward stays near 0.5
-STOP_EARLY = ("magrpo_single_turn", "magrpo_tree")
+STOP_EARLY = ("magrpo_single_turn", "magrpo_tree", "magrpo_tree_top_layer")
 
 
 @pytest.mark.parametrize("path", list(PATHS))

@@ -31,10 +31,10 @@ def lora_data(tiny_cfg, lora=None, **sections):
                     lora={"r": 4, "alpha": 8, "target_modules": FEW, **(lora or {})}, **sections)
 
 
-def group_policies(mixed=True, max_new_tokens=10, **lora):
+def group_policies(mixed=True, max_new_tokens=10, trainable_layers=None, **lora):
     names = ["pe", "po"]
     cfg = Config(specialization="lora", rollout=RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0),
-                 policies={n: PolicyConfig(**TINY) for n in names})
+                 policies={n: PolicyConfig(**TINY, trainable_layers=trainable_layers) for n in names})
     cfg.lora.r, cfg.lora.mixed_generation, cfg.lora.target_modules = 4, mixed, FEW
     for k, v in lora.items():
         setattr(cfg.lora, k, v)
@@ -135,8 +135,9 @@ def test_mixed_batch_equals_per_adapter_with_the_same_sampling_stream():
     assert len({tuple(g.ids) for g in mixed["pe"]}) > 1  # sampled, not all the same
 
 
-@pytest.mark.parametrize("targets", [FEW, None], ids=["q_v", "every projection"])
-def test_direct_decoding_step_with_adapters_matches_peft_forward(targets, monkeypatch):
+@pytest.mark.parametrize("targets,trainable_layers", [(FEW, None), (None, None), (None, 1)],
+                         ids=["q_v", "every projection", "the last block's projections"])
+def test_direct_decoding_step_with_adapters_matches_peft_forward(targets, trainable_layers, monkeypatch):
     """Mixed-adapter generation through accord's direct decoding step (each row's adapter applied by a
     mask over the stacked LoRA factors), with the prompts' shared prefixes prefilled once per adapter or
     not, draws the tokens of the loop through PEFT's forward with ``adapter_names``, from the same stream,
@@ -144,8 +145,10 @@ def test_direct_decoding_step_with_adapters_matches_peft_forward(targets, monkey
     import accord.generation.fast_decode as fast_decode
     import accord.generation.hf as hf
 
-    pols = group_policies(max_new_tokens=12, target_modules=targets)
+    pols = group_policies(max_new_tokens=12, target_modules=targets, trainable_layers=trainable_layers)
     group = pols["pe"].group
+    adapted = {k.split(".layers.")[1].split(".")[0] for k in pols["pe"].named_params}
+    assert adapted == ({"1"} if trainable_layers == 1 else {"0", "1"}), adapted
     assert hf.unsupported_reason(group.model) is None
     p = [pols["pe"].encode_chat(c) for c in chats(3)]
     assert fast_decode.prefix_tree(p, min_tokens=2)[0].children  # the chats share a prefix worth a pass
