@@ -13,7 +13,8 @@ counted on a ``meta``-device instance of the architecture (exact, no memory).
 The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
 
 - weights 4P; KL reference 4P (full fine-tuning with ``kl_coef > 0``; LoRA's reference is the base with
-  the adapters off); gradients 4P_t; AdamW 8P_t (two moments);
+  the adapters off); gradients 4P_t; AdamW 8P_t (two moments); under ``policies.<name>.trainable_layers`` P_t
+  counts the last blocks' parameters (their adapters' under LoRA), and only those blocks keep activations;
 - update activations of one micro-batch of b sequences, prompt length p, completion length c: the
   tensors autograd keeps per token and layer, ``4h + 4q + 2kv + 4i`` floats for a Llama-style layer
   (h hidden, q = heads x head_dim, kv = kv_heads x head_dim, i MLP width), over ``ceil(b / K) * p + b * c``
@@ -168,26 +169,65 @@ def _meta_model(config):
         return transformers.AutoModelForCausalLM.from_config(config)
 
 
-def lora_parameters(model, cfg: Config) -> int:
-    """Parameters of one adapter: r x (in + out) per adapted linear layer."""
+def _first_trained_block(model, trainable_layers: int | None) -> int:
+    """The index of the lowest decoder block that ``trainable_layers`` trains (0: all of them)."""
+    blocks = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if trainable_layers is None or not isinstance(blocks, torch.nn.ModuleList):
+        return 0
+    return max(0, len(blocks) - trainable_layers)
+
+
+def _block_index(name: str) -> int | None:
+    """The decoder block a module or parameter name lies in (``model.layers.7.mlp`` -> 7), or None."""
+    parts = name.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a == "layers" and b.isdigit():
+            return int(b)
+    return None
+
+
+def trained_parameters(model, trainable_layers: int | None) -> int:
+    """Parameters a full-model policy trains: all, or under ``trainable_layers`` those of its last blocks, its
+    final norm and an untied output head (:func:`accord.policies.learner.train_last_layers`)."""
+    first = _first_trained_block(model, trainable_layers)
+    if first == 0:
+        return sum(t.numel() for t in model.parameters())
+    total = sum(t.numel() for name, t in model.named_parameters()
+                if (_block_index(name) or -1) >= first)
+    norm = getattr(model.get_decoder(), "norm", None)
+    total += sum(t.numel() for t in norm.parameters()) if isinstance(norm, torch.nn.Module) else 0
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is not embeddings.weight:
+        total += head.weight.numel()
+    return total
+
+
+def lora_parameters(model, cfg: Config, trainable_layers: int | None = None) -> int:
+    """Parameters of one adapter: r x (in + out) per adapted linear layer (under ``trainable_layers``, of the
+    last blocks only)."""
     from accord.policies.lora import default_target_modules
 
     targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
+    first = _first_trained_block(model, trainable_layers)
     total = 0
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+            if first and (_block_index(name) or -1) < first:
+                continue
             total += cfg.lora.r * (module.in_features + module.out_features)
     return total
 
 
-def lora_input_width(model, cfg: Config) -> int:
-    """Sum of the input widths of the adapted linear layers (all layers): what LoRA's per-projection copies
-    of the activations scale with."""
+def lora_input_width(model, cfg: Config, trainable_layers: int | None = None) -> int:
+    """Sum of the input widths of the adapted linear layers (all layers, or the last ``trainable_layers``
+    blocks'): what LoRA's per-projection copies of the activations scale with."""
     from accord.policies.lora import default_target_modules
 
     targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
+    first = _first_trained_block(model, trainable_layers)
     return sum(m.in_features for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets))
+               if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
+               and (not first or (_block_index(name) or -1) >= first))
 
 
 @dataclasses.dataclass
@@ -252,6 +292,8 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     tr, r = cfg.training, cfg.rollout
     h = config.hidden_size
     layers = config.num_hidden_layers
+    top = cfg.policies[plan.name].trainable_layers
+    kept = layers if top is None else min(layers, top)   # blocks below the trained ones keep no activations
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     q, kv = heads * head_dim, getattr(config, "num_key_value_heads", heads) * head_dim
@@ -272,9 +314,9 @@ def _policy_memory(plan: PolicyPlan, config, cfg: Config, prompt: int, lora: boo
     per_token_layer = 4 * h + 4 * q + 2 * kv + 4 * inter
     layer_bytes = 2.0 if bf16 else 4.0
     if tr.gradient_checkpointing:
-        acts = tokens * layers * h * 4.0 + tokens * per_token_layer * layer_bytes
+        acts = tokens * kept * h * 4.0 + tokens * per_token_layer * layer_bytes
     else:
-        acts = tokens * layers * per_token_layer * layer_bytes
+        acts = tokens * kept * per_token_layer * layer_bytes
     if lora:
         per_width = (5.0 if cfg.lora.dropout > 0 else 0.0) + (2.0 if bf16 else 0.0)
         acts += tokens * lora_width * per_width / (layers if tr.gradient_checkpointing else 1)
@@ -410,13 +452,14 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | Non
         config = model_config(p.model, p.model_kwargs)
         meta = _meta_model(config)
         params = sum(t.numel() for t in meta.parameters())
-        trainable = lora_parameters(meta, cfg) if lora else params
+        trainable = lora_parameters(meta, cfg, p.trainable_layers) if lora else trained_parameters(
+            meta, p.trainable_layers)
         setting = p.device or cfg.run.device
         device = _planned_device(setting, cfg.run.backend, resources[n][1], cuda)
         reps = p.replicas or 1  # a rank updates on 1/replicas of the samples (its generate calls: see fit)
         plan = PolicyPlan(n, p.model, type(meta).__name__, params, trainable, device, math.ceil(samples[n] / reps),
                           rows[n], shared_base=names[0] if lora and i else None, replicas=reps)
-        _policy_memory(plan, config, cfg, prompt, lora, lora_input_width(meta, cfg) if lora else 0)
+        _policy_memory(plan, config, cfg, prompt, lora, lora_input_width(meta, cfg, p.trainable_layers) if lora else 0)
         if cfg.training.fsdp:
             _shard_memory(plan)
         plans.append(plan)
@@ -572,7 +615,8 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
     lines.append(f"step: {plan['generations']} {kind} per step ({plan['turns']} turn(s), K "
                  f"{cfg.algorithm.num_generations}, batch {r.batch_size})")
     for p in plan["plans"]:
-        lora = f", LoRA r={cfg.lora.r}: {p.trainable / 1e6:.2f} M trainable" if cfg.specialization == "lora" else ""
+        lora = f", LoRA r={cfg.lora.r}: {p.trainable / 1e6:.2f} M trainable" if cfg.specialization == "lora" else (
+            f", {p.trainable / 1e6:.2f} M trained" if p.trainable < p.params else "")
         lines.append(f"policy {p.name}: {p.model} ({p.arch}), {p.params / 1e9:.3f} B parameters{lora}; device "
                      f"{p.device}; {p.samples} samples per step, generate calls of {p.gen_rows} rows"
                      + (f" (per rank of {p.replicas} data-parallel ranks, "

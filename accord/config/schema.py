@@ -64,7 +64,7 @@ class RunConfig:
     checkpoint_every: int = _f(0, "Save a checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = _f(2, "How many most-recent checkpoints to keep (>= 1).")
     eval_every: int = _f(0, "Evaluate on held-out tasks every N steps, besides before and after (0: only before "
-                         "and after). Each evaluation costs time: about 45 s for the default job's 24 texts on "
+                         "and after). Each evaluation costs time: 25-55 s for the default job's 24 texts on "
                          "2 CPU cores without bf16 units.")
     eval_before: bool = _f(True, "Evaluate before the first step (step 0).")
     eval_after: bool = _f(True, "Evaluate after the last step.")

@@ -664,6 +664,11 @@ class ModelPolicy:
         and copied into the model and the optimizer state on this policy's device."""
         load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
         state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
+        saved = sum(len(group["params"]) for group in state["optimizer"]["param_groups"])
+        if saved != len(self.params):
+            raise ConfigError(f"{directory}: the checkpoint's optimizer trained {saved} tensors of policy {self.name!r}, "
+                              f"this run trains {len(self.params)}; resume with the trainable_layers the run was "
+                              f"trained with (policies.{self.name}.trainable_layers in its config.yaml)")
         self.optimizer.load_state_dict(state["optimizer"])   # moves the moments to the parameters' device
         self.scheduler.load_state_dict(state["scheduler"])
         restore_generator(self.generator, state["generator"], state.get("generator_device"), f"policy {self.name!r}")

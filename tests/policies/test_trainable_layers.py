@@ -125,3 +125,39 @@ def test_the_default_policy_trains_smollm2s_last_ten_blocks_and_overrides_refine
     main = cfg.policies["main"]
     assert (main.model, main.trainable_layers, main.lr, main.device) == ("smollm2-135m", 10, 2e-4, "cpu")
     assert load_config(None, ["policies.main.trainable_layers=null"]).policies["main"].trainable_layers is None
+
+
+def test_resume_is_exact_and_a_changed_count_is_refused(tiny_cfg, tmp_path):
+    """A run with trainable_layers resumes to the weights of an uninterrupted one; resuming it with another count
+    is a one-line error naming the key (the optimizer state holds another set of tensors)."""
+    policies = {"main": {**TINY, "trainable_layers": 1}}
+    full = Trainer(config_from_dict(tiny_cfg(run={"steps": 2, "run_dir": str(tmp_path / "a")}, policies=policies)))
+    full.train()
+    data = tiny_cfg(run={"steps": 2, "run_dir": str(tmp_path / "b"), "checkpoint_every": 1}, policies=policies)
+    Trainer(config_from_dict(data)).train(stop_after=1)
+    resumed = Trainer(config_from_dict(data), resume=True)
+    resumed.train()
+    a, b = full.policies["main"].model.state_dict(), resumed.policies["main"].model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    data["policies"] = {"main": {**TINY, "trainable_layers": 2}}
+    data["run"]["steps"] = 3
+    with pytest.raises(ConfigError, match=r"trained \d+ tensors .* this run trains \d+; resume with the "
+                                          r"trainable_layers"):
+        Trainer(config_from_dict(data), resume=True)
+
+
+def test_the_memory_plan_counts_what_trains(tiny_cfg):
+    """`accord plan`: gradients and AdamW state for the trained tensors only, activations for the trained blocks
+    only; under LoRA, the adapters of the last blocks."""
+    from accord.plan import make_plan
+
+    top = make_plan(config_from_dict(tiny_cfg(policies={"main": {**TINY, "trainable_layers": 1}})))["plans"][0]
+    whole = make_plan(config_from_dict(tiny_cfg(policies={"main": dict(TINY)})))["plans"][0]
+    assert top.trainable == sum(p.numel() for p in policy(1).params) < whole.trainable == whole.params
+    assert top.activations < whole.activations and top.optimizer == 8.0 * top.trainable
+    data = tiny_cfg(specialization="lora", policies={"a": dict(TINY), "b": dict(TINY)},
+                    agents=[{"name": "e", "policy": "a"}, {"name": "o", "policy": "b"}])
+    every = make_plan(config_from_dict(data))["plans"][0].trainable
+    for name in ("a", "b"):
+        data["policies"][name]["trainable_layers"] = 1
+    assert make_plan(config_from_dict(data))["plans"][0].trainable * 3 == every   # 1 of 3 blocks adapted
