@@ -177,13 +177,13 @@ def _first_trained_block(model, trainable_layers: int | None) -> int:
     return max(0, len(blocks) - trainable_layers)
 
 
-def _block_index(name: str) -> int | None:
-    """The decoder block a module or parameter name lies in (``model.layers.7.mlp`` -> 7), or None."""
+def _block_index(name: str) -> int:
+    """The decoder block a module or parameter name lies in (``model.layers.7.mlp`` -> 7); -1 outside blocks."""
     parts = name.split(".")
     for a, b in zip(parts, parts[1:]):
         if a == "layers" and b.isdigit():
             return int(b)
-    return None
+    return -1
 
 
 def trained_parameters(model, trainable_layers: int | None) -> int:
@@ -193,7 +193,7 @@ def trained_parameters(model, trainable_layers: int | None) -> int:
     if first == 0:
         return sum(t.numel() for t in model.parameters())
     total = sum(t.numel() for name, t in model.named_parameters()
-                if (_block_index(name) or -1) >= first)
+                if _block_index(name) >= first)
     norm = getattr(model.get_decoder(), "norm", None)
     total += sum(t.numel() for t in norm.parameters()) if isinstance(norm, torch.nn.Module) else 0
     head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
@@ -212,7 +212,7 @@ def lora_parameters(model, cfg: Config, trainable_layers: int | None = None) -> 
     total = 0
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
-            if first and (_block_index(name) or -1) < first:
+            if first and _block_index(name) < first:   # outside the last blocks (the output head too)
                 continue
             total += cfg.lora.r * (module.in_features + module.out_features)
     return total
@@ -227,7 +227,7 @@ def lora_input_width(model, cfg: Config, trainable_layers: int | None = None) ->
     first = _first_trained_block(model, trainable_layers)
     return sum(m.in_features for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
-               and (not first or (_block_index(name) or -1) >= first))
+               and (not first or _block_index(name) >= first))
 
 
 @dataclasses.dataclass
