@@ -148,6 +148,27 @@ def test_two_fsdp_ranks_match_one_rank(ray_session, tiny_cfg, tmp_path):
     print(f"MEASURED fsdp vs 1 rank after 2 steps: max |dw| = {worst:.3g}")
 
 
+@pytest.mark.slow
+def test_fsdp_with_the_last_block_trained_only(ray_session, tiny_cfg, tmp_path):
+    """policies.<name>.trainable_layers under FSDP2: the frozen block and embeddings keep their weights on the
+    sharded ranks, and the trained ones match one rank's run (the tolerance of the module docstring)."""
+    top = {**TINY, "trainable_layers": 1}
+    w1, m1 = _run(_cfg(tiny_cfg, tmp_path, "one", {"main": {**top, "replicas": 1}}))
+    data = _cfg(tiny_cfg, tmp_path, "fsdp", {"main": {**top, "replicas": 2, "num_cpus": 1}},
+                run={"backend": "ray"}, training={"fsdp": True})
+    w2, m2 = _run(data)
+    assert _rollout(m1) == _rollout(m2)
+    assert _worst(w1, w2) <= 1e-6
+    init = Trainer(config_from_dict(_cfg(tiny_cfg, tmp_path, "init", {"main": dict(TINY)})))
+    try:
+        w0 = {k: v.detach().clone() for k, v in init.policies["main"].model.named_parameters()}
+    finally:
+        init.close()
+    frozen = [k for k in w0 if k.startswith(("model.layers.0.", "model.embed_tokens."))]
+    assert frozen and all(torch.equal(w0[k], w2[k]) for k in frozen)
+    assert any(not torch.equal(w0[k], w2[k]) for k in w0 if k.startswith("model.layers.1."))
+
+
 @pytest.mark.slow  # ~70 s here: four trainers, eight actors
 def test_fsdp_resume_is_exact_and_checkpoint_loads_without_fsdp(ray_session, tiny_cfg, tmp_path):
     """2 steps uninterrupted vs 1 step, checkpoint, resume to 2 (both FSDP): bit for bit; the step-1 checkpoint
