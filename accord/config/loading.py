@@ -243,12 +243,20 @@ def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> None:
         apply_override(data, item)
 
 
+def _policies_named(overrides) -> set[str]:
+    """The policy names that ``policies.NAME...=VALUE`` overrides set keys of."""
+    keys = (o.split("=", 1)[0].strip() for o in overrides if "=" in o)
+    return {k.split(".")[1] for k in keys if k.startswith("policies.") and len(k.split(".")) > 1}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load the embedded defaults, then a YAML file (if any), then dotted overrides; validate."""
     data: dict = {}
     if path is not None:
         data = read_yaml(Path(path))
-    if "policies" not in data:   # the default policies, which policies.main.KEY=VALUE overrides refine
+    if "policies" not in data and _policies_named(overrides) <= set(DEFAULT_POLICIES):
+        # the default policies, which policies.main.KEY=VALUE overrides refine; overrides that name other policies
+        # (policies.concise.model=...) build the section from nothing, as a YAML section would
         data["policies"] = copy.deepcopy(DEFAULT_POLICIES)
     apply_overrides(data, overrides)
     return config_from_dict(data)

@@ -891,7 +891,8 @@ class CompareConfig:
 DEFAULT_POLICIES = {"main": {"model": "smollm2-135m", "trainable_layers": 10, "lr": 2e-4}}
 """The policies of a config without a ``policies`` section (the default job's): SmolLM2 with its last 10 of 30
 blocks trained, at a learning rate of its own (docs/quickstart.md says why). ``load_config`` starts from these
-when a YAML file has no ``policies``, so that ``policies.main.KEY=VALUE`` overrides refine them."""
+when a YAML file has no ``policies`` and no override names another policy, so that ``policies.main.KEY=VALUE``
+overrides refine them."""
 
 
 def _default_policies() -> dict:

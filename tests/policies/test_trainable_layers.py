@@ -125,6 +125,10 @@ def test_the_default_policy_trains_smollm2s_last_ten_blocks_and_overrides_refine
     main = cfg.policies["main"]
     assert (main.model, main.trainable_layers, main.lr, main.device) == ("smollm2-135m", 10, 2e-4, "cpu")
     assert load_config(None, ["policies.main.trainable_layers=null"]).policies["main"].trainable_layers is None
+    # overrides that name other policies build the section from them alone (no default `main` beside them)
+    named = load_config(None, ["policies.concise.model=tiny-qwen2", "policies.detailed.model=tiny-qwen2"])
+    assert sorted(named.policies) == ["concise", "detailed"]
+    assert all(p.trainable_layers is None and p.lr is None for p in named.policies.values())
 
 
 def test_resume_is_exact_and_a_changed_count_is_refused(tiny_cfg, tmp_path):
