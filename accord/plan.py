@@ -171,10 +171,11 @@ def _meta_model(config):
 
 def _first_trained_block(model, trainable_layers: int | None) -> int:
     """The index of the lowest decoder block that ``trainable_layers`` trains (0: all of them)."""
-    blocks = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
-    if trainable_layers is None or not isinstance(blocks, torch.nn.ModuleList):
+    from accord.policies.learner import decoder_blocks
+
+    if trainable_layers is None:
         return 0
-    return max(0, len(blocks) - trainable_layers)
+    return max(0, len(decoder_blocks(model, trainable_layers)) - trainable_layers)
 
 
 def _block_index(name: str) -> int:

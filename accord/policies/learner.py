@@ -122,6 +122,17 @@ def enable_gradient_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def decoder_blocks(model, n: int) -> torch.nn.ModuleList:
+    """The decoder blocks of ``model`` (``model.get_decoder().layers``) that ``trainable_layers=n`` chooses the last
+    of; a ConfigError naming the setting when the model has no such list."""
+    blocks = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if not isinstance(blocks, torch.nn.ModuleList):
+        raise ConfigError(f"trainable_layers={n}: {type(model).__name__} has no list of decoder blocks "
+                          "(model.get_decoder().layers) to choose the last ones from; set the policy's "
+                          "trainable_layers to null to train the whole model")
+    return blocks
+
+
 def train_last_layers(model, n: int) -> str:
     """``policies.<name>.trainable_layers``: freeze what lies below the last ``n`` decoder blocks of ``model`` (the
     blocks before them and the input embeddings); its last ``n`` blocks, final norm and an output head of its own
@@ -129,19 +140,14 @@ def train_last_layers(model, n: int) -> str:
     An output head tied to the input embeddings stays frozen with them (training it would take the backward
     through every block). With ``n`` at least the model's blocks nothing lies below them: the whole model trains.
     Returns what trains, for the log."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    blocks = getattr(decoder, "layers", None)
-    if not isinstance(blocks, torch.nn.ModuleList):
-        raise ConfigError(f"trainable_layers={n}: {type(model).__name__} has no list of decoder blocks "
-                          "(model.get_decoder().layers) to choose the last ones from; set the policy's "
-                          "trainable_layers to null to train the whole model")
+    blocks = decoder_blocks(model, n)
     total = sum(p.numel() for p in model.parameters())
     if n >= len(blocks):
         return f"the whole model ({len(blocks)} blocks, trainable_layers={n}; {total / 1e6:.1f}M parameters)"
     model.requires_grad_(False)
     for block in blocks[len(blocks) - n:]:
         block.requires_grad_(True)
-    norm = getattr(decoder, "norm", None)
+    norm = getattr(model.get_decoder(), "norm", None)
     if isinstance(norm, torch.nn.Module):
         norm.requires_grad_(True)
     head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()

@@ -60,7 +60,7 @@ from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
-from accord.policies.learner import enable_gradient_checkpointing
+from accord.policies.learner import decoder_blocks, enable_gradient_checkpointing
 from accord.policies.model import ModelPolicy
 from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, seeded_torch
 
@@ -106,11 +106,7 @@ def adapted_blocks(model, trainable_layers: int | None) -> list[int] | None:
     also when the model has N blocks or fewer). The backward then stops at the lowest adapted block."""
     if trainable_layers is None:
         return None
-    blocks = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
-    if not isinstance(blocks, torch.nn.ModuleList):
-        raise ConfigError(f"trainable_layers={trainable_layers}: {type(model).__name__} has no list of decoder blocks "
-                          "(model.get_decoder().layers) to choose the last ones from; set the policies' "
-                          "trainable_layers to null to adapt every block")
+    blocks = decoder_blocks(model, trainable_layers)
     if trainable_layers >= len(blocks):
         return None
     return list(range(len(blocks) - trainable_layers, len(blocks)))
