@@ -68,13 +68,18 @@ def test_a_freed_block_is_reused_without_faulting_its_pages_again():
 
 def test_the_guard_bounds_the_heap_growth_that_retention_can_cause():
     # a small block kept after each large one: the freed large block never holds the next (aligned) request
-    unguarded = probe(retain=True, keep_small=True)
-    assert unguarded["rss_mb"][-1] - unguarded["rss_mb"][4] > (ROUNDS - 6) * BLOCK_MB, unguarded
-    guarded = probe(retain=True, keep_small=True, guard=True)
     from accord.allocator import GROWTH, WARMUP_CALLS
-    reference = max(guarded["rss_mb"][:WARMUP_CALLS])
-    # a round ends at most GROWTH over the reference plus the one block it allocated before the guard looked
-    assert max(guarded["rss_mb"]) <= reference * (1 + GROWTH) + BLOCK_MB, guarded
+
+    def bound(rss_mb: list[int]) -> float:
+        # GROWTH over the largest size of the first calls, plus the one block a round allocates before the guard
+        return max(rss_mb[:WARMUP_CALLS]) * (1 + GROWTH) + BLOCK_MB
+
+    unguarded = probe(retain=True, keep_small=True)
+    # unguarded, most rounds grow the heap by a block (now and then one does not, more often on a loaded
+    # machine): it ends well past the bound the guard keeps
+    assert unguarded["rss_mb"][-1] > bound(unguarded["rss_mb"]) + 4 * BLOCK_MB, unguarded
+    guarded = probe(retain=True, keep_small=True, guard=True)
+    assert max(guarded["rss_mb"]) <= bound(guarded["rss_mb"]), guarded
 
 
 def test_the_guard_does_nothing_without_retention():
