@@ -75,8 +75,8 @@ def test_the_guard_bounds_the_heap_growth_that_retention_can_cause():
         return max(rss_mb[:WARMUP_CALLS]) * (1 + GROWTH) + BLOCK_MB
 
     unguarded = probe(retain=True, keep_small=True)
-    # unguarded, most rounds grow the heap by a block (now and then one does not, more often on a loaded
-    # machine): it ends well past the bound the guard keeps
+    # unguarded, most rounds grow the heap by a block (now and then one does not): it ends well past the bound
+    # the guard keeps
     assert unguarded["rss_mb"][-1] > bound(unguarded["rss_mb"]) + 4 * BLOCK_MB, unguarded
     guarded = probe(retain=True, keep_small=True, guard=True)
     assert max(guarded["rss_mb"]) <= bound(guarded["rss_mb"]), guarded
