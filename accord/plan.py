@@ -169,15 +169,6 @@ def _meta_model(config):
         return transformers.AutoModelForCausalLM.from_config(config)
 
 
-def _first_trained_block(model, trainable_layers: int | None) -> int:
-    """The index of the lowest decoder block that ``trainable_layers`` trains (0: all of them)."""
-    from accord.policies.learner import decoder_blocks
-
-    if trainable_layers is None:
-        return 0
-    return max(0, len(decoder_blocks(model, trainable_layers)) - trainable_layers)
-
-
 def _block_index(name: str) -> int:
     """The decoder block a module or parameter name lies in (``model.layers.7.mlp`` -> 7); -1 outside blocks."""
     parts = name.split(".")
@@ -188,47 +179,36 @@ def _block_index(name: str) -> int:
 
 
 def trained_parameters(model, trainable_layers: int | None) -> int:
-    """Parameters a full-model policy trains: all, or under ``trainable_layers`` those of its last blocks, its
-    final norm and an untied output head (:func:`accord.policies.learner.train_last_layers`)."""
-    first = _first_trained_block(model, trainable_layers)
-    if first == 0:
-        return sum(t.numel() for t in model.parameters())
-    total = sum(t.numel() for name, t in model.named_parameters()
-                if _block_index(name) >= first)
-    norm = getattr(model.get_decoder(), "norm", None)
-    total += sum(t.numel() for t in norm.parameters()) if isinstance(norm, torch.nn.Module) else 0
-    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is not None and head.weight is not embeddings.weight:
-        total += head.weight.numel()
-    return total
+    """Parameters a full-model policy trains: all, or what :func:`accord.policies.learner.train_last_layers`
+    leaves trainable (it is applied to ``model``, a meta instance of the plan's own)."""
+    from accord.policies.learner import train_last_layers
+
+    if trainable_layers is not None:
+        train_last_layers(model, trainable_layers)
+    return sum(t.numel() for t in model.parameters() if t.requires_grad)
+
+
+def _adapted_linears(model, cfg: Config, trainable_layers: int | None):
+    """The linear layers LoRA adapts: the target modules, in the blocks ``trainable_layers`` chooses (all: None)."""
+    from accord.policies.lora import adapted_blocks, default_target_modules
+
+    targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
+    blocks = adapted_blocks(model, trainable_layers)
+    return [m for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
+            and (blocks is None or _block_index(name) in blocks)]
 
 
 def lora_parameters(model, cfg: Config, trainable_layers: int | None = None) -> int:
     """Parameters of one adapter: r x (in + out) per adapted linear layer (under ``trainable_layers``, of the
     last blocks only)."""
-    from accord.policies.lora import default_target_modules
-
-    targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
-    first = _first_trained_block(model, trainable_layers)
-    total = 0
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
-            if first and _block_index(name) < first:   # outside the last blocks (the output head too)
-                continue
-            total += cfg.lora.r * (module.in_features + module.out_features)
-    return total
+    return sum(cfg.lora.r * (m.in_features + m.out_features) for m in _adapted_linears(model, cfg, trainable_layers))
 
 
 def lora_input_width(model, cfg: Config, trainable_layers: int | None = None) -> int:
     """Sum of the input widths of the adapted linear layers (all layers, or the last ``trainable_layers``
     blocks'): what LoRA's per-projection copies of the activations scale with."""
-    from accord.policies.lora import default_target_modules
-
-    targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
-    first = _first_trained_block(model, trainable_layers)
-    return sum(m.in_features for name, m in model.named_modules()
-               if isinstance(m, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
-               and (not first or _block_index(name) >= first))
+    return sum(m.in_features for m in _adapted_linears(model, cfg, trainable_layers))
 
 
 @dataclasses.dataclass
