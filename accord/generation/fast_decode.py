@@ -19,6 +19,9 @@ rest goes to four things this module does differently:
   over both: the CPU's fused attention kernel took 4 ms per layer for 24 single-token queries.
 - **finished rows** leave the batch (:meth:`SharedPrefixCache.keep`): after its EOS a row costs nothing.
 - the cache is preallocated for the call's last token (no growth, no copies).
+- **layers that models share**: policies that load one model and train only its last layers
+  (``trainable_layers``) hold the layers below equal; their batches run those layers as one
+  (:func:`shared_trunk`, :func:`decode_together`), one product per weight for all their rows.
 
 The prefill (:meth:`DecodeStep.prefill`) runs on the same prepacked products. Distinct prompts often share a
 prefix (a chat template's system turn, a task's instructions: the default job's six prompts share 24 tokens,
@@ -287,6 +290,58 @@ class Projection:
         return y
 
 
+def shared_trunk(models: list[nn.Module]) -> int:
+    """How many first decoder layers every one of ``models`` (two or more) holds frozen and equal to the first
+    model's, with equal frozen input embeddings and equal configs (``policies.<name>.trainable_layers`` of
+    policies that load one model: the layers below their trained ones); 0 when they share none, or when one
+    of them is not a plain model :class:`DecodeStep` covers on one device. Their rows can then run those
+    layers as one batch (:func:`decode_together`). Compares the weights, so it reads them once."""
+    if len(models) < 2 or any(unsupported_reason(m) is not None or peft_base(m)[1] for m in models):
+        return 0
+    first = models[0]
+    config = {k: v for k, v in first.config.to_dict().items() if k != "_name_or_path"}
+    device = first.model.embed_tokens.weight.device
+    for other in models[1:]:
+        if (type(other) is not type(first) or other.model.embed_tokens.weight.device != device
+                or {k: v for k, v in other.config.to_dict().items() if k != "_name_or_path"} != config):
+            return 0
+
+    def frozen_equal(modules: list[nn.Module]) -> bool:
+        params = [list(m.parameters()) for m in modules]
+        return all(len(ps) == len(params[0]) for ps in params) and all(
+            not p.requires_grad and p.shape == params[0][i].shape and torch.equal(p, params[0][i])
+            for ps in params for i, p in enumerate(ps))
+
+    if not frozen_equal([m.model.embed_tokens for m in models]):
+        return 0
+    layers = 0
+    for blocks in zip(*(m.model.layers for m in models)):
+        if not frozen_equal(list(blocks)):
+            break
+        layers += 1
+    return layers
+
+
+def decode_together(steps: list[DecodeStep], trunk: int, tokens: list[torch.Tensor], positions: list[torch.Tensor],
+                    caches: list[SharedPrefixCache]) -> list[torch.Tensor]:
+    """One decoding step of several models' batches, each as :meth:`DecodeStep.__call__` would compute it,
+    where the models share their first ``trunk`` layers (:func:`shared_trunk`; each step built with
+    ``trunk=(steps[0], trunk)``): the rows of every batch run those layers together, one product per weight for
+    all of them (a row's product does not depend on the rows beside it), and then their own model's layers.
+    Returns each batch's logits; advances every cache. No LoRA adapters."""
+    sizes = [t.numel() for t in tokens]
+    x, cos, sin = steps[0]._inputs(torch.cat(tokens), torch.cat(positions))
+    x = steps[0]._layers(x, cos, sin, caches, None, 0, trunk)
+    out, first = [], 0
+    for step, cache, size in zip(steps, caches, sizes):
+        rows = slice(first, first + size)
+        h = step._layers(x[rows], cos[rows], sin[rows], [cache], None, trunk, len(step.layers))
+        cache.advance()
+        out.append(step._logits(h))
+        first += size
+    return out
+
+
 @dataclass
 class PrefixNode:
     """Positions ``[start, end)`` of the prompts ``members``, which agree on them and on every position before,
@@ -437,7 +492,8 @@ class DecodeStep:
     ``max_positions`` positions. ``rows``: the batch size, a hint for the weights' layout.
     """
 
-    def __init__(self, model: nn.Module, max_positions: int, rows: int = 1, row_adapters: list[str] | None = None):
+    def __init__(self, model: nn.Module, max_positions: int, rows: int = 1, row_adapters: list[str] | None = None,
+                 trunk: tuple[DecodeStep, int] | None = None):
         model, _ = peft_base(model)
         inner, config = model.model, model.config
         first = inner.layers[0].self_attn
@@ -456,8 +512,10 @@ class DecodeStep:
             adapters = {n: i for i, n in enumerate(sorted(set(row_adapters) - {"__base__"}))}
             self.row_tags = torch.tensor([adapters.get(n, -1) for n in row_adapters], device=self.embed.device)
         self.adapters = adapters
-        self.layers = []
-        for layer in inner.layers:
+        # ``trunk``: (another step, n): its first n layers, which this model holds equal (:func:`shared_trunk`),
+        # serve here too instead of a re-laid-out copy of their weights of its own
+        self.layers = [] if trunk is None else trunk[0].layers[:trunk[1]]
+        for layer in inner.layers[len(self.layers):]:
             attn, mlp = layer.self_attn, layer.mlp
             qk_norms, scales = None, [self.scaling, 1.0, 1.0]
             if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head's q and k before the rotary, which
@@ -524,18 +582,41 @@ class DecodeStep:
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPrefixCache) -> torch.Tensor:
         """``tokens`` (rows,) at ``positions`` (rows,), the rows of ``cache`` in its order; returns (rows, vocab)
         logits and advances the cache by one position."""
-        rows, dim = tokens.size(0), self.embed.size(1)
-        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        x = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x, cos, sin = self._inputs(tokens, positions)
         masks = None if cache.row_tags is None else {"rows": cache.row_tags}  # the rows' adapters, per step
-        for i, layer in enumerate(self.layers):
+        x = self._layers(x, cos, sin, [cache], masks, 0, len(self.layers))
+        cache.advance()
+        return self._logits(x)
+
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The embeddings of ``tokens`` and the rotary factors of ``positions``."""
+        return F.embedding(tokens, self.embed), self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.rms_norm(x, (x.size(1),), None, self.final_eps))
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[SharedPrefixCache],
+                masks: dict | None, start: int, stop: int) -> torch.Tensor:
+        """The hidden states after layers ``[start, stop)`` of the rows ``x``: the rows of ``caches``, one after
+        another, each cache's rows attending to its own keys and values."""
+        rows = x.size(0)
+        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        for i in range(start, stop):
+            layer = self.layers[i]
             q, k, v = self._attention_inputs(x, layer, cos, sin, masks)
             # one query per row: its heads that share a key/value head are that head's group of queries
-            out = cache.attend(i, q.reshape(rows, kv_heads, heads // kv_heads, head_dim), k, v)
+            q = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
+            if len(caches) == 1:
+                out = caches[0].attend(i, q, k, v)
+            else:
+                parts, first = [], 0
+                for cache in caches:
+                    last = first + cache.row_prompt.numel()
+                    parts.append(cache.attend(i, q[first:last], k[first:last], v[first:last]))
+                    first = last
+                out = torch.cat(parts)
             x = self._rest_of_layer(x, out.reshape(rows, heads * head_dim), layer, masks)
-        cache.advance()
-        return self.head(F.rms_norm(x, (dim,), None, self.final_eps))
+        return x
 
     def prefill(self, prompts: list[list[int]], adapters: list[str] | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:

@@ -50,7 +50,8 @@ except ImportError:  # pragma: no cover - older transformers: Hugging Face gener
     DynamicLayer = None
 
 from accord.algorithms.losses import process_logits
-from accord.generation.fast_decode import DecodeStep, SharedPrefixCache, peft_base, unsupported_reason
+from accord.generation.fast_decode import (DecodeStep, SharedPrefixCache, decode_together, peft_base,
+                                           unsupported_reason)
 
 logger = logging.getLogger(__name__)
 
@@ -240,10 +241,7 @@ def generate(
     ``min_new_tokens``: no EOS id is drawn before this many tokens (greedy too); the recorded log-probs are
     those of the distribution without EOS there.
     """
-    if min_new_tokens < 0 or (row_sampling is None and 0 < max_new_tokens <= min_new_tokens):
-        raise ValueError(f"min_new_tokens={min_new_tokens} must be >= 0 and below max_new_tokens={max_new_tokens}")
-    if row_sampling is not None and len(row_sampling) != len(prompts):
-        raise ValueError(f"row_sampling has {len(row_sampling)} entries for {len(prompts)} prompts; give one per prompt")
+    _check_settings(prompts, max_new_tokens, min_new_tokens, row_sampling)
     if row_generators is not None and len(row_generators) != len(prompts):
         raise ValueError(f"row_generators has {len(row_generators)} entries for {len(prompts)} prompts; give one per prompt")
     row_args = dict(row_args or {})
@@ -268,19 +266,149 @@ def generate(
             chunk = prompts[start:start + batch_size]
             args = {k: v[start:start + batch_size] for k, v in row_args.items()}
             rows = None if row_generators is None else row_generators[start:start + batch_size]
-            steps = max_new_tokens
-            if row_sampling is None:
-                sampler = _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p,
-                                   greedy, name, generator, rows, floors=min_new_tokens, eos=eos)
-            else:
-                sampler, steps = _row_sampler(row_sampling[start:start + batch_size], greedy, name, generator, rows,
-                                              eos)
+            sampler, steps = _sampler(greedy, temperature, top_k, top_p, max_new_tokens, min_new_tokens,
+                                      None if row_sampling is None else row_sampling[start:start + batch_size],
+                                      name, generator, rows, eos)
             decode = _decode_direct if direct else _decode if own_loop else _hf_generate
             completions = decode(model, chunk, args, eos, pad, steps, sampler)
             out.extend(_finish(completions, sampler, eos, name))
     finally:
         model.train(was_training)
     return out
+
+
+def _sampler(greedy: bool, temperature: float, top_k: int, top_p: float, max_new_tokens: int, min_new_tokens: int,
+             row_sampling: list | None, name: str, generator, rows, eos: list[int]) -> tuple[_Sampler, int]:
+    """The sampler of one batch and its decoding steps: the scalar settings, or each row's (``row_sampling``)."""
+    if row_sampling is not None:
+        return _row_sampler(row_sampling, greedy, name, generator, rows, eos)
+    return _Sampler(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p, greedy, name,
+                    generator, rows, floors=min_new_tokens, eos=eos), max_new_tokens
+
+
+def _check_settings(prompts: list, max_new_tokens: int, min_new_tokens: int, row_sampling: list | None) -> None:
+    if min_new_tokens < 0 or (row_sampling is None and 0 < max_new_tokens <= min_new_tokens):
+        raise ValueError(f"min_new_tokens={min_new_tokens} must be >= 0 and below max_new_tokens={max_new_tokens}")
+    if row_sampling is not None and len(row_sampling) != len(prompts):
+        raise ValueError(f"row_sampling has {len(row_sampling)} entries for {len(prompts)} prompts; give one per prompt")
+
+
+@dataclass
+class DecodeJob:
+    """One model's prompts for :func:`generate_together`, with :func:`generate`'s settings (``settings``: its
+    keyword arguments ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``min_new_tokens`` and
+    ``row_sampling``) and random stream."""
+
+    model: object
+    tokenizer: object
+    prompts: list[list[int]]
+    greedy: bool
+    generator: torch.Generator | None
+    name: str
+    settings: dict
+
+
+def generate_together(jobs: list[DecodeJob], trunk: int) -> list[list[Generation]]:
+    """Each job's completions, as :func:`generate` of that job alone (one batch) returns them, token for token
+    and log-prob for log-prob, from models that share their first ``trunk`` decoder layers
+    (:func:`accord.generation.fast_decode.shared_trunk`): every decoding step runs those layers once for the
+    rows of all jobs. Each job draws from its own stream with its own settings, and stops drawing when its rows
+    have finished, as its own call would."""
+    blocks = []
+    for job in jobs:
+        kw = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_new_tokens": 0, "row_sampling": None,
+              **job.settings}
+        _check_settings(job.prompts, kw["max_new_tokens"], kw["min_new_tokens"], kw["row_sampling"])
+        eos = eos_ids(job.model, job.tokenizer)
+        pad = job.tokenizer.pad_token_id if job.tokenizer.pad_token_id is not None else eos[0]
+        sampler, steps = _sampler(job.greedy, kw["temperature"], kw["top_k"], kw["top_p"], kw["max_new_tokens"],
+                                  kw["min_new_tokens"], kw["row_sampling"], job.name, job.generator, None, eos)
+        blocks.append(_Block(job.prompts, eos, pad, steps, sampler))
+    modes = [job.model.training for job in jobs]
+    for job in jobs:
+        job.model.eval()
+    try:
+        _decode_together([job.model for job in jobs], blocks, trunk)
+    finally:
+        for job, mode in zip(jobs, modes):
+            job.model.train(mode)
+    return [_finish(b.tokens, b.sampler, b.eos, job.name) for b, job in zip(blocks, jobs)]
+
+
+@dataclass
+class _Block:
+    """One job's batch in :func:`_decode_together`: its settings, then its decoding state."""
+
+    prompts: list[list[int]]
+    eos: list[int]
+    pad: int
+    steps: int
+    sampler: _Sampler
+    tokens: torch.Tensor | None = None   # (rows, steps) drawn so far; at the end cut after the last step drawn
+    rows: torch.Tensor | None = None     # the unfinished rows, in the cache's order
+    token: torch.Tensor | None = None
+    position: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    caps: torch.Tensor | None = None
+    eos_t: torch.Tensor | None = None
+    step: DecodeStep | None = None
+    cache: SharedPrefixCache | None = None
+
+
+def _decode_together(models: list, blocks: list[_Block], trunk: int) -> None:
+    """:func:`_decode_direct` of every block at once, the first ``trunk`` layers of each step run for the rows of
+    every unfinished block together (:func:`accord.generation.fast_decode.decode_together`)."""
+    device = next(models[0].parameters()).device
+    total = sum(len(b.prompts) for b in blocks)
+    positions = max(len(p) for b in blocks for p in b.prompts) + max(b.steps for b in blocks)
+    first = None
+    for model, b in zip(models, blocks):
+        n = len(b.prompts)
+        index, unique_rows = first_occurrences([tuple(p) for p in b.prompts])
+        order = sorted(range(n), key=index.__getitem__)
+        b.rows = torch.tensor(order, device=device)
+        row_prompt = torch.tensor([index[r] for r in order], device=device)
+        b.step = DecodeStep(model, positions, rows=total if first is None else n,
+                            trunk=None if first is None else (first, trunk))
+        if first is None:
+            first = b.step
+        logits, prefix, lengths = b.step.prefill([b.prompts[r] for r in unique_rows])
+        b.cache = SharedPrefixCache(prefix, lengths, row_prompt, max(b.steps - 1, 0))
+        del prefix
+        b.logits, b.position = logits[row_prompt], lengths.to(device)[row_prompt]
+        b.eos_t = torch.tensor(b.eos, device=device)
+        b.caps = None if b.sampler.caps is None else b.sampler.caps.to(device)
+        b.tokens = torch.full((n, b.steps), b.pad, dtype=torch.long, device=device)
+    live, t = [b for b in blocks if b.steps > 0], 0
+    while live:
+        going_blocks = []
+        for b in live:
+            token = b.sampler.draw(b.logits.float(), b.rows, len(b.prompts)).squeeze(1)
+            b.tokens[b.rows, t] = token
+            if t + 1 == b.steps:
+                continue
+            going = ~torch.isin(token, b.eos_t)
+            if b.caps is not None:
+                going &= b.caps[b.rows] > t + 1
+            if not bool(going.all()):
+                if not bool(going.any()):
+                    b.tokens = b.tokens[:, :t + 1]
+                    continue
+                b.rows, token, b.position = b.rows[going], token[going], b.position[going]
+                b.cache.keep(going)
+            b.token = token
+            going_blocks.append(b)
+        live = going_blocks
+        if len(live) == 1:
+            live[0].logits = live[0].step(live[0].token, live[0].position, live[0].cache)
+        elif live:
+            outs = decode_together([b.step for b in live], trunk, [b.token for b in live],
+                                   [b.position for b in live], [b.cache for b in live])
+            for b, logits in zip(live, outs):
+                b.logits = logits
+        for b in live:
+            b.position = b.position + 1
+        t += 1
 
 
 def _row_sampler(settings: list, greedy: bool, name: str, generator, rows, eos: list[int]) -> tuple[_Sampler, int]:

@@ -15,6 +15,8 @@ import logging
 from dataclasses import replace
 
 from accord.generation import Generation
+from accord.generation.fast_decode import shared_trunk
+from accord.generation.hf import generate_together
 from accord.metric_names import ROLLOUT_HISTORY_CUT
 from accord.policies.lora import LoraGroup
 from accord.policies.protocol import Policy, PromptTooLongError
@@ -112,9 +114,12 @@ def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list
     for all adapters of a :class:`LoraGroup` with ``lora.mixed_generation`` on, where the group's backend
     mixes adapters in the rollout (``mixed_generation``: hf; vLLM serves each adapter through the policy's
     own ``generate`` and batches the requests itself). ``sampling``: per policy, each prompt's settings
-    (:class:`accord.rollout.sample.Sampling`; None: the rollout config's at ``temperature``)."""
+    (:class:`accord.rollout.sample.Sampling`; None: the rollout config's at ``temperature``). Plain policies
+    whose models share their first layers (``trainable_layers`` over one model) run them as one batch
+    (:func:`accord.generation.hf.generate_together`): the same tokens and log-probs as their own calls."""
     out: dict[str, list[Generation]] = {}
     groups: dict[int, dict[str, list[list[int]]]] = {}
+    together = {}   # plain policies' calls of the hf loop, run together where their models share layers
     sampling = sampling or {}
     for pname, ps in prompts.items():
         pol = policies[pname]
@@ -123,7 +128,21 @@ def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list
             groups.setdefault(id(group), {})[pname] = ps
         else:
             extra = {"sampling": sampling[pname]} if pname in sampling else {}
-            out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
+            job = getattr(pol, "decode_job", None)
+            job = job and job(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
+            if job is not None:
+                together[pname] = job
+            else:
+                out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
+    trunk = shared_trunk([job.model for job in together.values()])
+    if trunk:   # policies that hold their first layers frozen and equal decode those layers as one batch
+        logger.debug("policies %s decode their first %d layers together", sorted(together), trunk)
+        out.update(zip(together, generate_together(list(together.values()), trunk)))
+    else:
+        for pname in together:
+            extra = {"sampling": sampling[pname]} if pname in sampling else {}
+            out[pname] = policies[pname].generate(prompts[pname], greedy=greedy, temperature=temperature,
+                                                  stream=stream, **extra)
     for jobs in groups.values():
         group = policies[next(iter(jobs))].group
         rows = {p: sampling[p] for p in jobs} if all(p in sampling for p in jobs) else None

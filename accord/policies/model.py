@@ -41,8 +41,8 @@ from accord.allocator import bound_retained_memory
 from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
-from accord.generation.backends import make_backend
-from accord.generation.hf import eos_ids, first_occurrences, left_pad
+from accord.generation.backends import HFBackend, make_backend, settings
+from accord.generation.hf import DecodeJob, eos_ids, first_occurrences, left_pad
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda,
@@ -239,11 +239,26 @@ class ModelPolicy:
         the same tokens whether it runs in the trainer's process or in a Ray actor; ``stream`` names
         a stream started by :meth:`seed_stream` instead, which leaves the training stream untouched.
         """
+        return self.backend.generate(self.model, self.tokenizer, prompts, greedy=greedy, temperature=temperature,
+                                     generator=self._stream(stream), name=self.name, adapter=self._adapter,
+                                     sampling=sampling)
+
+    def _stream(self, stream: str | None) -> torch.Generator:
         if stream is not None and stream not in self._streams:
             raise KeyError(f"policy {self.name!r} has no random stream {stream!r}; call seed_stream first")
-        gen = self.generator if stream is None else self._streams[stream]
-        return self.backend.generate(self.model, self.tokenizer, prompts, greedy=greedy, temperature=temperature,
-                                     generator=gen, name=self.name, adapter=self._adapter, sampling=sampling)
+        return self.generator if stream is None else self._streams[stream]
+
+    def decode_job(self, prompts: list[list[int]], *, greedy: bool, temperature: float, stream: str | None = None,
+                   sampling: list[Sampling] | None = None) -> DecodeJob | None:
+        """:meth:`generate`'s call as a job that :func:`accord.generation.hf.generate_together` can run beside
+        other policies' (same tokens, same log-probs, same stream), or None where this policy's generation
+        is not one call of the hf backend's loop: another backend, a LoRA adapter, data-parallel ranks, more
+        prompts than ``rollout.generation_batch_size``."""
+        if (type(self).generate is not ModelPolicy.generate or type(self.backend) is not HFBackend
+                or self._adapter is not None or len(prompts) > self.rollout.generation_batch_size):
+            return None
+        return DecodeJob(self.model, self.tokenizer, prompts, greedy, self._stream(stream), self.name,
+                         settings(self.rollout, temperature, sampling))
 
     # --- log-probs -------------------------------------------------------------------------------
     def autocast(self):

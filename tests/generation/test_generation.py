@@ -588,3 +588,106 @@ def test_a_task_declares_its_floor_as_a_number_or_per_agent():
     assert task_floors(SimpleNamespace(agents=("a", "b"), min_new_tokens=3)) == (("a", 3), ("b", 3))
     assert task_floors(SimpleNamespace(agents=("a", "b"), min_new_tokens={"b": 5, "a": 0})) == (("b", 5),)
     assert task_floors(SimpleNamespace(agents=("a",))) == ()
+
+
+def _trunk_policies(vocab_size: int = 300, **extra):
+    """Two policies over one tiny model that train only its last block; the second's trained part moved."""
+    kwargs = {"vocab_size": vocab_size, "hidden_size": 64, "num_layers": 3, **extra}
+    pols = [ModelPolicy(name, PolicyConfig(model="tiny-qwen2", model_kwargs=kwargs, trainable_layers=1),
+                        TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(max_new_tokens=24),
+                        total_optimizer_steps=1, seed=0) for name in ("a", "b")]
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in pols[1].model.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn_like(p))
+    return pols
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "F.linear"])
+def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_draws(pack, monkeypatch):
+    """Two policies that train the last of three blocks of one model: generate_together runs the two frozen
+    blocks for both policies' rows at once, and each policy gets the tokens and log-probs of its own call (its
+    own stream, its own per-row settings, rows leaving at EOS or their cap at different steps): bit for bit
+    with oneDNN's products, whose rows do not depend on the batch, to rounding with F.linear's; so does the
+    rollout's generate_by_policy."""
+    import accord.generation.fast_decode as fast_decode
+    from accord.generation.fast_decode import shared_trunk
+    from accord.generation.hf import DecodeJob, generate_together
+    from accord.policies.agents import generate_by_policy
+    from accord.rollout.sample import Sampling
+
+    if pack and not fast_decode.onednn_linear_available():
+        pytest.skip("no oneDNN linear in this torch build")
+    monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0 if pack else 1 << 62)
+    a, b = _trunk_policies(tie_word_embeddings=False)   # heads of their own, which train
+    long_prompt = a.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
+    short = a.encode_chat([{"role": "user", "content": "hi"}])
+    _eos_likely(b, long_prompt, scale=12.0)
+    assert shared_trunk([a.model, b.model]) == 2
+    hot, nucleus, capped = Sampling(2.0, 0, 1.0, 24), Sampling(1.5, 0, 0.9, 24), Sampling(0.9, 7, 1.0, 5)
+    prompts = {"a": [long_prompt, short, long_prompt, short, long_prompt],
+               "b": [short, short, long_prompt, long_prompt, long_prompt, short, long_prompt]}
+    rows = {"a": [hot, capped, nucleus, hot, nucleus], "b": [hot] * 7}
+    pols = {"a": a, "b": b}
+    lengths = {}
+    for greedy in (False, True):
+        alone, jobs = {}, []
+        for name, pol in pols.items():
+            settings = {"max_new_tokens": 24, "row_sampling": rows[name]} if name == "a" else {
+                "max_new_tokens": 20, "temperature": 2.0}
+            alone[name] = generate(pol.model, pol.tokenizer, prompts[name], greedy=greedy, name=name,
+                                   generator=torch.Generator().manual_seed(7), **settings)
+            jobs.append(DecodeJob(pol.model, pol.tokenizer, prompts[name], greedy,
+                                  torch.Generator().manual_seed(7), name, settings))
+        together = dict(zip(pols, generate_together(jobs, 2)))
+        for name in pols:
+            assert [g.ids for g in together[name]] == [g.ids for g in alone[name]]
+            assert [g.finish_reason for g in together[name]] == [g.finish_reason for g in alone[name]]
+            same_logprobs(together[name], alone[name], pack)
+            lengths[name, greedy] = [len(g.ids) for g in alone[name]]
+    # sampling, b's rows stopped at several steps before its cap, and a's rows ran on after b's had all stopped
+    assert len(set(lengths["b", False])) >= 3 and max(lengths["b", False]) < max(lengths["a", False]), lengths
+
+    # through the rollout: each policy's own training stream, restarted to the same state for both paths
+    runs = []
+    for _ in range(2):
+        for pol in pols.values():
+            pol.generator.manual_seed(5)
+        runs.append(generate_by_policy(pols, prompts, greedy=False, temperature=1.5))
+        import accord.policies.agents as agents
+
+        agents_trunk = agents.shared_trunk
+        agents.shared_trunk = lambda models: 0   # the second pass: one call per policy
+    agents.shared_trunk = agents_trunk
+    for name in pols:
+        assert [g.ids for g in runs[0][name]] == [g.ids for g in runs[1][name]]
+        same_logprobs(runs[0][name], runs[1][name], pack)
+
+
+def same_logprobs(got, want, exact: bool) -> None:
+    for g, w in zip(got, want, strict=True):
+        if exact:
+            assert g.logprobs == w.logprobs
+        else:
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-5)
+
+
+def test_only_frozen_equal_first_layers_are_shared():
+    """The trunk ends at the first layer that differs or trains; different embeddings, a model without frozen
+    layers, or a single model share none."""
+    from accord.generation.fast_decode import shared_trunk
+
+    a, b = _trunk_policies()
+    assert shared_trunk([a.model]) == 0
+    with torch.no_grad():
+        b.model.model.layers[1].mlp.up_proj.weight[0, 0] += 1e-6
+    assert shared_trunk([a.model, b.model]) == 1
+    with torch.no_grad():
+        b.model.model.embed_tokens.weight[3, 3] += 1e-6
+    assert shared_trunk([a.model, b.model]) == 0
+    c, d = _trunk_policies()
+    d.model.model.layers[0].requires_grad_(True)
+    assert shared_trunk([c.model, d.model]) == 0
+    e = _trunk_policies(num_heads=2)[0]   # another config (weights of the same shapes): nothing shared
+    assert shared_trunk([c.model, e.model]) == 0
