@@ -42,7 +42,7 @@ from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutCon
 from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import HFBackend, make_backend, settings
-from accord.generation.hf import DecodeJob, eos_ids, first_occurrences, left_pad
+from accord.generation.hf import DecodeJob, eos_ids, first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda,
@@ -253,9 +253,10 @@ class ModelPolicy:
         """:meth:`generate`'s call as a job that :func:`accord.generation.hf.generate_together` can run beside
         other policies' (same tokens, same log-probs, same stream), or None where this policy's generation
         is not one call of the hf backend's loop: another backend, a LoRA adapter, data-parallel ranks, more
-        prompts than ``rollout.generation_batch_size``."""
+        prompts than ``rollout.generation_batch_size``, a model that accord's own loop does not decode."""
         if (type(self).generate is not ModelPolicy.generate or type(self.backend) is not HFBackend
-                or self._adapter is not None or len(prompts) > self.rollout.generation_batch_size):
+                or self._adapter is not None or len(prompts) > self.rollout.generation_batch_size
+                or not supports_own_loop(self.model)):
             return None
         return DecodeJob(self.model, self.tokenizer, prompts, greedy, self._stream(stream), self.name,
                          settings(self.rollout, temperature, sampling))
