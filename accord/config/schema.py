@@ -127,7 +127,10 @@ class PolicyConfig:
                                       "full fine-tuning's time. A model with N blocks or fewer trains whole. null: "
                                       "the whole model. The default policy (a config without `policies`) sets 10. "
                                       "Under specialization=lora: adapters on the last N blocks only (the same N "
-                                      "for every policy).")
+                                      "for every policy). Policies of one model and N (as specialization=separate makes) "
+                                      "hold the frozen blocks equal and, on the hf backend, generate through them as "
+                                      "one batch, with the tokens and log-probs of their own calls "
+                                      "(accord.generation.hf.generate_together).")
     replicas: int | None = _f(None, "Data parallelism: N learner ranks of this policy (torch.distributed: gloo on "
                               "CPU, NCCL on GPU), each generating and scoring 1/N of its work, gradients all-reduced, "
                               "identical weights. Runs as N Ray actors (run.backend=ray) or N processes of `torchrun "

@@ -680,14 +680,21 @@ def test_only_frozen_equal_first_layers_are_shared():
 
     a, b = _trunk_policies()
     assert shared_trunk([a.model]) == 0
-    with torch.no_grad():
+    assert shared_trunk([a.model, b.model]) == 2
+    with torch.no_grad():   # in place: the answer kept for these models must not outlive the change
         b.model.model.layers[1].mlp.up_proj.weight[0, 0] += 1e-6
     assert shared_trunk([a.model, b.model]) == 1
     with torch.no_grad():
+        b.model.model.layers[1].mlp.up_proj.weight[0, 0] -= 1e-6
         b.model.model.embed_tokens.weight[3, 3] += 1e-6
     assert shared_trunk([a.model, b.model]) == 0
     c, d = _trunk_policies()
+    assert shared_trunk([c.model, d.model]) == 2
     d.model.model.layers[0].requires_grad_(True)
     assert shared_trunk([c.model, d.model]) == 0
+    d.model.model.layers[0].requires_grad_(False)
+    d.model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(torch.zeros_like(
+        d.model.model.layers[1].mlp.up_proj.weight), requires_grad=False)   # a parameter replaced
+    assert shared_trunk([c.model, d.model]) == 1
     e = _trunk_policies(num_heads=2)[0]   # another config (weights of the same shapes): nothing shared
     assert shared_trunk([c.model, e.model]) == 0
