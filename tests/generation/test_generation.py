@@ -650,16 +650,14 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
     assert len(set(lengths["b", False])) >= 3 and max(lengths["b", False]) < max(lengths["a", False]), lengths
 
     # through the rollout: each policy's own training stream, restarted to the same state for both paths
+    import accord.policies.agents as agents
+
     runs = []
     for _ in range(2):
         for pol in pols.values():
             pol.generator.manual_seed(5)
         runs.append(generate_by_policy(pols, prompts, greedy=False, temperature=1.5))
-        import accord.policies.agents as agents
-
-        agents_trunk = agents.shared_trunk
-        agents.shared_trunk = lambda models: 0   # the second pass: one call per policy
-    agents.shared_trunk = agents_trunk
+        monkeypatch.setattr(agents, "shared_trunk", lambda models: 0)   # the second pass: one call per policy
     for name in pols:
         assert [g.ids for g in runs[0][name]] == [g.ids for g in runs[1][name]]
         same_logprobs(runs[0][name], runs[1][name], pack)
