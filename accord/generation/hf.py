@@ -344,6 +344,7 @@ class _Block:
     pad: int
     steps: int
     sampler: _Sampler
+    adapters: list[str] | None = None    # each row's LoRA adapter (PEFT's adapter_names), alone in its call
     tokens: torch.Tensor | None = None   # (rows, steps) drawn so far; at the end cut after the last step drawn
     rows: torch.Tensor | None = None     # the unfinished rows, in the cache's order
     token: torch.Tensor | None = None
@@ -356,24 +357,30 @@ class _Block:
 
 
 def _decode_together(models: list, blocks: list[_Block], trunk: int) -> None:
-    """:func:`_decode_direct` of every block at once, the first ``trunk`` layers of each step run for the rows of
-    every unfinished block together (:func:`accord.generation.fast_decode.decode_together`)."""
+    """The direct decoding loop (:func:`_decode_direct`) of every block at once, leaving each block's (rows,
+    steps) token ids in its ``tokens``: the first ``trunk`` layers of each step run for the rows of every
+    unfinished block together (:func:`accord.generation.fast_decode.decode_together`), each block's
+    model runs the rest."""
     device = next(models[0].parameters()).device
     total = sum(len(b.prompts) for b in blocks)
     positions = max(len(p) for b in blocks for p in b.prompts) + max(b.steps for b in blocks)
     first = None
     for model, b in zip(models, blocks):
-        n = len(b.prompts)
-        index, unique_rows = first_occurrences([tuple(p) for p in b.prompts])
+        n, adapters = len(b.prompts), b.adapters
+        index, unique_rows = first_occurrences([(tuple(p), None if adapters is None else adapters[i])
+                                                for i, p in enumerate(b.prompts)])
+        # rows of one prompt adjacent (the cache's layout); ``rows`` maps them back to the caller's order
         order = sorted(range(n), key=index.__getitem__)
         b.rows = torch.tensor(order, device=device)
         row_prompt = torch.tensor([index[r] for r in order], device=device)
         b.step = DecodeStep(model, positions, rows=total if first is None else n,
+                            row_adapters=None if adapters is None else [adapters[r] for r in order],
                             trunk=None if first is None else (first, trunk))
         if first is None:
             first = b.step
-        logits, prefix, lengths = b.step.prefill([b.prompts[r] for r in unique_rows])
-        b.cache = SharedPrefixCache(prefix, lengths, row_prompt, max(b.steps - 1, 0))
+        logits, prefix, lengths = b.step.prefill([b.prompts[r] for r in unique_rows],
+                                                 None if adapters is None else [adapters[r] for r in unique_rows])
+        b.cache = SharedPrefixCache(prefix, lengths, row_prompt, max(b.steps - 1, 0), b.step.row_tags)
         del prefix
         b.logits, b.position = logits[row_prompt], lengths.to(device)[row_prompt]
         b.eos_t = torch.tensor(b.eos, device=device)
@@ -388,9 +395,9 @@ def _decode_together(models: list, blocks: list[_Block], trunk: int) -> None:
             if t + 1 == b.steps:
                 continue
             going = ~torch.isin(token, b.eos_t)
-            if b.caps is not None:
+            if b.caps is not None:   # rows with their own length cap end there
                 going &= b.caps[b.rows] > t + 1
-            if not bool(going.all()):
+            if not bool(going.all()):  # rows that emitted EOS or reached their cap leave the batch
                 if not bool(going.any()):
                     b.tokens = b.tokens[:, :t + 1]
                     continue
@@ -525,41 +532,9 @@ def _decode_direct(model, prompts, row_args, eos, pad, max_new_tokens, sampler) 
     prompt (and LoRA adapter, ``row_args["adapter_names"]``) prefilled once and its keys and values shared by
     its rows, finished rows dropped from the batch; returns (rows, steps) token ids, pad after a row's first
     EOS."""
-    device = next(model.parameters()).device
-    n = len(prompts)
-    adapters = row_args.get("adapter_names")
-    index, unique_rows = first_occurrences([(tuple(p), None if adapters is None else adapters[i])
-                                            for i, p in enumerate(prompts)])
-    # rows of one prompt adjacent (the cache's layout); ``rows`` maps them back to the caller's order
-    order = sorted(range(n), key=index.__getitem__)
-    rows = torch.tensor(order, device=device)
-    row_prompt = torch.tensor([index[r] for r in order], device=device)
-    step = DecodeStep(model, max(len(p) for p in prompts) + max_new_tokens, rows=n,
-                      row_adapters=None if adapters is None else [adapters[r] for r in order])
-    logits, prefix, lengths = step.prefill([prompts[r] for r in unique_rows],
-                                           None if adapters is None else [adapters[r] for r in unique_rows])
-    cache = SharedPrefixCache(prefix, lengths, row_prompt, max(max_new_tokens - 1, 0), step.row_tags)
-    del prefix
-    logits, position = logits[row_prompt], lengths.to(device)[row_prompt]
-    eos_t = torch.tensor(eos, device=device)
-    caps = None if sampler.caps is None else sampler.caps.to(device)
-    tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
-    for t in range(max_new_tokens):
-        token = sampler.draw(logits.float(), rows, n).squeeze(1)
-        tokens[rows, t] = token
-        if t + 1 == max_new_tokens:
-            break
-        going = ~torch.isin(token, eos_t)
-        if caps is not None:   # rows with their own length cap end there
-            going &= caps[rows] > t + 1
-        if not bool(going.all()):  # rows that emitted EOS or reached their cap leave the batch
-            if not bool(going.any()):
-                return tokens[:, :t + 1]
-            rows, token, position = rows[going], token[going], position[going]
-            cache.keep(going)
-        logits = step(token, position, cache)
-        position = position + 1
-    return tokens
+    block = _Block(prompts, eos, pad, max_new_tokens, sampler, adapters=row_args.get("adapter_names"))
+    _decode_together([model], [block], 0)
+    return block.tokens
 
 
 @functools.lru_cache(maxsize=None)

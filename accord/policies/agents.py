@@ -121,28 +121,27 @@ def generate_by_policy(policies: dict[str, Policy], prompts: dict[str, list[list
     groups: dict[int, dict[str, list[list[int]]]] = {}
     together = {}   # plain policies' calls of the hf loop, run together where their models share layers
     sampling = sampling or {}
+
+    def call(pname: str, method: str):   # the policy's generate, or its decode_job
+        extra = {"sampling": sampling[pname]} if pname in sampling else {}
+        return getattr(policies[pname], method)(prompts[pname], greedy=greedy, temperature=temperature,
+                                                 stream=stream, **extra)
+
     for pname, ps in prompts.items():
         pol = policies[pname]
         group = getattr(pol, "group", None)
         if isinstance(group, LoraGroup) and group.lora.mixed_generation and group.backend.mixed_generation:
             groups.setdefault(id(group), {})[pname] = ps
+        elif hasattr(pol, "decode_job") and (job := call(pname, "decode_job")) is not None:
+            together[pname] = job
         else:
-            extra = {"sampling": sampling[pname]} if pname in sampling else {}
-            job = getattr(pol, "decode_job", None)
-            job = job and job(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
-            if job is not None:
-                together[pname] = job
-            else:
-                out[pname] = pol.generate(ps, greedy=greedy, temperature=temperature, stream=stream, **extra)
+            out[pname] = call(pname, "generate")
     trunk = shared_trunk([job.model for job in together.values()])
     if trunk:   # policies that hold their first layers frozen and equal decode those layers as one batch
         logger.debug("policies %s decode their first %d layers together", sorted(together), trunk)
         out.update(zip(together, generate_together(list(together.values()), trunk)))
     else:
-        for pname in together:
-            extra = {"sampling": sampling[pname]} if pname in sampling else {}
-            out[pname] = policies[pname].generate(prompts[pname], greedy=greedy, temperature=temperature,
-                                                  stream=stream, **extra)
+        out.update((pname, call(pname, "generate")) for pname in together)
     for jobs in groups.values():
         group = policies[next(iter(jobs))].group
         rows = {p: sampling[p] for p in jobs} if all(p in sampling for p in jobs) else None
