@@ -11,7 +11,9 @@ Three drivers share that sampler:
   LoRA adapters included, no hooks or sliding windows): each distinct prompt is prefilled once by ``DecodeStep.prefill``
   (a prefix shared by several prompts once for all of them, no padding), its keys and values are shared
   by its K rows (:class:`accord.generation.fast_decode.SharedPrefixCache`), each decoding step runs as
-  ``DecodeStep``, and a row that emitted EOS leaves the batch;
+  ``DecodeStep``, and a row that emitted EOS leaves the batch; models that hold their first layers frozen and
+  equal (policies of one model under ``trainable_layers``) run that loop together (:func:`generate_together`),
+  those layers once per step for all their rows;
 * accord's loop through the model's forward (:func:`_decode`: other models whose cache is a plain
   full-attention ``DynamicCache``, and rows with per-row forward arguments, such as PEFT's
   ``adapter_names`` on adapters ``DecodeStep`` does not cover): the distinct prompts are prefilled once and
