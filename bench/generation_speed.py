@@ -61,7 +61,8 @@ PATHS = ("new", "old", "hf", "vllm")
 # --- the workload ---------------------------------------------------------------------------------
 def default_job_requests(model: str, overrides: list[str] | None = None) -> dict:
     """Token ids and sampling settings of the first step's generate call of ``accord train`` (no config),
-    with ``policies.main.model`` set to ``model`` and the config ``overrides`` (``KEY=VALUE``) applied."""
+    with ``policies.main.model`` set to ``model`` and the config ``overrides`` (``KEY=VALUE``) applied;
+    ``trainable_layers``: the job's ``policies.main.trainable_layers`` (the ``--policies 2`` workload's)."""
     import random
     from types import SimpleNamespace
 
@@ -92,7 +93,8 @@ def default_job_requests(model: str, overrides: list[str] | None = None) -> dict
         for row in rows:
             prompts += [ModelPolicy.encode_chat(policy, env.prompt(agent.name, row))] * k
     return {"model": model, "prompts": prompts, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
-            "top_k": r.top_k, "top_p": r.top_p, "seed": sampling_stream_seed(policy_seed(cfg.run.seed, 0))}
+            "top_k": r.top_k, "top_p": r.top_p, "seed": sampling_stream_seed(policy_seed(cfg.run.seed, 0)),
+            "trainable_layers": cfg.policies["main"].trainable_layers}
 
 
 # --- this machine ---------------------------------------------------------------------------------
@@ -129,10 +131,12 @@ def prompt_trie_positions(prompts: list[list[int]]) -> list[int]:
     return positions
 
 
-def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: dict[str, float]) -> dict[str, float]:
+def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: dict[str, float],
+                  own_layers: int = 0) -> dict[str, float]:
     """Least time for a generate call that produced completions of ``lengths`` tokens from ``prompts``
     (see the module docstring): FLOP at the GEMM rate, bytes at the read bandwidth, per decoding step the
-    larger of the two."""
+    larger of the two. ``own_layers``: the last layers that a second policy holds apart (``--policies 2``):
+    each decoding step reads their weights twice, the rest of the work is the same."""
     layers, hidden = config.num_hidden_layers, config.hidden_size
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
@@ -140,6 +144,7 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
     inter, vocab = config.intermediate_size, config.vocab_size
     body = layers * (hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter)  # multiply-adds per token
     head = vocab * hidden
+    again = own_layers * body // layers  # weights read a second time per decoding step
     peak, bandwidth = rates["gemm_gflops"] * 1e9, rates["read_gbs"] * 1e9
     distinct: dict[tuple, int] = {}
     row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
@@ -150,7 +155,7 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
     # its products and its attention over the positions before it, and the head at each prompt's last token
     positions = prompt_trie_positions([list(p) for p in distinct])
     prefill_flop = sum(2 * body + 4 * layers * q * (i + 1) for i in positions) + 2 * head * len(distinct)
-    prefill = max(prefill_flop / peak, 4 * (body + head) / bandwidth)
+    prefill = max(prefill_flop / peak, 4 * (body + head + again) / bandwidth)
     decode, decode_flop = 0.0, 0
     for s in range(1, max(lengths)):
         active = [r for r, n in enumerate(lengths) if n > s]
@@ -158,7 +163,7 @@ def bound_seconds(config, prompts: list[list[int]], lengths: list[int], rates: d
         flop = len(active) * 2 * (body + head) + 4 * layers * q * context
         prompts_live = {row_prompt[r] for r in active}
         kv_bytes = 4 * layers * 2 * kv * (sum(prompt_len[u] for u in prompts_live) + s * len(active))
-        decode += max(flop / peak, (4 * (body + head) + kv_bytes) / bandwidth)
+        decode += max(flop / peak, (4 * (body + head + again) + kv_bytes) / bandwidth)
         decode_flop += flop
     return {"bound_s": prefill + decode, "prefill_bound_s": prefill, "decode_bound_s": decode,
             "prefill_tflop": prefill_flop / 1e12, "decode_tflop": decode_flop / 1e12}
@@ -256,6 +261,25 @@ class Worker:
                 self.proc.wait()
 
 
+def second_policy(model, layers: int) -> list[str]:
+    """Make ``model`` the ``--policies 2`` workload's second policy: the weights of its last ``layers`` decoder
+    layers and final norm (what ``trainable_layers`` trains) moved by a seeded 1 % noise, as after training, the
+    layers below left equal to the first policy's. The same ops in every worker, so all paths decode the same
+    weights. Returns the names of the moved parameters."""
+    import torch
+
+    total = model.config.num_hidden_layers
+    upper = tuple(f"model.layers.{i}." for i in range(total - layers, total)) + ("model.norm.",)
+    noise = torch.Generator().manual_seed(1)
+    moved = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(upper):
+                param.mul_(1 + 0.01 * torch.randn(param.shape, generator=noise))
+                moved.append(name)
+    return moved
+
+
 def worker_main(path: str, work: Path, threads: int) -> None:
     """Serve ``run`` / ``profile`` requests on stdin for one path; answers are JSON lines on stdout."""
     import torch
@@ -268,23 +292,57 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     from accord.models import load_model_and_tokenizer
 
     job = json.loads(work.read_text())
-    model, tokenizer = load_model_and_tokenizer(job["model"])
+    policies = job.get("policies", 1)
+    models, tokenizer = [], None
+    for i in range(policies):
+        model, tokenizer = load_model_and_tokenizer(job["model"])
+        if policies > 1:
+            layers = job["trainable_layers"]
+            if path != "old":  # this tree: freeze what lies below, as the job's policies do
+                from accord.policies.learner import train_last_layers
+
+                train_last_layers(model, layers)
+            if i == 1:
+                moved = second_policy(model, layers)
+                if path != "old" and set(moved) != {n for n, p in model.named_parameters() if p.requires_grad}:
+                    raise SystemExit("the noised parameters are not the ones trainable_layers trains")
+        model.eval()
+        models.append(model)
+    model = models[0]
+    share = len(job["prompts"]) // policies  # the rollout's order: the first agent's rows, then the second's
+    parts = [job["prompts"][i * share:(i + 1) * share] for i in range(policies)]
     kwargs = dict(max_new_tokens=job["max_new_tokens"], temperature=job["temperature"], top_k=job["top_k"],
                   top_p=job["top_p"])
+    trunk = 0
     if path == "hf":
         hf.supports_own_loop = lambda m: False
+    if path == "new" and policies > 1:
+        from accord.generation.fast_decode import shared_trunk
+
+        trunk = shared_trunk(models)
+        if not trunk:
+            raise SystemExit("--policies 2: the two policies share no frozen layers")
     if path == "vllm":
+        if policies > 1:
+            raise SystemExit("--policies 2 has no vllm path (one engine per model); use --paths new old hf")
         from accord.generation.vllm_backend import VLLMGenerator
 
         engine = VLLMGenerator(model, tokenizer, name="main", seed=0, gpu_memory_utilization=0.5,
                                llm_kwargs={"enforce_eager": True, "kv_cache_memory_bytes": 1 << 30})
 
-        def call(generator):
-            return engine.generate(model, job["prompts"], greedy=False, name="main", generator=generator, **kwargs)
-    else:
-        def call(generator):
-            return hf.generate(model, tokenizer, job["prompts"], generator=generator, batch_size=len(job["prompts"]),
-                               **kwargs)
+        def call():
+            return engine.generate(model, job["prompts"], greedy=False, name="main",
+                                   generator=torch.Generator().manual_seed(job["seed"]), **kwargs)
+    elif trunk:  # the policies' shared layers decoded as one batch, as the rollout's generate_by_policy runs them
+        def call():
+            jobs = [hf.DecodeJob(m, tokenizer, ps, False, torch.Generator().manual_seed(job["seed"] + i), str(i),
+                                 kwargs) for i, (m, ps) in enumerate(zip(models, parts))]
+            return [g for gens in hf.generate_together(jobs, trunk) for g in gens]
+    else:  # one call per policy, each from its own stream
+        def call():
+            return [g for i, (m, ps) in enumerate(zip(models, parts))
+                    for g in hf.generate(m, tokenizer, ps, generator=torch.Generator().manual_seed(job["seed"] + i),
+                                         batch_size=len(ps), **kwargs)]
 
     def answer(data: dict) -> None:
         out.write(json.dumps(data) + "\n")
@@ -293,20 +351,19 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     answer({"accord": accord.__file__})
     for line in sys.stdin:
         op = json.loads(line)["op"]
-        generator = torch.Generator().manual_seed(job["seed"])
         if op == "profile":
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 t = time.perf_counter()
-                gens = call(generator)
+                gens = call()
                 seconds = time.perf_counter() - t
             answer({"seconds": seconds, "shares": profile_shares(prof, len(job["prompts"]), model.config, seconds),
                     "table": prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
                                                                                 row_limit=30)})
             continue
         t, c = time.perf_counter(), time.process_time()
-        gens = call(generator)
+        gens = call()
         answer({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
                 "ids": [g.ids for g in gens], "logprobs": [g.logprobs for g in gens]})
 
@@ -345,11 +402,21 @@ def profile_shares(prof, rows: int, config, seconds: float) -> dict[str, float]:
 
 
 # --- the comparison -------------------------------------------------------------------------------
+def workload(args) -> dict:
+    """The job's requests, with ``--policies``."""
+    job = default_job_requests(args.model, args.set)
+    job["policies"] = args.policies
+    if args.policies > 1 and job["trainable_layers"] is None:
+        raise SystemExit("--policies 2 needs policies.main.trainable_layers (the layers each policy trains; the "
+                         "rest they share): set it with --set policies.main.trainable_layers=N")
+    return job
+
+
 def compare(args) -> dict:
     import torch
     from accord.models import load_model_and_tokenizer
 
-    job = default_job_requests(args.model, args.set)
+    job = workload(args)
     work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
     work.write_text(json.dumps(job))
     paths = [p for p in args.paths if p != "vllm" or importlib.util.find_spec("vllm") is not None]
@@ -383,6 +450,10 @@ def compare(args) -> dict:
             w.close()
     config = load_model_and_tokenizer(args.model)[0].config
     distinct = len({tuple(p) for p in job["prompts"]})
+    own = job["trainable_layers"] if args.policies > 1 else 0
+    if own:
+        print(f"2 policies, {len(job['prompts']) // 2} rows each, copies of the model whose last {own} layers (and "
+              f"final norm) differ; new decodes their shared layers together, old and hf call each policy in turn")
     print(f"{args.model}: {len(job['prompts'])} rows ({distinct} distinct prompts of "
           f"{min(map(len, job['prompts']))}-{max(map(len, job['prompts']))} tokens), up to {job['max_new_tokens']} new "
           f"tokens, temperature {job['temperature']}, top-k {job['top_k']}, top-p {job['top_p']}; {args.threads} "
@@ -396,7 +467,7 @@ def compare(args) -> dict:
     print(header)
     for p in paths:
         lengths = [len(ids) for ids in outs[p]["ids"]]
-        bound = bound_seconds(config, job["prompts"], lengths, rates)
+        bound = bound_seconds(config, job["prompts"], lengths, rates, own)
         best = min(times[p])
         row = {"best_s": best, "median_s": statistics.median(times[p]), "times_s": times[p], "cpu_s": min(cpu[p]),
                "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best, "lengths": lengths, **bound,
@@ -427,7 +498,7 @@ def compare(args) -> dict:
 
 def profile_path(args) -> None:
     """One profiled generate call of a path: seconds by kind of work, then the operator table."""
-    job = default_job_requests(args.model, args.set)
+    job = workload(args)
     work = Path(tempfile.mkdtemp(prefix="accord-genbench-")) / "job.json"
     work.write_text(json.dumps(job))
     old = old_tree(args.old_ref) if args.profile == "old" else None
@@ -462,6 +533,9 @@ def main() -> None:
                    help="only time one decoding step's products alone at these row counts, against the bound")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides of the workload's job (e.g. rollout.top_p=0.9)")
+    p.add_argument("--policies", type=int, choices=(1, 2), default=1,
+                   help="2: the default job's two policies, each writing its agent's rows from a copy of the model "
+                        "that trains its last policies.main.trainable_layers layers (the rest frozen and shared)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     p.add_argument("--work", type=Path, help=argparse.SUPPRESS)

@@ -6,8 +6,9 @@ advantages and mask; their formulas, aggregations and papers are in ``docs/loss-
 
 The training log-prob of a token must be the log-prob it had when it was sampled: the same
 temperature and the same top-k / top-p truncation (renormalised over the kept tokens). Both the
-generator and the learner call :func:`process_logits`, so the two cannot drift apart (the learner
-passes the sampled tokens as ``keep``, so rounding at the truncation boundary cannot drop one).
+generator and the learner call :func:`process_logits` (the generator through :func:`sampling_logits`, the same
+logits bit for bit), so the two cannot drift apart (the learner passes the sampled tokens as ``keep``, so
+rounding at the truncation boundary cannot drop one).
 
 The KL penalty is different: the policy and the reference both use the untruncated distribution at
 the sampling temperature. A reference truncated like the sampler gives log-prob -inf to every token
@@ -74,16 +75,29 @@ TOP_P_FIRST_K = 64   # the candidates a top-p search looks at first; widened eig
 
 def _top_p_drop(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
     """bool, the logits' shape: the tokens top-p drops. A token is dropped when the probability mass of the
-    tokens ranked above it already reaches ``p`` (the first always stays; ``p`` >= 1 drops nothing). Instead of
-    sorting the whole vocabulary, it ranks the largest ``TOP_P_FIRST_K`` logits, and more only where their mass
-    stays under ``p``: every token past the boundary is dropped, ranked or not. The probabilities are
-    ``exp(logit - logsumexp)`` over the whole vocabulary; tied logits at the boundary are ranked as ``topk``
-    returns them."""
-    vocab = logits.size(-1)
-    flat = logits.reshape(-1, vocab)
-    rows = flat.size(0)
+    tokens ranked above it already reaches ``p`` (the first always stays; ``p`` >= 1 drops nothing); the ranking
+    is :func:`_top_p_ranked`'s, and every token past the boundary is dropped, ranked or not."""
+    flat = logits.reshape(-1, logits.size(-1))
+    limit = _top_p_limit(flat, p, logits.shape[:-1])
+    _, index, drop_ranked = _top_p_ranked(flat, limit)
+    drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, index, drop_ranked)
+    drop &= limit < 1.0
+    return drop.view(logits.shape)
+
+
+def _top_p_limit(flat: torch.Tensor, p: float | torch.Tensor, leading: torch.Size) -> torch.Tensor:
+    """(rows, 1): each row of ``flat`` (the logits' ``leading`` axes flattened) and its top-p."""
     limit = (p if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=flat.dtype, device=flat.device))
-    limit = limit.expand(*logits.shape[:-1], 1).reshape(rows, 1)
+    return limit.expand(*leading, 1).reshape(flat.size(0), 1)
+
+
+def _top_p_ranked(flat: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-p boundary of each row of ``flat`` (rows, vocab) without sorting the whole vocabulary: the
+    largest ``TOP_P_FIRST_K`` logits are ranked, and more only while some row's mass stays under its ``limit``
+    (rows, 1). Returns the ranked logits and their vocabulary ids (rows, k), and which of them top-p drops (the
+    mass ranked above a token reaches its row's limit). The probabilities are ``exp(logit - logsumexp)`` over
+    the whole vocabulary; tied logits at the boundary are ranked as ``topk`` returns them."""
+    vocab = flat.size(-1)
     lse = torch.logsumexp(flat, dim=-1, keepdim=True)
     k = min(TOP_P_FIRST_K, vocab)
     while True:
@@ -93,11 +107,30 @@ def _top_p_drop(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
         # a row is decided once its boundary lies among the ranked tokens (its last one is dropped), or when
         # every token is ranked
         if k == vocab or bool((drop_ranked[:, -1] | (limit >= 1.0).squeeze(1)).all()):
-            break
+            return values, index, drop_ranked
         k = min(vocab, k * 8)
-    drop = torch.ones_like(flat, dtype=torch.bool).scatter_(-1, index, drop_ranked)
-    drop &= limit < 1.0
-    return drop.view(logits.shape)
+
+
+def sampling_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
+                    top_p: float | torch.Tensor = 1.0, blocked: torch.Tensor | None = None,
+                    blocked_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sampler's :func:`process_logits` of (rows, vocab) ``logits`` without gradient: the same logits, bit
+    for bit, and the support of each row when top-p truncates every row: (rows, n) vocabulary ids in ascending
+    order of the tokens top-p keeps, padded with ``vocab`` (None when some row keeps the whole vocabulary). A
+    draw then needs the distribution's cumulative sums only over the support."""
+    rows_p = isinstance(top_p, torch.Tensor)
+    every_row = bool((top_p < 1.0).all()) if rows_p else top_p < 1.0
+    if not every_row or logits.dim() != 2:
+        return process_logits(logits, temperature, top_k, top_p, blocked=blocked, blocked_ids=blocked_ids), None
+    with torch.no_grad():
+        logits = process_logits(logits, temperature, top_k, 1.0, blocked=blocked, blocked_ids=blocked_ids)
+        vocab = logits.size(-1)
+        p = _per_row(top_p.to(logits.dtype), logits) if rows_p else top_p
+        values, index, drop_ranked = _top_p_ranked(logits, _top_p_limit(logits, p, logits.shape[:-1]))
+        # what process_logits' masked_fill leaves: the kept logits as they are, -inf everywhere else
+        out = torch.full_like(logits, float("-inf")).scatter_(-1, index, values.masked_fill(drop_ranked, float("-inf")))
+        support = index.masked_fill(drop_ranked, vocab).sort(dim=-1).values
+    return out, support
 
 
 def floor_mask(lengths: torch.Tensor, floors: torch.Tensor, width: int, right_aligned: bool) -> torch.Tensor:

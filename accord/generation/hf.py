@@ -1,8 +1,9 @@
 """Batched generation for the HF backend, returning sampling log-probs.
 
 Every token is drawn by :class:`_Sampler`, which applies
-:func:`accord.algorithms.losses.process_logits` and records the drawn token's log-prob, so the
-distribution sampled from is exactly the one the learner evaluates.
+:func:`accord.algorithms.losses.process_logits` (through ``sampling_logits``: the same logits, and top-p's kept
+tokens) and records the drawn token's log-prob, so the distribution sampled from is exactly the one the learner
+evaluates.
 
 Three drivers share that sampler:
 
@@ -51,7 +52,7 @@ try:  # per-layer caches (transformers >= 4.56)
 except ImportError:  # pragma: no cover - older transformers: Hugging Face generate drives every model
     DynamicLayer = None
 
-from accord.algorithms.losses import process_logits
+from accord.algorithms.losses import sampling_logits
 from accord.generation.fast_decode import (DecodeStep, SharedPrefixCache, decode_together, peft_base,
                                            unsupported_reason)
 
@@ -125,14 +126,22 @@ class _Sampler(LogitsProcessor):
                 blocked = step < floors
             else:
                 blocked = torch.ones(scores.size(0), dtype=torch.bool, device=scores.device)
-        processed = process_logits(scores, temperature, top_k, top_p, blocked=blocked, blocked_ids=self.eos)
+        processed, support = sampling_logits(scores, temperature, top_k, top_p, blocked=blocked, blocked_ids=self.eos)
         log_probs = torch.log_softmax(processed, dim=-1)
         if self.greedy:
             logp, tokens = log_probs.max(dim=-1, keepdim=True)
         else:
             # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
-            # a zero-probability (truncated) token, whose CDF step is flat
-            cdf = log_probs.exp().double().cumsum_(dim=-1)
+            # a zero-probability (truncated) token, whose CDF step is flat. Over top-p's support only where
+            # it truncates every row: a truncated token adds an exact 0 to the running sum, so the sums at
+            # the kept tokens, and the token found, are those of the whole vocabulary's
+            vocab = log_probs.size(-1)
+            if support is None:
+                cdf = log_probs.exp().double().cumsum_(dim=-1)
+            else:
+                padded = support == vocab
+                cdf = log_probs.gather(1, support.clamp(max=vocab - 1)).masked_fill_(
+                    padded, float("-inf")).exp_().double().cumsum_(dim=-1)
             n = scores.size(0) if total is None else total
             if self.row_generators is not None:  # one stream per row: a row's draws do not depend on its batch
                 u = torch.cat([torch.rand((1, 1), dtype=torch.float64, device=cdf.device, generator=g)
@@ -141,7 +150,11 @@ class _Sampler(LogitsProcessor):
                 u = torch.rand((n, 1), dtype=torch.float64, device=cdf.device, generator=self.generator)
             if rows is not None:
                 u = u[rows]
-            tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.size(1) - 1)
+            tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+            if support is None:
+                tokens.clamp_(max=vocab - 1)
+            else:  # (u * sum rounding up to the sum itself: the last kept token)
+                tokens = support.gather(1, torch.minimum(tokens, (~padded).sum(1, keepdim=True) - 1))
             logp = log_probs.gather(1, tokens)
         logp = logp.squeeze(1)
         if rows is not None:  # finished rows record 0 (their tokens after EOS are dropped)
