@@ -116,8 +116,9 @@ def sampling_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.
                     blocked_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The sampler's :func:`process_logits` of (rows, vocab) ``logits`` without gradient: the same logits, bit
     for bit, and the support of each row when top-p truncates every row: (rows, n) vocabulary ids in ascending
-    order of the tokens top-p keeps, padded with ``vocab`` (None when some row keeps the whole vocabulary). A
-    draw then needs the distribution's cumulative sums only over the support."""
+    order of the tokens top-p keeps, padded with ``vocab`` (None when some row keeps the whole vocabulary, or
+    when the search ranked more than a quarter of it). A draw then needs the distribution's cumulative sums only
+    over the support."""
     rows_p = isinstance(top_p, torch.Tensor)
     every_row = bool((top_p < 1.0).all()) if rows_p else top_p < 1.0
     if not every_row or logits.dim() != 2:
@@ -129,7 +130,9 @@ def sampling_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.
         values, index, drop_ranked = _top_p_ranked(logits, _top_p_limit(logits, p, logits.shape[:-1]))
         # what process_logits' masked_fill leaves: the kept logits as they are, -inf everywhere else
         out = torch.full_like(logits, float("-inf")).scatter_(-1, index, values.masked_fill(drop_ranked, float("-inf")))
-        support = index.masked_fill(drop_ranked, vocab).sort(dim=-1).values
+        # a search that had to rank a large part of the vocabulary (flat rows) leaves the sums to the whole
+        # vocabulary: sorting that many ids costs more than it saves
+        support = index.masked_fill(drop_ranked, vocab).sort(dim=-1).values if 4 * index.size(-1) <= vocab else None
     return out, support
 
 

@@ -147,24 +147,29 @@ def test_top_p_search_drops_what_a_full_sort_drops():
 
 def test_sampling_logits_are_process_logits_and_their_support_draws_the_same_tokens():
     """The sampler's truncation: the same logits as process_logits bit for bit (temperature, per-row top-k, EOS
-    blocked, per-row and single top-p, peaked and flat rows), the support its kept tokens in ascending order,
-    and the sampler's draw over the support the token and log-prob of the draw over the whole vocabulary (the
-    same uniform numbers). Some row keeping the whole vocabulary gives no support."""
+    blocked, per-row and single top-p), the support its kept tokens in ascending order, and the sampler's draw
+    over the support the token and log-prob of the draw over the whole vocabulary (the same uniform numbers).
+    No support where some row keeps the whole vocabulary, or where flat rows made the search rank most of it
+    (the draw then sums over the vocabulary, the same tokens all the same)."""
     from accord.algorithms.losses import sampling_logits
     from accord.generation.hf import _Sampler
 
     g = torch.Generator().manual_seed(1)
     vocab = 3000
-    logits = torch.cat([torch.randn(5, vocab, generator=g) * 5, torch.randn(3, vocab, generator=g) * 0.05])
+    peaked = torch.randn(8, vocab, generator=g) * torch.tensor([5.0, 3, 8, 4, 6, 5, 3, 7])[:, None]
+    mixed = torch.cat([peaked[:5], torch.randn(3, vocab, generator=g) * 0.05])
     blocked, eos = torch.tensor([True, False] * 4), torch.tensor([7, 11])
     cases = [(0.7, 0, 0.9), (1.0, 0, torch.tensor([0.5, 0.9, 0.99, 0.3, 0.95, 0.9, 0.6, 0.2])),
              (torch.tensor([0.7, 1.3] * 4), torch.tensor([0, 5, 40, 0, 2, 0, 900, 0]), 0.8)]
-    for temperature, top_k, top_p in cases:
+    for logits, temperature, top_k, top_p in [(x, *case) for x in (peaked, mixed) for case in cases]:
         want = process_logits(logits, temperature, top_k, top_p, blocked=blocked, blocked_ids=eos)
         got, support = sampling_logits(logits, temperature, top_k, top_p, blocked=blocked, blocked_ids=eos)
         assert torch.equal(got, want)
-        kept = [row.isfinite().nonzero().squeeze(1) for row in want]
-        assert all(torch.equal(s[:len(k)], k) and bool((s[len(k):] == vocab).all()) for s, k in zip(support, kept))
+        if logits is peaked:
+            kept = [row.isfinite().nonzero().squeeze(1) for row in want]
+            assert all(torch.equal(s[:len(k)], k) and bool((s[len(k):] == vocab).all()) for s, k in zip(support, kept))
+        else:
+            assert support is None
         for seed in range(20):
             sampler = _Sampler(temperature, top_k, top_p, False, "x", generator=torch.Generator().manual_seed(seed),
                                floors=blocked.long(), eos=eos.tolist())   # min_new_tokens 1 on the blocked rows
@@ -174,8 +179,8 @@ def test_sampling_logits_are_process_logits_and_their_support_draws_the_same_tok
             cdf = log_probs.exp().double().cumsum(-1)
             whole = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
             assert torch.equal(tokens, whole) and torch.equal(sampler.logprobs[0], log_probs.gather(1, whole).squeeze(1))
-    assert sampling_logits(logits, 0.7, 0, torch.tensor([0.9] * 7 + [1.0]))[1] is None
-    assert sampling_logits(logits, 0.7, 0, 1.0)[1] is None
+    assert sampling_logits(peaked, 0.7, 0, torch.tensor([0.9] * 7 + [1.0]))[1] is None
+    assert sampling_logits(peaked, 0.7, 0, 1.0)[1] is None
 
 
 def slow_loss(logp, old, adv, mask, eps_lo, eps_hi, agg, kl_coef, ref, est):
