@@ -10,12 +10,17 @@ this machine's bound.
     python bench/generation_speed.py --machine               # only this machine's fp32 GEMM rate and bandwidth
     python bench/generation_speed.py --kernels 1 12 24 48    # one decoding step's products alone, per row count
     python bench/generation_speed.py --paths new old --set rollout.top_p=0.9   # the job with a nucleus
+    python bench/generation_speed.py --policies 2 --paths new old              # the default job's two policies
 
 The workload is the generate call of the first step of the writing job with one model for both agents (the
 default job with ``specialization=shared task.eval_size=12 rollout.batch_size=3``, as measured for issue 25;
 the default job's separate models each made half of it when it trained on 3 texts a step): the first 3 training texts, each prompted to its 2 agents and sampled
 K=4 times (24 rows from 6 distinct prompts), ``rollout.max_new_tokens`` new tokens at ``rollout.temperature`` (and its
 top-k / top-p), from one seeded random stream. ``--model`` swaps the policy's model (``policies.main.model``).
+``--policies 2``: the default job's two policies instead of one model, each writing its agent's half of the rows from
+a stream of its own, copies of the model that train their last ``policies.main.trainable_layers`` layers (the second's
+moved by a seeded noise, the layers below equal): ``new`` decodes them in one ``generate_together`` call, as the
+rollout does, ``old`` and ``hf`` call each policy in turn.
 
 Each path runs in its own worker process, all started before the first round and fed the same token ids;
 the rounds alternate between the paths, so that the load of a shared machine falls on all of them alike:

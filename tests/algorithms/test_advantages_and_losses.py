@@ -178,7 +178,8 @@ def test_sampling_logits_are_process_logits_and_their_support_draws_the_same_tok
             log_probs = torch.log_softmax(want, -1)
             cdf = log_probs.exp().double().cumsum(-1)
             whole = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-            assert torch.equal(tokens, whole) and torch.equal(sampler.logprobs[0], log_probs.gather(1, whole).squeeze(1))
+            assert torch.equal(tokens, whole)
+            assert torch.equal(sampler.logprobs[0], log_probs.gather(1, whole).squeeze(1))
     assert sampling_logits(peaked, 0.7, 0, torch.tensor([0.9] * 7 + [1.0]))[1] is None
     assert sampling_logits(peaked, 0.7, 0, 1.0)[1] is None
 
