@@ -238,6 +238,61 @@ def test_gpu_decode_step_matches_the_model_forward_and_cpu_tokens():
     assert [g.ids for g in sampled[0]] == [g.ids for g in sampled[1]]  # reproducible from the seed on the GPU
 
 
+def _shared_layers_and_top_p_draws(device: torch.device) -> None:
+    """Two tiny models that train the last of three blocks decode the two frozen ones together on ``device``:
+    each model's own call's tokens, log-probs to rounding (products through F.linear / cuBLAS may round a row
+    by the rows beside it); the sampler's draw over top-p's kept tokens gives the whole vocabulary's tokens."""
+    from accord.algorithms.losses import process_logits
+    from accord.generation import generate
+    from accord.generation.fast_decode import shared_trunk
+    from accord.generation.hf import DecodeJob, _Sampler, generate_together
+    from accord.models import build_tiny_model
+    from accord.policies.learner import train_last_layers
+
+    models, tok = [], None
+    for i in range(2):
+        model, tok = build_tiny_model("qwen2", hidden_size=64, num_layers=3, seed=0)
+        train_last_layers(model, 1)
+        if i:
+            torch.manual_seed(1)
+            with torch.no_grad():
+                for param in model.parameters():
+                    if param.requires_grad:
+                        param.add_(0.3 * torch.randn_like(param))
+        models.append(model.to(device))
+    trunk = shared_trunk(models)
+    assert trunk == 2
+    prompts = [tok(t)["input_ids"] for t in ("hello there", "a longer prompt with more words", "hello there")]
+    settings = dict(max_new_tokens=12, temperature=1.0, top_k=0, top_p=0.9)
+    own = [generate(m, tok, prompts, generator=make_generator(device, 3 + i), name=str(i), batch_size=3, **settings)
+           for i, m in enumerate(models)]
+    together = generate_together([DecodeJob(m, tok, prompts, False, make_generator(device, 3 + i), str(i), settings)
+                                  for i, m in enumerate(models)], trunk)
+    for mine, theirs in zip(together, own):
+        assert [g.ids for g in mine] == [g.ids for g in theirs]
+        for a, b in zip(mine, theirs):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    logits = torch.randn(6, 2048, generator=torch.Generator().manual_seed(0)).to(device) * 4
+    log_probs = torch.log_softmax(process_logits(logits, 0.8, 0, 0.9), -1)
+    cdf = log_probs.exp().double().cumsum(-1)
+    for seed in range(10):
+        sampler = _Sampler(0.8, 0, 0.9, False, "x", generator=make_generator(device, seed))
+        tokens = sampler.draw(logits.clone())
+        u = torch.rand((6, 1), dtype=torch.float64, device=device, generator=make_generator(device, seed))
+        assert torch.equal(tokens, torch.searchsorted(cdf, u * cdf[:, -1:], right=True))
+
+
+def test_shared_layers_and_top_p_draws_on_the_cpu():
+    _shared_layers_and_top_p_draws(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_gpu_shared_layers_decode_together_and_top_p_draws():
+    """The same on CUDA: generate_together's device handling, and the support draw where the running sums are
+    a parallel scan (any difference from the whole vocabulary's would be in the last bits of fp64 sums)."""
+    _shared_layers_and_top_p_draws(torch.device("cuda:0"))
+
+
 @pytest.mark.gpu
 def test_gpu_two_step_atgrpo_lora_run(tiny_cfg, tmp_path):
     cfg = config_from_dict(tiny_cfg(

@@ -134,7 +134,8 @@ class _Sampler(LogitsProcessor):
             # inverse-CDF sampling: one uniform number per row; searching right of u never lands on
             # a zero-probability (truncated) token, whose CDF step is flat. Over top-p's support only where
             # it truncates every row: a truncated token adds an exact 0 to the running sum, so the sums at
-            # the kept tokens, and the token found, are those of the whole vocabulary's
+            # the kept tokens, and the token found, are those of the whole vocabulary's (bit for bit where the
+            # sum runs in order, as on the CPU; a GPU's parallel scan may differ in the last bits of fp64)
             vocab = log_probs.size(-1)
             if support is None:
                 cdf = log_probs.exp().double().cumsum_(dim=-1)
