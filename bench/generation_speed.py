@@ -328,7 +328,7 @@ def worker_main(path: str, work: Path, threads: int) -> None:
         if not trunk:
             raise SystemExit("--policies 2: the two policies share no frozen layers")
     if path == "vllm":
-        if policies > 1:
+        if policies > 1:   # compare() leaves the path out; a worker asked for it directly
             raise SystemExit("--policies 2 has no vllm path (one engine per model); use --paths new old hf")
         from accord.generation.vllm_backend import VLLMGenerator
 
@@ -427,6 +427,9 @@ def compare(args) -> dict:
     paths = [p for p in args.paths if p != "vllm" or importlib.util.find_spec("vllm") is not None]
     if "vllm" in args.paths and "vllm" not in paths:
         print("vllm: not installed here (pip install 'accord[vllm]'); skipped")
+    elif "vllm" in paths and args.policies > 1:
+        paths.remove("vllm")
+        print("vllm: no --policies 2 path (one engine per model); skipped")
     old = old_tree(args.old_ref) if "old" in paths else None
     workers = {p: Worker(p, work, args.threads, old) for p in paths}
     try:

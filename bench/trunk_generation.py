@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generation_speed import default_job_requests  # noqa: E402
+from generation_speed import default_job_requests, second_policy  # noqa: E402
 
 
 def main() -> None:
@@ -74,12 +74,8 @@ def main() -> None:
         model, tokenizer = load_model_and_tokenizer(model_spec)
         if layers is not None:
             train_last_layers(model, layers)
-        if i == 1:
-            noise = torch.Generator().manual_seed(1)
-            with torch.no_grad():
-                for param in model.parameters():
-                    if param.requires_grad:
-                        param.mul_(1 + 0.01 * torch.randn(param.shape, generator=noise))
+        if i == 1 and layers is not None:
+            second_policy(model, layers)
         model.eval()
         models.append(model)
     trunk = shared_trunk(models)

@@ -373,9 +373,9 @@ class _Block:
 
 
 def _decode_together(models: list, blocks: list[_Block], trunk: int) -> None:
-    """The direct decoding loop (:func:`_decode_direct`) of every block at once, leaving each block's (rows,
-    steps) token ids in its ``tokens``: the first ``trunk`` layers of each step run for the rows of every
-    unfinished block together (:func:`accord.generation.fast_decode.decode_together`), each block's
+    """The direct decoding loop over every block at once (one block alone: :func:`_decode_direct`), leaving each
+    block's (rows, steps) token ids in its ``tokens``: the first ``trunk`` layers of each step run for the rows of
+    every unfinished block together (:func:`accord.generation.fast_decode.decode_together`), each block's
     model runs the rest."""
     device = next(models[0].parameters()).device
     total = sum(len(b.prompts) for b in blocks)
