@@ -222,6 +222,10 @@ def test_handoff_scores_the_second_against_what_the_first_wrote():
     # the second never sees the start; it sees the first's text
     obs = env.reset(row)
     assert "g g g" in obs["first"] and "Start" not in obs["second"]
+    # the instructions say what is scored: the path begins after Start, which is not written (writing it costs)
+    assert "begins at the letter after Start (do not write Start itself)" in env.instructions("first")
+    assert "Start" not in env.instructions("second")
+    assert "Start" not in make_env("handoff", {"letters": "bgp"}).instructions("first")
     assert "First wrote: gag | gag" in env.step({"first": "gag"}).observations["second"]
 
 

@@ -85,6 +85,43 @@ def test_registered_and_options_validated():
             make_task(name, options)
 
 
+def test_planpath_refuses_shaping_that_lets_failure_out_earn_a_solve():
+    """The shaping's surplus (1 - gamma) * 2 * (size - 1) a turn must stay under the 2 between the goal's +1 and
+    the failure's -1, at construction and for a loaded grid larger than ``size``."""
+    with pytest.raises(TaskError, match=r"40x40 grid with max_turns=10 .*task.options.shaping_gamma=1"):
+        make_task("planpath", {"size": 40, "max_turns": 10})
+    assert make_task("planpath", {"size": 40, "max_turns": 10, "shaping_gamma": 1}).shaping_gamma == 1.0
+    for bad in (0, 1.5, True, "0.99"):
+        with pytest.raises(TaskError, match=r"task.options.shaping_gamma=.*must be a number in \(0, 1\]"):
+            make_task("planpath", {"shaping_gamma": bad})
+    env = PlanPathEnv(size=5, max_turns=12, single_agent=True)
+    big = {"id": "big", "grid": ["." * 20] * 20, "start": [0, 1], "goal": [0, 0]}
+    with pytest.raises(TaskError, match="20x20 grid with max_turns=12"):
+        env.reset(big)
+
+
+@pytest.mark.parametrize("gamma", [0.99, 1.0])
+def test_planpath_a_detour_far_from_the_goal_pays_only_below_gamma_one(gamma):
+    """Summed without discount, gamma < 1 pays (1 - gamma) x distance after every step: on a 10x10 grid with 6
+    turns, walking to the far corner and back out-earns the shortest path's +0.5 (the module docstring's
+    bound); with shaping_gamma 1 the shaping telescopes and the detour returns less."""
+    env = PlanPathEnv(size=10, max_turns=6, single_agent=True, shaping_gamma=gamma)
+    task = {"id": "open", "grid": ["." * 10] * 10, "start": [0, 1], "goal": [0, 0]}
+    env.reset(task)
+    direct = env.step({"solver": "Moves: L"})
+    assert direct.done and direct.info["success"] and direct.team_reward == pytest.approx(1 + 1 + 0.5)
+    env.reset(task)
+    turns = ["Moves: " + " ".join("R" * 8 + "D" * 9), "Moves: U", "Moves: D", "Moves: U", "Moves: D",
+             "Moves: " + " ".join("U" * 9 + "L" * 9)]
+    detour = [env.step({"solver": text}) for text in turns]
+    assert detour[-1].done and detour[-1].info["success"] and not any(r.done for r in detour[:-1])
+    total = sum(r.team_reward for r in detour)
+    if gamma < 1:
+        assert total == pytest.approx(2.5 + 0.38) and total > direct.team_reward
+    else:
+        assert total == pytest.approx(2.0) and total < direct.team_reward
+
+
 def test_a_split_with_no_layout_names_the_cause():
     env = make_task("planpath", {"size": 4, "wall_frac": 0.0})   # one wall layout: it lands in one split only
     assert len(env.tasks("train", 3)) == 3

@@ -203,6 +203,17 @@ def test_crafted_pair_reaches_the_maximum():
     assert levels["total"] <= writing.REWARD_MAX
 
 
+def test_the_reward_does_not_need_language():
+    """What the docstring warns of: a word repeated against that word and a list of transition words scores 2.96
+    of the 2.98 reachable, NUL characters 1.5 (the reward is lexical; the text's meaning never enters it)."""
+    salad = ("zebra however because for example therefore similarly in conclusion in other words if although "
+             "first moreover q1 q2 q3 q4 q5")
+    levels = writing_reward_levels(" ".join(["zebra"] * 8), salad)
+    assert (levels["l1"], levels["l2"], levels["l3"]) == (0.5, 1.0, 0.5)
+    assert levels["total"] == pytest.approx(2.96)
+    assert writing_reward_levels("\x00 " * 10, "\x00 " * 30)["total"] == pytest.approx(1.5)
+
+
 def test_total_is_sum_of_levels():
     for t1, t2 in [(words(20), words(27, "v")), (MAX_TEXT1, MAX_TEXT2), (words(10), words(40, "v", 13))]:
         levels = writing_reward_levels(t1, t2)

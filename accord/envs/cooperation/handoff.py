@@ -143,7 +143,8 @@ class Handoff:
         return f"{head} First wrote: " + " | ".join([shown(first_text) or "-"] * self.echo)
 
     def instructions(self, agent: str) -> str:
-        where = " from its first letter" if self.start == "fixed" else ""
+        where = {"fixed": " from its first letter",
+                 "given": " that begins at the letter after Start (do not write Start itself)"}.get(self.start, "")
         if agent == SOLO:
             return f"Write a path of {2 * self.length} letters around the cycle{where}."
         if agent == FIRST:

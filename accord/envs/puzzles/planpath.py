@@ -28,17 +28,22 @@ Rewards, as in the reference except where said, split into team and local increm
   learners) an optimal 8-move solve from distance 8 earns ``8 + 1 + 0.5 - 0.08 = 9.42`` and one safe
   move toward the goal ``0.99 + 0.01 * 8 - 0.01 = 1.06``.
 - **team** (task progress): potential shaping ``lam * (gamma * phi(s') - phi(s))`` with
-  ``phi = -Manhattan distance to the goal``, ``gamma = 0.99``, ``lam = 1``; +1 on reaching the goal;
-  +0.5 more if the path is optimal (the moves made, blocked ones included, equal the BFS distance from
-  the start); -1 when the episode ends unsolved.
+  ``phi = -Manhattan distance to the goal``, ``gamma = shaping_gamma`` (default 0.99, the reference's),
+  ``lam = 1``; +1 on reaching the goal; +0.5 more if the path is optimal (the moves made, blocked ones
+  included, equal the BFS distance from the start); -1 when the episode ends unsolved.
   Two departures from the reference, both so that the team return of a solved episode beats that of a
-  failed one from the same start (by at least ``2 - 0.02 * (size - 1) * max_turns``): (1) the shaping
-  is taken once per executor step (``s`` before its moves, ``s'`` after), not per move, and a step that
-  leaves ``P`` where it was earns none. Per move, ``gamma < 1`` pays
-  ``0.01 * distance`` for every blocked move and for every back-and-forth pair, so a long aimless walk
-  far from the goal could out-earn the +1 goal bonus; per step the extra is at most
-  ``0.01 * distance`` per turn. (2) The reference gives its -1 at the step cap; here an episode can
-  also end at the turn limit, and the -1 is given at either end.
+  failed one from the same start: (1) the shaping is taken once per executor step (``s`` before its moves,
+  ``s'`` after), not per move, and a step that leaves ``P`` where it was earns none. Summed over an
+  episode the shaping is ``phi(s_T) - phi(s_0)`` plus ``(1 - gamma) * distance`` after each step, so per
+  move ``gamma < 1`` would pay ``0.01 * distance`` for every blocked move and every back-and-forth pair;
+  per step the extra is at most ``(1 - gamma) * 2 * (size - 1)`` a turn. (2) The reference gives its -1
+  at the step cap; here an episode can also end at the turn limit, and the -1 is given at either end.
+  A solved episode's team return beats a failed one's by at least ``2 - 2 * (1 - gamma) * (size - 1) *
+  max_turns``: options (or a loaded grid) for which that is not positive are refused. A detour far from
+  the goal before solving can still out-earn the shortest path's +0.5 when ``2 * (1 - gamma) * (size - 1)
+  * (max_turns - 1) > 0.5`` (the default 10x10 with 4 turns: by at most 0.04, 0.54 - 0.5), for returns
+  summed without discount (MAGRPO's ``algorithm.gamma: 1``); ``shaping_gamma: 1`` makes the shaping
+  telescope to the distance gained, so that no detour pays.
 - **tool** (``tool_planner``) and **planner** (``direct``): the local reward is the team + local reward
   of applying the printed (tool) or written (planner) moves to the current state now (simulated on a
   copy; no failure penalty); a tool reply with no program, a failing program or output without a
@@ -67,6 +72,17 @@ from accord.envs.puzzles.grid import (COORDS, DIRECTIONS, TOOL_COMMON, Outcome, 
 STEP_COST, BLOCKED_COST = -0.01, -0.10
 GAMMA, LAMBDA = 0.99, 1.0
 GOAL_BONUS, OPTIMAL_BONUS, FAIL_PENALTY = 1.0, 0.5, -1.0
+
+
+def check_shaping(size: int, max_turns: int, gamma: float) -> None:
+    """Refuse a grid size and turn count whose shaping surplus, at most ``(1 - gamma) * 2 * (size - 1)`` a
+    turn, could let a failed episode's team return reach a solved one's (see the module docstring)."""
+    surplus = (1.0 - gamma) * 2 * (size - 1) * max_turns
+    if surplus >= GOAL_BONUS - FAIL_PENALTY:
+        raise TaskError(f"planpath: a {size}x{size} grid with max_turns={max_turns} and shaping_gamma={gamma} lets "
+                        f"an unsolved episode out-earn a solved one (the shaping pays up to {surplus:.2f} for staying "
+                        f"far from the goal, the goal and failure differ by 2); set task.options.shaping_gamma=1 or "
+                        f"use fewer turns or a smaller grid")
 
 Cell = tuple[int, int]
 
@@ -173,7 +189,7 @@ class PlanPathEnv(PuzzleEnv):
 
     def __init__(self, size: int = 10, wall_frac: float = 0.22, max_turns: int = 4,
                  max_moves_per_turn: int | None = None, max_moves: int | None = None, single_agent: bool = False,
-                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0):
+                 workflow: str = "tool_planner", tool_timeout_s: float = 3.0, shaping_gamma: float = GAMMA):
         super().__init__(max_turns=max_turns, single_agent=single_agent, workflow=workflow,
                          tool_timeout_s=tool_timeout_s)
         self.size = check_int("size", size, 4, 50)
@@ -183,6 +199,12 @@ class PlanPathEnv(PuzzleEnv):
         self.max_moves_per_turn = None if max_moves_per_turn is None else check_int(
             "max_moves_per_turn", max_moves_per_turn, 1)
         self.max_moves = None if max_moves is None else check_int("max_moves", max_moves, 1)
+        if isinstance(shaping_gamma, bool) or not isinstance(shaping_gamma, (int, float)) \
+                or not 0.0 < shaping_gamma <= 1.0:
+            raise TaskError(f"task.options.shaping_gamma={shaping_gamma!r}: must be a number in (0, 1] (the distance "
+                            f"shaping's discount; 0.99 the reference's, 1 pays only the distance gained)")
+        self.shaping_gamma = float(shaping_gamma)
+        check_shaping(self.size, self.max_turns, self.shaping_gamma)
         self._instructions = {"planner": _PLANNER, "executor": _EXECUTOR, "solver": _SOLVER,
                               "tool": _TOOL.format(timeout=self.tool_timeout_s), "tool_planner": _TOOL_PLANNER}
 
@@ -207,6 +229,8 @@ class PlanPathEnv(PuzzleEnv):
         path = shortest_path(grid, start, goal)
         if path is None:
             raise TaskError(f"planpath: task {task.get('id')!r} has no path from start to goal")
+        if n > self.size:
+            check_shaping(n, self.max_turns, self.shaping_gamma)
         per_turn = self.max_moves_per_turn or 4 * n
         return PathState(grid=grid, pos=start, goal=goal, optimal=len(path),
                          max_moves=self.max_moves or self.max_turns * per_turn, per_turn=per_turn)
@@ -246,7 +270,7 @@ class PlanPathEnv(PuzzleEnv):
                     team += OPTIMAL_BONUS
                 break
         if s.pos != start:  # standing still earns no shaping (the formula would pay (1 - gamma) * distance)
-            team += LAMBDA * (GAMMA * -_manhattan(s.pos, s.goal) + _manhattan(start, s.goal))
+            team += LAMBDA * (self.shaping_gamma * -_manhattan(s.pos, s.goal) + _manhattan(start, s.goal))
         parts = [f"moves {show_moves(parsed.moves)}: {applied - len(blocked)} moved"]
         if blocked:
             parts.append(f"{len(blocked)} blocked ({'; '.join(blocked[:5])}{'; ...' if len(blocked) > 5 else ''})")
@@ -287,10 +311,11 @@ class PlanPathEnv(PuzzleEnv):
 @register_task("planpath", "AT-GRPO Plan-Path: a tool agent's Python (sandboxed) then a planner moves P to G (size 10)")
 def make_planpath(size: int = 10, wall_frac: float = 0.22, max_turns: int = 4, max_moves_per_turn: int | None = None,
                   max_moves: int | None = None, single_agent: bool = False, workflow: str = "tool_planner",
-                  tool_timeout_s: float = 3.0) -> PlanPathEnv:
+                  tool_timeout_s: float = 3.0, shaping_gamma: float = GAMMA) -> PlanPathEnv:
     """Plan-Path environment; ``max_moves_per_turn`` defaults to ``4 * size`` and ``max_moves`` to
     ``max_turns * max_moves_per_turn``; ``workflow``: ``tool_planner`` (tool -> planner, the paper's) or
-    ``direct`` (planner -> executor); ``tool_timeout_s`` limits each tool program."""
+    ``direct`` (planner -> executor); ``tool_timeout_s`` limits each tool program; ``shaping_gamma``: the
+    distance shaping's discount (0.99, the reference's; 1: only the distance gained pays)."""
     return PlanPathEnv(size=size, wall_frac=wall_frac, max_turns=max_turns, max_moves_per_turn=max_moves_per_turn,
                        max_moves=max_moves, single_agent=single_agent, workflow=workflow,
-                       tool_timeout_s=tool_timeout_s)
+                       tool_timeout_s=tool_timeout_s, shaping_gamma=shaping_gamma)

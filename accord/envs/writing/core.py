@@ -48,7 +48,10 @@ overlap, presence of transition words) that compare the two agents' texts with
 each other. It never reads the source text, so it does not judge whether a
 summary is true to it: a pair of fluent but wrong summaries can score 2.98, and
 a small Jaccard cap (0.03) means almost any shared content word earns the full
-overlap credit. A rising team reward says the pair fits these proxies better,
+overlap credit. It does not need language either: "zebra" eight times against
+"zebra" followed by one transition word of each category and five filler tokens
+scores 2.96 (``tests/envs/test_writing.py``), and eight NUL characters separated
+by spaces against thirty 1.5. A rising team reward says the pair fits these proxies better,
 not that the summaries got better.
 
 L1's word floor is also the task's completion floor (``WritingTask.min_new_tokens``): with
