@@ -25,8 +25,8 @@ from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
 from accord.audit import AuditRecorder, prune_after
-from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, prune_checkpoints,
-                               resume_checkpoint, verified_checkpoint)
+from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, last_logged_step,
+                               prune_checkpoints, resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, save_config
 from accord.config.rules import EnvInfo, check_rollout
 from accord.config.ignored import warn_ignored
@@ -360,6 +360,13 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
     ``stop_if_finished``, a :class:`RunComplete` (nothing to do)."""
     ckpt = verified_checkpoint(run_dir, allow_unverified)
     if ckpt is None:
+        # a run killed before its first checkpoint is replayed from step 0; past the first checkpoint's step
+        # (committed before the next step is logged) the checkpoints were removed, and the logs would go too
+        every, last = cfg.run.checkpoint_every, last_logged_step(run_dir)
+        if every and last > every:
+            raise ConfigError(f"{run_dir} logged {last} steps but holds no checkpoint (with run.checkpoint_every="
+                              f"{every} there was one at step {every}: was checkpoints/ removed?); restore its "
+                              f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
         return None
     step = checkpoint_step(ckpt)
     if step > cfg.run.steps:

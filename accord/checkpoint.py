@@ -482,6 +482,21 @@ def completed_step(run_dir: Path) -> bool:
     return False
 
 
+def last_logged_step(run_dir: Path) -> int:
+    """The largest step in ``run_dir``'s metrics.jsonl (0 without one; lines that do not read are passed over)."""
+    metrics, last = Path(run_dir) / "metrics.jsonl", 0
+    if not metrics.is_file():
+        return 0
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            step = json.loads(line).get("step") if line.strip() else None
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            last = max(last, step)
+    return last
+
+
 _HELD: dict[str, list] = {}  # run directory -> [open lock file, holders in this process]
 
 

@@ -103,6 +103,19 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:cmd + 1] + head, overrides
 
 
+def _say_resume_changes(recorded, cfg) -> None:
+    """A warning for each setting a resume's overrides change (``run.steps`` aside, the usual one): the steps
+    trained so far ran with the recorded values, and config.yaml will record the new ones."""
+    from accord.config.base import flat_keys
+
+    before, after = flat_keys(recorded.to_dict()), flat_keys(cfg.to_dict())
+    for key in sorted(set(before) | set(after)):
+        if key != "run.steps" and before.get(key, "<unset>") != after.get(key, "<unset>"):
+            logger.warning("--resume changes %s from %r to %r for the steps from here on (the steps trained so far "
+                           "used the first; config.yaml will record the second)", key, before.get(key, "<unset>"),
+                           after.get(key, "<unset>"))
+
+
 def _train(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":  # torchrun processes 1..N-1 serve process 0's data-parallel policies
         from accord.distributed.data_parallel import serve_worker
@@ -123,11 +136,13 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError("--resume takes its config from RUN_DIR/config.yaml; pass only key=value overrides")
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"{run_dir} has no config.yaml; --resume needs the directory of an earlier run")
-        moved = [o for o in positional if o.split("=", 1)[0].strip() in ("run.run_dir", "run.output_dir")]
+        moved = [o for o in positional if o.split("=", 1)[0].strip() in ("run.run_dir", "run.output_dir", "run.name")]
         if moved:
-            raise ConfigError(f"{moved[0]}: a resumed run stays in its directory ({run_dir}); drop it (to train a copy "
-                              "elsewhere, copy the directory and resume the copy)")
+            raise ConfigError(f"{moved[0]}: a resumed run stays in its directory ({run_dir}) and keeps its name; drop "
+                              "it (to train a copy elsewhere, copy the directory and resume the copy)")
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
+        if positional:
+            _say_resume_changes(load_config(run_dir / "config.yaml", [f"run.run_dir={run_dir}"]), cfg)
     else:
         cfg = load_config(config_path, positional)
         try:
@@ -353,7 +368,7 @@ def _kind_and_roles(task) -> tuple[str, str]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from accord.plan import format_plan, make_plan, present_devices
+    from accord.plan import PLAN_DOES_NOT_FIT, format_plan, make_plan, present_devices
 
     from accord.plan import load_plan_config
 
@@ -371,8 +386,9 @@ def _plan(args: argparse.Namespace) -> int:
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_plan_config(config_path, positional)
     plan = make_plan(cfg, prompt_tokens=args.prompt_tokens, cuda=True if args.gpu_memory_gb is not None else None)
-    _out(format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus)))
-    return 0
+    text = format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus))
+    _out(text)
+    return 1 if text.rstrip().endswith(PLAN_DOES_NOT_FIT) else 0   # a pre-flight check a script can test
 
 
 def _config_help() -> str:
@@ -423,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                    "directories) of comparisons of one setting run apart, e.g. one per seed")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_compare)
-    p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights)")
+    p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights); "
+                       "exit status 1 when the run does not fit the devices")
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--prompt-tokens", type=int, help="typical prompt length (default rollout.max_prompt_tokens)")
     p.add_argument("--gpu-memory-gb", type=float, help="plan for GPUs of this size instead of the ones present")

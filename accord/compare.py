@@ -200,6 +200,14 @@ def check_comparable(cfgs: dict[str, Config], knobs: list[str]) -> None:
     flats = {m: {k: v for k, v in _flat(cfg.to_dict()).items() if not k.startswith("policies.")}
              for m, cfg in cfgs.items()}
     names = list(cfgs)
+    learned: dict[str, str] = {}   # what a run learns from: the config without the keys that only log or place it
+    for m, cfg in cfgs.items():
+        key = repr(sorted((k, repr(v)) for k, v in _flat(cfg.to_dict()).items() if not _covered(k, FREE_KEYS)))
+        if key in learned:
+            raise CompareError(f"methods {learned[key]!r} and {m!r} make the same run (their configs differ in no "
+                               "key but where and how they log); give each method the overrides that make it "
+                               "different, or drop one")
+        learned[key] = m
     ref = names[0]
     for other in names[1:]:
         for key in sorted(set(flats[ref]) | set(flats[other])):

@@ -59,6 +59,7 @@ from accord.config import Config, ConfigError
 logger = logging.getLogger(__name__)
 
 GIB = 2 ** 30
+PLAN_DOES_NOT_FIT = "the run does not fit the devices present"  # format_plan's last line when it does not
 # RSS of a Python process that imported torch, transformers and peft (349 MiB measured with
 # /usr/bin/time -v on torch 2.13 / transformers 5.23), plus tokenizer, task data and allocator slack
 CPU_BASELINE_GIB = 0.45
@@ -152,7 +153,18 @@ def model_config(spec: str, model_kwargs: dict | None = None):
         return transformers.AutoConfig.for_model(**data)
     path = Path(spec).expanduser()
     if (path / "config.json").is_file():
-        return transformers.AutoConfig.for_model(**json.loads((path / "config.json").read_text()))
+        try:
+            data = json.loads((path / "config.json").read_bytes())
+            if not isinstance(data, dict) or "model_type" not in data:
+                raise ValueError("no JSON object with a 'model_type' key")
+            return transformers.AutoConfig.for_model(**data)
+        except (ValueError, UnicodeDecodeError) as err:  # not JSON (json's error is a ValueError), no model_type
+            problem = str(err).splitlines()[0]
+            raise ConfigError(f"accord plan: {path / 'config.json'} cannot be read as a model config ({problem}); "
+                              f"pass a directory written by save_pretrained()") from err
+    if path.is_dir():
+        raise ConfigError(f"accord plan: model directory {str(path)!r} has no config.json; pass a directory written by "
+                          f"save_pretrained()")
     try:
         return transformers.AutoConfig.from_pretrained(spec, local_files_only=True)
     except OSError:
@@ -630,5 +642,5 @@ def format_plan(cfg: Config, plan: dict, devices: dict[str, float]) -> str:
             lines.append(f"    {describe_gpu(gpus[dev], have)}")
     present = ", ".join(f"{d} ({v / GIB:.1f} GiB)" for d, v in devices.items())
     lines.append(f"present: {present}")
-    lines.append(f"verdict: {'the run fits' if fits else 'the run does not fit the devices present'}")
+    lines.append(f"verdict: {'the run fits' if fits else PLAN_DOES_NOT_FIT}")
     return "\n".join(lines) + "\n"

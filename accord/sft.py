@@ -548,6 +548,23 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
     return step, state
 
 
+def unread_sft_settings(cfg: Config) -> list[str]:
+    """A line for each sft setting changed from its default that this warm start does not read: ``sft.steps``
+    where ``sft.epochs`` decides the length, the oracle's ``sft.instances`` with ``sft.data``."""
+    import dataclasses
+
+    s = cfg.sft
+    default = {f.name: f.default for f in dataclasses.fields(s)}
+    out = []
+    if s.epochs is not None and s.steps != default["steps"]:
+        out.append(f"sft.steps={s.steps} has no effect with sft.epochs={s.epochs:g} set (the epochs decide the steps: "
+                   "ceil(epochs x demonstrations / batch_size)); give only one of them")
+    if s.data is not None and s.instances != default["instances"]:
+        out.append(f"sft.instances={s.instances} has no effect with sft.data (it sizes the oracle's demonstrations; "
+                   "those of sft.data are used as written); drop sft.instances or sft.data")
+    return out
+
+
 def run_sft(cfg: Config) -> dict[str, Any]:
     """Collect demonstrations, fine-tune every policy, export them; returns a summary (see the module
     docstring for the output layout). The warm start is written into ``.<dir>.partial`` beside the output
@@ -560,6 +577,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     if final.exists() and any(final.iterdir()):
         raise ConfigError(f"{final} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
                           "write another")
+    for line in unread_sft_settings(cfg):
+        logger.warning("%s", line)
     setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
     t0 = time.perf_counter()
     train, evals = collect_demos(cfg)

@@ -90,3 +90,24 @@ def test_user_files_are_not_overwritten_and_empty_runs_are_one_line_errors(tmp_p
     big = accord("train", "config.yaml", "run.run_dir=big", "task.train_size=3", "rollout.batch_size=8", cwd=tmp_path)
     assert big.returncode == 2 and "Traceback" not in big.stderr, big.stderr[-2000:]
     assert "rollout.batch_size=8 is more than the 3 training instances" in big.stderr
+
+
+def test_a_resume_keeps_its_name_and_says_what_its_overrides_change(tmp_path, caplog):
+    """run.name picks the directory as run.run_dir does: refused on a resume. Another changed setting is applied
+    with a warning naming the old and new value (the steps trained so far used the old); run.steps says nothing."""
+    from accord.cli import _say_resume_changes
+    from accord.config import load_config, save_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(load_config(overrides=["task.name=letters", f"run.run_dir={run}"]), run / "config.yaml")
+    renamed = accord("train", "--resume", str(run), "run.name=other", cwd=tmp_path)
+    assert renamed.returncode == 2 and "Traceback" not in renamed.stderr, renamed.stderr[-2000:]
+    assert "run.name=other: a resumed run stays in its directory" in renamed.stderr
+    recorded = load_config(run / "config.yaml", [f"run.run_dir={run}"])
+    changed = load_config(run / "config.yaml", [f"run.run_dir={run}", "rollout.batch_size=4", "run.steps=99"])
+    with caplog.at_level("WARNING", logger="accord"):
+        _say_resume_changes(recorded, changed)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"--resume changes rollout.batch_size from {recorded.rollout.batch_size} to 4 for the steps from "
+                     "here on (the steps trained so far used the first; config.yaml will record the second)"], lines

@@ -65,6 +65,10 @@ def test_methods_may_differ_only_in_method_keys_and_knobs():
                                            r"policies\.main\.model_kwargs\.hidden_size=64"):
         check_comparable(cfgs, ["training.lr"])
     check_comparable(cfgs, ["training.lr", "policies"])
+    # two methods that make the same run (apart from where and how they log) are a mistake in compare.methods
+    same = {m: config_from_dict(_with(run={**BASE["run"], "threads": t})) for m, t in (("a", 1), ("a2", 2))}
+    with pytest.raises(CompareError, match=r"methods 'a' and 'a2' make the same run .*give each method the overrides"):
+        check_comparable(same, [])
 
 
 def test_plan_from_one_config_or_several(tmp_path):

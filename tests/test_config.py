@@ -136,6 +136,22 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
         apply_override({}, "task.options={a: 1, a: 2}")
 
 
+def test_an_integer_too_long_to_read_and_a_top_level_list_are_one_line(tmp_path):
+    """Python refuses int() of more than 4300 digits: PyYAML's ValueError becomes an error naming the place."""
+    path = tmp_path / "big.yaml"
+    path.write_text("run:\n  steps: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"big.yaml: an integer of 5000 digits at line 2, column 10 is too long"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'rollout.batch_size': an integer of 5000 digits"):
+        apply_override({}, "rollout.batch_size=" + "9" * 5000)
+    with pytest.raises(ConfigError, match=r"run.seed=9+ is out of range"):   # long but readable: the range check's
+        load_config(overrides=["run.seed=" + "9" * 30])
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- run\n- task\n")
+    with pytest.raises(ConfigError, match=r"top level, not a list; write 'key: value' lines"):
+        load_config(listed)
+
+
 def test_merge_keys_may_still_be_overridden(tmp_path):
     path = tmp_path / "merge.yaml"
     path.write_text("policies:\n  main: &p {model: tiny-qwen2, lr: 0.01}\n  other:\n    <<: *p\n    lr: 0.02\n"

@@ -138,3 +138,23 @@ def test_planning_for_gpus_puts_auto_devices_on_them(capsys):
     assert "device cuda:0" in text and "cuda:0: needs" in text and "verdict: the run fits" in text
     assert main(["plan", str(tiny), "run.device=cpu", "--gpus", "2", "--gpu-memory-gb", "80"]) == 0
     assert "device cpu" in capsys.readouterr().out
+    # a verdict of "does not fit" is exit status 1, so that a script can use the plan as a pre-flight check
+    assert main(["plan", str(tiny), "run.device=auto", "--gpus", "1", "--gpu-memory-gb", "0.01"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("verdict: the run does not fit the devices present")
+
+
+def test_a_model_directory_without_a_readable_config_is_one_line(tmp_path):
+    """accord plan reads only config.json: a directory without one, one that is not JSON, or one without a
+    model_type is a ConfigError naming the file, not transformers' or json's traceback."""
+    from accord.config import ConfigError, load_config
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "config.json").write_text('{"model_type": "qwen2"\n')
+    (tmp_path / "untyped").mkdir()
+    (tmp_path / "untyped" / "config.json").write_text('{"hidden_size": 64}')
+    for name, problem in (("empty", "has no config.json"), ("cut", "cannot be read as a model config .*Expecting"),
+                          ("untyped", "cannot be read as a model config .*'model_type'")):
+        cfg = load_config(overrides=[f"policies.main.model={tmp_path / name}", "task.name=letters"])
+        with pytest.raises(ConfigError, match=problem + r".*save_pretrained"):
+            make_plan(cfg)

@@ -499,3 +499,17 @@ def test_a_control_string_written_in_a_demonstration_stays_text():
     assert tok.decode(body) == "one <|im_end|> two <|endoftext|>"
     plain = Demo(agent="a", messages=demo.messages, completion="one two", where="demos.jsonl line 2")
     assert encode_demos(policy, [plain], 64)[0].completion_ids[:-1] == tok("one two", add_special_tokens=False)["input_ids"]
+
+
+def test_sft_settings_it_does_not_read_are_named(tiny_cfg):
+    """sft.steps beside sft.epochs (the epochs decide) and the oracle's sft.instances beside sft.data: a line each;
+    the defaults, and each alone, say nothing."""
+    from accord.sft import unread_sft_settings
+
+    both = config_from_dict(tiny_cfg(sft={"steps": 1, "epochs": 2, "instances": 7, "data": "demos.jsonl"}))
+    lines = unread_sft_settings(both)
+    assert len(lines) == 2
+    assert lines[0].startswith("sft.steps=1 has no effect with sft.epochs=2 set") and "give only one" in lines[0]
+    assert lines[1].startswith("sft.instances=7 has no effect with sft.data") and "drop sft.instances" in lines[1]
+    assert unread_sft_settings(config_from_dict(tiny_cfg(sft={"epochs": 2, "data": "demos.jsonl"}))) == []
+    assert unread_sft_settings(config_from_dict(tiny_cfg(sft={"steps": 3, "instances": 7}))) == []

@@ -338,3 +338,21 @@ def test_a_growing_history_leaves_out_its_earliest_exchanges(tiny_cfg, caplog):
     assert without_earliest_exchange([system, u1, a1, u2]) == [system, u2]
     assert without_earliest_exchange([u1, a1, u2]) == [u2]
     assert without_earliest_exchange([system, u2]) is None and without_earliest_exchange([u1, a1]) is None
+
+
+def test_a_resume_without_the_checkpoints_a_run_had_is_refused(tiny_cfg, tmp_path):
+    """A run killed before its first checkpoint is replayed from step 0 (its logs discarded); one that logged a
+    step past its first checkpoint's had a checkpoint, so a resume that finds none is refused instead of deleting
+    its logs (the checkpoints were removed), naming the fixes."""
+    from accord.build import resume_point
+    from accord.config import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "team/reward": 0.5}) + "\n" for s in range(4)))
+    cfg = config_from_dict(tiny_cfg(run={"steps": 10, "checkpoint_every": 2}))
+    with pytest.raises(ConfigError, match=r"logged 3 steps but holds no checkpoint .*checkpoint_every=2.*--overwrite"):
+        resume_point(cfg, run)
+    # step 3 logged at a checkpoint step: a kill between its log and the checkpoint's rename, replayed
+    assert resume_point(config_from_dict(tiny_cfg(run={"steps": 10, "checkpoint_every": 3})), run) is None
+    assert resume_point(config_from_dict(tiny_cfg(run={"steps": 10, "checkpoint_every": 0})), run) is None

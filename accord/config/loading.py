@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import math
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,14 @@ class _DuplicateKey(yaml.YAMLError):
         self.key, self.first, self.again = key, first, again
 
 
+class _IntTooLong(yaml.YAMLError):
+    """An integer literal longer than Python converts from text (``sys.get_int_max_str_digits``)."""
+
+    def __init__(self, digits: int, mark: yaml.Mark):
+        super().__init__(f"an integer of {digits} digits at line {mark.line + 1}, column {mark.column + 1} is too "
+                         f"long to read (at most {sys.get_int_max_str_digits() or 'any'} digits)")
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: a second ``run:`` section would
     otherwise replace the first without a word. Keys merged in with ``<<: *anchor`` may be overridden."""
@@ -141,6 +150,17 @@ class _ConfigLoader(yaml.SafeLoader):
                 if first is not key_node.start_mark:
                     raise _DuplicateKey(key, first, key_node.start_mark)
         return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as err:  # PyYAML's int() of a literal past Python's digit limit
+            if "digits" not in str(err):
+                raise
+            raise _IntTooLong(sum(c.isdigit() for c in node.value), node.start_mark) from err
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 
 
 def _load_yaml(text: str) -> Any:
@@ -175,6 +195,8 @@ def apply_override(data: dict, dotted: str) -> None:
         value = _load_yaml(raw) if raw.strip() else ""
     except _DuplicateKey as err:
         raise ConfigError(f"override {dotted!r}: {err}; give each key once") from err
+    except _IntTooLong as err:
+        raise ConfigError(f"override {key.strip()!r}: {err}; give a number in range, or quote it for a text") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
                           "fix the brackets, e.g. key=[1, 2] or key='text'") from err
@@ -289,6 +311,8 @@ def read_yaml(p: Path) -> dict:
     except _DuplicateKey as err:
         raise ConfigError(f"config file {p}: {err}; the second would replace the first: merge them into one "
                           f"{err.key!r} (YAML keeps only one value per key)") from err
+    except _IntTooLong as err:
+        raise ConfigError(f"config file {p}: {err}; give a number in range, or quote it for a text") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
     except RecursionError as err:
@@ -298,7 +322,8 @@ def read_yaml(p: Path) -> dict:
         raise ConfigError(f"config file {p} is empty; add config keys, or run `accord train` without a file for the "
                           "defaults")
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{p} must hold a YAML mapping at the top level")
+        raise ConfigError(f"{p} must hold a YAML mapping at the top level, not a {type(loaded).__name__}; write "
+                          f"'key: value' lines such as 'run:' with 'steps: 20' indented under it")
     return loaded
 
 

@@ -10,6 +10,7 @@ import urllib.parse
 
 import torch
 import transformers
+from safetensors import SafetensorError
 
 from .common import ModelNotFoundError
 from .smollm2 import smollm2_dir
@@ -92,6 +93,10 @@ def _from_directory(path: pathlib.Path, dtype: torch.dtype):
     except OSError as err:
         raise ModelNotFoundError(f"{path} is not a loadable model directory ({err}); it must hold config.json, "
                                  "weights and tokenizer files as written by save_pretrained().") from err
+    except SafetensorError as err:  # a truncated or damaged weights file (an interrupted copy or save)
+        raise ModelNotFoundError(f"{path}: a weights file cannot be read ({err}: truncated or not safetensors); "
+                                 "copy the model directory again, or write it again with save_pretrained() "
+                                 "(accord sft / accord export)") from err
 
 
 def _from_hub(spec: str, dtype: torch.dtype):

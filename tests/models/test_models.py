@@ -178,6 +178,14 @@ def test_load_errors(tmp_path):
         load_model_and_tokenizer(str(tmp_path / "weights.bin"))
     with pytest.raises(TypeError):
         load_model_and_tokenizer("tiny-qwen2", model_kwargs={"no_such_option": 1})
+    # a truncated weights file (an interrupted copy): one line naming the directory and the fix
+    model, tok = build_tiny_model(num_layers=1)
+    model.save_pretrained(tmp_path / "cut")
+    tok.save_pretrained(tmp_path / "cut")
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(ModelNotFoundError, match=r"cut: a weights file cannot be read .*copy the model directory again"):
+        load_model_and_tokenizer(str(tmp_path / "cut"))
 
 
 def test_unknown_hub_id_offline(monkeypatch):
