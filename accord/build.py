@@ -150,7 +150,7 @@ def check_context(cfg: Config, policies: dict[str, Policy]) -> None:
             key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens is not None
                    else "rollout.max_new_tokens")
             raise ConfigError(f"{key}={cap} leaves no room for a prompt in the context of {context} tokens of "
-                              f"policy {a.policy!r}'s model; give a cap below {context} minus the prompt length")
+                              f"the model of policy {a.policy!r}; give a cap below {context} minus the prompt length")
 
 
 def fitting_rows(cfg: Config, env, policies: dict[str, Policy], rows: list[dict], split: str) -> list[dict]:

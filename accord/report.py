@@ -106,12 +106,19 @@ def _dedupe_by_step(rows: list[dict]) -> list[dict]:
 def _collect_series(rows: Sequence[dict]) -> dict[str, _Series]:
     steps: dict[str, list[int]] = {}
     values: dict[str, list[float]] = {}
+    other: dict[str, tuple[int, Any]] = {}   # a key's first value that is not a number (null aside)
     for row in rows:
         for key, value in row.items():
             if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                if key != "step" and value is not None:
+                    other.setdefault(key, (row["step"], value))
                 continue  # null / strings / nested values are not plottable
             steps.setdefault(key, []).append(row["step"])
             values.setdefault(key, []).append(float(value))
+    for key, (step, value) in other.items():
+        if key in steps:   # a number elsewhere: this one was damaged, not a metric of another kind
+            _logger.warning("metrics.jsonl: step %d: %s=%.40r is not a number; the report leaves it out (fix or delete "
+                            "that value)", step, key, value)
     return {
         key: _Series(np.asarray(steps[key], dtype=np.int64), np.asarray(values[key], dtype=np.float64))
         for key in steps

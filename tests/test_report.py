@@ -170,3 +170,17 @@ def test_legends_never_cover_the_curves(tmp_path, monkeypatch):
             box, plot = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
             assert box.x0 >= plot.x1 or box.y1 <= plot.y0, (name, ax.get_title(), box, plot)
             assert box.x1 <= fig.bbox.x1 + 1, (name, "legend cut off at the figure's edge")
+
+
+def test_a_value_that_is_not_a_number_where_the_key_has_numbers_is_named(caplog):
+    """A damaged value (a string where the key's other steps hold numbers) is left out of the plot with a warning
+    naming the step and key; a key that is never a number (a note) and nulls say nothing."""
+    from accord.report import _collect_series
+
+    rows = [{"step": 1, "team/reward": 0.5, "note": "x"}, {"step": 2, "team/reward": "high", "loss": None},
+            {"step": 3, "team/reward": 0.7, "loss": 1.0}]
+    with caplog.at_level("WARNING", logger="accord.report"):
+        series = _collect_series(rows)
+    assert list(series["team/reward"].steps) == [1, 3] and list(series["loss"].steps) == [3] and "note" not in series
+    assert [r.getMessage() for r in caplog.records] == [
+        "metrics.jsonl: step 2: team/reward='high' is not a number; the report leaves it out (fix or delete that value)"]

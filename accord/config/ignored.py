@@ -247,6 +247,15 @@ RULES: tuple[Rule, ...] = (
     Rule(("logging.wandb_project", "logging.wandb_entity"), "logging.report_to has no wandb",
          lambda cfg, _: None if "wandb" in cfg.logging.report_to else "without wandb in logging.report_to",
          "it names the W&B project or entity of the wandb sink", "remove it or add wandb to logging.report_to"),
+    # trainer.evaluate plays task.eval_size held-out instances; with none, run.eval_every has none to play
+    Rule(("run.eval_every",), "task.eval_size=0",
+         lambda cfg, _: "with task.eval_size=0" if cfg.task.eval_size == 0 else None,
+         "it evaluates on the task.eval_size held-out instances every N steps",
+         "remove it or set task.eval_size to a number of held-out instances"),
+    # tracking.mlflow: the mlflow sink alone reads them
+    Rule(("logging.mlflow_tracking_uri", "logging.mlflow_experiment"), "logging.report_to has no mlflow",
+         lambda cfg, _: None if "mlflow" in cfg.logging.report_to else "without mlflow in logging.report_to",
+         "it names the MLflow server or experiment of the mlflow sink", "remove it or add mlflow to logging.report_to"),
     # compare.run_one: _eval_settings reads them only for eval=sampled (settings_of stores their defaults)
     Rule(("compare.eval_samples", "compare.eval_temperature"), "compare.eval=greedy",
          lambda cfg, _: "with compare.eval=greedy" if cfg.compare.eval == "greedy" else None,

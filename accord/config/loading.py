@@ -243,7 +243,9 @@ _LIST_EXAMPLES = {"agents": "agents=[{name: first, policy: main}, {name: second,
 
 def _list_index(node: list, part: str, path: str) -> int:
     if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
-        raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items")
+        indices = f"0 to {len(node) - 1}" if node else "none: the list is empty"
+        raise ConfigError(f"override {path!r}: {part!r} is not an index of a list of {len(node)} items (indices "
+                          f"{indices}); use one of them, or set the whole list, e.g. {path.rsplit('.', 1)[0]}=[...]")
     return int(part)
 
 

@@ -117,7 +117,7 @@ def check_agents(cfg: _Config) -> None:
         if floor and floor >= cap:
             key = (f"agents.{a.name}.sampling.min_new_tokens" if a.sampling.min_new_tokens is not None
                    else "rollout.min_new_tokens")
-            raise ConfigError(f"{key}={floor} is not below agent {a.name!r}'s length cap of {cap} tokens: every "
+            raise ConfigError(f"{key}={floor} is not below the length cap of agent {a.name!r}, {cap} tokens: every "
                               "completion would run to the cap; lower the floor or raise max_new_tokens")
         if window and window >= cap:
             key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens

@@ -559,11 +559,12 @@ def test_min_new_tokens_settings_resolve_per_agent_and_bad_floors_are_refused():
     assert floors("rollout.min_new_tokens=3") == {"concise": 3, "detailed": 3}
     relay = floors("task.name=relay")
     assert relay and set(relay.values()) == {0}
-    with pytest.raises(ConfigError, match=r"rollout.min_new_tokens=80 is not below agent 'concise'.s length cap"):
+    with pytest.raises(ConfigError, match=r"rollout.min_new_tokens=80 is not below the length cap of agent 'concise'"):
         floors("rollout.min_new_tokens=80")
     with pytest.raises(ConfigError, match=r"min_new_tokens=-1 must be an integer >= 0"):
         floors("rollout.min_new_tokens=-1")
-    with pytest.raises(ConfigError, match=r"agents.concise.sampling.min_new_tokens=9 is not below agent 'concise'"):
+    with pytest.raises(ConfigError,
+                       match=r"agents.concise.sampling.min_new_tokens=9 is not below the length cap of agent 'concise'"):
         floors("rollout.max_new_tokens=9", "agents=[{name: concise, sampling: {min_new_tokens: 9}}, {name: detailed}]")
 
 
