@@ -717,6 +717,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     if run_dir.is_file():
         raise MetricsFileError(f"{run_dir} is a file, not a run directory; pass the directory `accord train` wrote "
                                f"(the one holding {METRICS_FILENAME})")
+    if not run_dir.exists():
+        raise FileNotFoundError(f"no run to report: the directory {run_dir} does not exist; pass the run directory "
+                                "`accord train` wrote (run.output_dir/run.name, runs/<name> by default)")
     if not metrics_path.is_file():
         raise FileNotFoundError(
             f"no metrics to report: {metrics_path} does not exist. Run `accord train` first "

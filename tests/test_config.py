@@ -28,6 +28,7 @@ def test_yaml_plus_overrides(tmp_path):
     ({"algoritm": {}}, "did you mean 'algorithm'"),
     ({"algorithm": {"num_generations": 1}}, "K >= 2"),
     ({"algorithm": {"joint_mode": "diagonal"}}, "choose one of"),
+    ({"algorithm": {"name": "magrp"}}, r"algorithm.name='magrp' is not valid; did you mean 'magrpo'\? choose one of"),
     ({"rollout": {"batch_size": "many"}}, "rollout.batch_size='many' is not a valid int"),
     ({"agents": [{"name": "a", "policy": "nope"}]}, "policy 'nope', which is not defined"),
     ({"agents": [{"name": "a"}, {"name": "a"}]}, "duplicate agent names"),

@@ -106,8 +106,11 @@ def test_write_report_partial_data_and_out_dir(tmp_path):
 
 
 def test_write_report_missing_metrics(tmp_path):
+    (tmp_path / "empty_run").mkdir()
     with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist.*accord train"):
         write_report(tmp_path / "empty_run")
+    with pytest.raises(FileNotFoundError, match=r"no run to report: the directory .*no_run does not exist"):
+        write_report(tmp_path / "no_run")
 
 
 def test_write_report_empty_metrics(tmp_path):

@@ -31,7 +31,10 @@ def _f(default: Any = dataclasses.MISSING, help: str = "", factory: Any = datacl
 def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         key = f"{section}.{name}" if section else name
-        raise ConfigError(f"{key}={_brief(value)} is not valid; choose one of {list(choices)}")
+        near = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1) \
+            if isinstance(value, str) else []
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ConfigError(f"{key}={_brief(value)} is not valid; {hint}choose one of {list(choices)}")
 
 
 def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
