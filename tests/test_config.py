@@ -153,6 +153,18 @@ def test_an_integer_too_long_to_read_and_a_top_level_list_are_one_line(tmp_path)
         load_config(listed)
 
 
+def test_an_error_in_the_file_names_the_file_and_one_in_an_override_does_not(tmp_path):
+    """A run's own config.yaml (eval, export, --resume) or a user's file: the error names the file it lies in; an
+    override's error comes from the command line and names no file."""
+    path = tmp_path / "typo.yaml"
+    path.write_text("run:\n  nmae: x\n")
+    with pytest.raises(ConfigError, match=r"^config file .*typo.yaml: unknown config key 'run.nmae'; did you mean"):
+        load_config(path, ["run.steps=3"])
+    path.write_text("run:\n  steps: 3\n")
+    with pytest.raises(ConfigError, match=r"^unknown config key 'run.nmae'"):
+        load_config(path, ["run.nmae=x"])
+
+
 def test_merge_keys_may_still_be_overridden(tmp_path):
     path = tmp_path / "merge.yaml"
     path.write_text("policies:\n  main: &p {model: tiny-qwen2, lr: 0.01}\n  other:\n    <<: *p\n    lr: 0.02\n"

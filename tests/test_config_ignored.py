@@ -102,6 +102,8 @@ CASES = [
     ("lora.target_modules=[q_proj]", ["specialization=shared"], True, ["specialization=lora"], True),
     ("ray.num_cpus_per_policy=3.0", [], True, ["run.backend=ray"], True),
     ("ray.address=auto", [], True, ["run.backend=ray"], True),
+    ("policies.main.num_gpus=1", [], True, ["run.backend=ray"], True),
+    ("policies.main.num_cpus=2", [], True, ["run.backend=ray"], True),
     ("logging.wandb_project=x", [], True, ["logging.report_to=[wandb]"], True),
     ("logging.mlflow_experiment=x", [], True, ["logging.report_to=[mlflow]"], True),
     ("run.eval_every=5", ["task.eval_size=0"], True, ["task.eval_size=4"], True),
@@ -186,6 +188,7 @@ def test_every_rule_names_config_keys():
     sections = {k.split(".")[0] for k in keys}
     for rule in RULES:
         for key in rule.keys:
+            key = key.replace("policies.*.", "policies.<name>.")   # a key of each policy
             assert key in keys or key in sections, key
         assert rule.when and rule.why and rule.fix
 

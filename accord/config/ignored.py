@@ -243,6 +243,10 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, _: None if cfg.run.backend == "ray" else f"with run.backend={cfg.run.backend}",
          "the ray section configures the cluster and the policy actors of run.backend=ray",
          "remove it or set run.backend=ray"),
+    # distributed/ray_backend.py reads them when it places a policy's actor; plan likewise under ray only
+    Rule(("policies.*.num_cpus", "policies.*.num_gpus"), "run.backend is not ray",
+         lambda cfg, _: None if cfg.run.backend == "ray" else f"with run.backend={cfg.run.backend}",
+         "it is what the policy's Ray actor reserves under run.backend=ray", "remove it or set run.backend=ray"),
     # tracking.wandb: the wandb sink alone reads them
     Rule(("logging.wandb_project", "logging.wandb_entity"), "logging.report_to has no wandb",
          lambda cfg, _: None if "wandb" in cfg.logging.report_to else "without wandb in logging.report_to",
@@ -274,10 +278,13 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _expand(cfg: Config, key: str) -> list[str]:
-    """A dotted key, or every key of a section (nested sections included)."""
+    """A dotted key, or every key of a section (nested sections included); ``policies.*.KEY``: KEY of each
+    policy."""
+    if key.startswith("policies.*."):
+        return [k for name in cfg.policies for k in _expand(cfg, f"policies.{name}.{key[len('policies.*.'):]}")]
     node: Any = cfg
     for part in key.split("."):
-        node = getattr(node, part)
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
     if not dataclasses.is_dataclass(node):
         return [key]
     return [k for f in dataclasses.fields(node) for k in _expand(cfg, f"{key}.{f.name}")]
@@ -288,6 +295,9 @@ def _changed(cfg: Config, key: str) -> tuple[bool, Any]:
     node: Any = cfg
     default: Any = None
     for part in key.split("."):
+        if isinstance(node, dict):   # a mapping of sections (policies): its entries have no default of their own
+            node = node[part]
+            continue
         default = _default(next(f for f in dataclasses.fields(node) if f.name == part))
         node = getattr(node, part)
     return node != default, node
@@ -338,4 +348,5 @@ def warn_ignored(cfg: Config, single_turn: bool | None = None) -> list[str]:
 
 def rules_table() -> list[tuple[str, str]]:
     """(keys, when they have no effect) of every rule, for the config reference."""
-    return [(", ".join(f"`{k}`" if "." in k else f"`{k}.*`" for k in rule.keys), rule.when) for rule in RULES]
+    return [(", ".join(f"`{k.replace('policies.*.', 'policies.<name>.')}`" if "." in k else f"`{k}.*`"
+                       for k in rule.keys), rule.when) for rule in RULES]

@@ -282,8 +282,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         # the default policies, which policies.main.KEY=VALUE overrides refine; overrides that name other policies
         # (policies.concise.model=...) build the section from nothing, as a YAML section would
         data["policies"] = copy.deepcopy(DEFAULT_POLICIES)
+    alone = copy.deepcopy(data) if path is not None and overrides else data
     apply_overrides(data, overrides)
-    return config_from_dict(data)
+    try:
+        return config_from_dict(data)
+    except ConfigError as err:
+        if path is None:
+            raise
+        if alone is not data:   # the file without the overrides: does the same error come from it?
+            try:
+                config_from_dict(alone)
+            except ConfigError as own:
+                if str(own) != str(err):
+                    raise err from None
+            else:
+                raise
+        raise type(err)(f"config file {path}: {err}") from err   # name the file (a run's own config.yaml too)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
