@@ -332,12 +332,26 @@ def split_data(cfg: Config, env) -> tuple[list[dict], list[dict]]:
     return train_rows, eval_rows
 
 
+def note_short_warmup(cfg: Config, total_opt: int) -> str | None:
+    """A warning (returned too) where the policies' linear warm-up is so long that the run's ``total_opt``
+    optimizer steps end below half of ``training.lr``; None otherwise."""
+    warmup = cfg.training.warmup_steps
+    if not warmup or total_opt / warmup >= 0.5:
+        return None
+    line = (f"training.warmup_steps={warmup} is longer than the run's {total_opt} optimizer steps (run.steps x "
+            f"algorithm.ppo_epochs x training.num_mini_batches): the learning rate ends at {total_opt / warmup:.0%} "
+            f"of training.lr={cfg.training.lr:g}; lower training.warmup_steps")
+    logger.warning("%s", line)
+    return line
+
+
 def build_policies(cfg: Config, per_policy: dict[str, int]) -> tuple[dict[str, Policy], Any]:
     """The policies (and the backend that holds them, or None): one actor per policy (N with
     ``replicas: N``) with ``run.backend: ray``, N data-parallel ranks of a policy with ``replicas: N``
     (under torchrun, or ``replicas: 1`` in this process), one frozen base with an adapter per policy with ``specialization: lora``, else
     one model per policy on its device."""
     total_opt = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.training.num_mini_batches
+    note_short_warmup(cfg, total_opt)
     names = sorted(per_policy)
     if cfg.run.backend == "ray":  # one actor per policy, built there with build_policy
         from accord.distributed.ray_backend import RayBackend

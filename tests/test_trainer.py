@@ -356,3 +356,17 @@ def test_a_resume_without_the_checkpoints_a_run_had_is_refused(tiny_cfg, tmp_pat
     # step 3 logged at a checkpoint step: a kill between its log and the checkpoint's rename, replayed
     assert resume_point(config_from_dict(tiny_cfg(run={"steps": 10, "checkpoint_every": 3})), run) is None
     assert resume_point(config_from_dict(tiny_cfg(run={"steps": 10, "checkpoint_every": 0})), run) is None
+
+
+def test_a_warm_up_longer_than_the_run_is_named(tiny_cfg):
+    """training.warmup_steps so long that the run's optimizer steps end under half of training.lr: a warning with
+    the share reached; the default warm-up of a short run (1 step of 2: half) says nothing."""
+    from accord.build import note_short_warmup
+
+    cfg = config_from_dict(tiny_cfg(run={"steps": 20}, training={"warmup_steps": 100, "lr": 1e-3}))
+    line = note_short_warmup(cfg, 20)
+    assert line == ("training.warmup_steps=100 is longer than the run's 20 optimizer steps (run.steps x "
+                    "algorithm.ppo_epochs x training.num_mini_batches): the learning rate ends at 20% of "
+                    "training.lr=0.001; lower training.warmup_steps")
+    assert note_short_warmup(config_from_dict(tiny_cfg(run={"steps": 1}, training={"warmup_steps": 2})), 1) is None
+    assert note_short_warmup(config_from_dict(tiny_cfg(training={"warmup_steps": 0})), 1) is None
