@@ -461,40 +461,34 @@ _RUN_OUTPUTS = (*RUN_FILES, "eval_completions", "trackers.json", "report", "eval
 LOCK_FILE = ".accord.lock"
 
 
-def completed_step(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a completed training step: a checkpoint, or a metrics line of a step >= 1
-    (step 0 is the evaluation before training). A run that failed at start-up (a tracker that would not log in,
-    a model that would not load) or was stopped during its first step has none: there is nothing to protect."""
-    if checkpoints(run_dir):
-        return True
+def _logged_steps(run_dir: Path):
+    """The ``step`` of each line of ``run_dir``'s metrics.jsonl (None where a line does not read or has none)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
-        return False
+        return
     for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
         if not line.strip():
             continue
         try:
-            step = json.loads(line).get("step")
+            yield json.loads(line).get("step")
         except (ValueError, AttributeError):
-            return True  # a line we cannot read: protect the run, do not guess
-        if not isinstance(step, int) or step >= 1:
-            return True
-    return False
+            yield None
+
+
+def completed_step(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a completed training step: a checkpoint, or a metrics line of a step >= 1
+    (step 0 is the evaluation before training). A run that failed at start-up (a tracker that would not log in,
+    a model that would not load) or was stopped during its first step has none: there is nothing to protect.
+    A line that cannot be read protects the run too (no guessing)."""
+    if checkpoints(run_dir):
+        return True
+    return any(not isinstance(step, int) or step >= 1 for step in _logged_steps(run_dir))
 
 
 def last_logged_step(run_dir: Path) -> int:
     """The largest step in ``run_dir``'s metrics.jsonl (0 without one; lines that do not read are passed over)."""
-    metrics, last = Path(run_dir) / "metrics.jsonl", 0
-    if not metrics.is_file():
-        return 0
-    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            step = json.loads(line).get("step") if line.strip() else None
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(step, int) and not isinstance(step, bool):
-            last = max(last, step)
-    return last
+    return max((step for step in _logged_steps(run_dir) if isinstance(step, int) and not isinstance(step, bool)),
+               default=0)
 
 
 _HELD: dict[str, list] = {}  # run directory -> [open lock file, holders in this process]

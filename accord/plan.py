@@ -158,7 +158,7 @@ def model_config(spec: str, model_kwargs: dict | None = None):
             if not isinstance(data, dict) or "model_type" not in data:
                 raise ValueError("no JSON object with a 'model_type' key")
             return transformers.AutoConfig.for_model(**data)
-        except (ValueError, UnicodeDecodeError) as err:  # not JSON (json's error is a ValueError), no model_type
+        except ValueError as err:  # not UTF-8 or not JSON (both ValueErrors), no model_type, an unknown one
             problem = str(err).splitlines()[0]
             raise ConfigError(f"accord plan: {path / 'config.json'} cannot be read as a model config ({problem}); "
                               f"pass a directory written by save_pretrained()") from err

@@ -551,8 +551,6 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
 def unread_sft_settings(cfg: Config) -> list[str]:
     """A line for each sft setting changed from its default that this warm start does not read: ``sft.steps``
     where ``sft.epochs`` decides the length, the oracle's ``sft.instances`` with ``sft.data``."""
-    import dataclasses
-
     s = cfg.sft
     default = {f.name: f.default for f in dataclasses.fields(s)}
     out = []
