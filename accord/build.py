@@ -140,17 +140,34 @@ def note_dapo_recipe(cfg: Config) -> None:
 
 
 def check_context(cfg: Config, policies: dict[str, Policy]) -> None:
-    """Every agent's length cap leaves room for a prompt in its policy's model context (known once the
-    policies are built)."""
+    """:func:`prompt_room` of the built policies' model contexts."""
+    prompt_room(cfg, {name: getattr(p, "context_len", None) for name, p in policies.items()})
+
+
+def prompt_room(cfg: Config, contexts: dict[str, int | None]) -> dict[str, int]:
+    """Every agent's length cap leaves room for a prompt in its policy's model context (``contexts``: each
+    policy's, None where unknown); a ``rollout.max_prompt_tokens`` that a context cannot hold beside an agent's
+    cap is warned of, once per policy. Returns the longest prompt each policy with a known context can take
+    beside its agents' caps."""
     sampling = agent_sampling(cfg)
+    room: dict[str, int] = {}
     for a in cfg.agents:
-        context = getattr(policies[a.policy], "context_len", None)
+        context = contexts.get(a.policy)
         cap = sampling[a.name].max_new_tokens
+        key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens is not None
+               else "rollout.max_new_tokens")
         if context and cap >= context:
-            key = (f"agents.{a.name}.sampling.max_new_tokens" if a.sampling.max_new_tokens is not None
-                   else "rollout.max_new_tokens")
             raise ConfigError(f"{key}={cap} leaves no room for a prompt in the context of {context} tokens of "
                               f"the model of policy {a.policy!r}; give a cap below {context} minus the prompt length")
+        if context:
+            room[a.policy] = min(room.get(a.policy, context), context - cap)
+    for name, fits in room.items():
+        if fits < cfg.rollout.max_prompt_tokens:
+            logger.warning("rollout.max_prompt_tokens=%d does not fit the %d-token context of the model of policy %r "
+                           "beside its agents' length caps: its prompts can have at most %d tokens (a longer one is "
+                           "refused as too long); set rollout.max_prompt_tokens to %d or less",
+                           cfg.rollout.max_prompt_tokens, contexts[name], name, fits, fits)
+    return room
 
 
 def fitting_rows(cfg: Config, env, policies: dict[str, Policy], rows: list[dict], split: str) -> list[dict]:

@@ -194,11 +194,15 @@ def _after_interrupt(run_dir: Path) -> str:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    from accord.sft import collect_demos, run_sft, write_demos
+    from accord.data import demo_file_problem
 
     positional = list(args.args)
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_config(config_path, positional)
+    for path in (cfg.sft.data, cfg.sft.eval_data):   # before torch is imported (seconds)
+        if path is not None and demo_file_problem(path):
+            raise ConfigError(demo_file_problem(path))
+    from accord.sft import collect_demos, run_sft, write_demos
     if args.write_demos:
         train, _ = collect_demos(cfg)
         write_demos(train, args.write_demos)

@@ -30,6 +30,16 @@ OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
+def demo_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a file of demonstrations (``sft.data``, ``sft.eval_data``); None when it is a file."""
+    p = Path(path)
+    if p.is_file():
+        return None
+    what = "is a directory, not a file" if p.is_dir() else "does not exist"
+    return (f"demonstrations file {str(p)!r} {what}; give a JSONL file of "
+            '{"agent": ..., "prompt": ..., "completion": ...} lines')
+
+
 # --- the Hub -----------------------------------------------------------------------------------------
 
 def hub_reachable(timeout: float = HUB_PROBE_S) -> bool:

@@ -303,10 +303,16 @@ def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out
                        ks: list[int], temperature: float, compare_base: bool, pipeline: str) -> dict[str, dict]:
     """The base weights' and the checkpoint's results, evaluated by a run of ``cfg`` (its scratch directory)."""
     from accord.build import build_run
+    from accord.envs.single_turn import SingleTurnEnv
     from accord.pipelines import transcript_path
 
     run = build_run(cfg)
     try:
+        # a single-turn task has a success check or not (a multi-turn one tells in each step's info)
+        single = run.env.task if isinstance(run.env, SingleTurnEnv) else None
+        if samples and ks != [1] and single is not None and not callable(getattr(single, "success", None)):
+            raise ConfigError(f"--k {' '.join(map(str, ks))}: task {cfg.task.name!r} defines no success check, so "
+                              "pass@k cannot be computed; drop --k")
         variants: dict[str, dict[str, float]] = {}
         if ckpt is None or compare_base:
             logger.info("evaluating the base weights on %d held-out instances", len(run.eval_rows))

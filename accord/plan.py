@@ -39,8 +39,8 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   fragmentation were measured on an H200 (torch 2.11, 2026-11-28; next to them); the graph pool is still
   an assumption (no vLLM has run on a GPU here). ``docs/gpu.md`` has the measurements.
 
-Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows) unless
-``--prompt-tokens`` gives the typical length. ``docs/performance.md`` (*Measured numbers*) compares the estimate
+Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows), or less where a model's
+context holds less beside the length caps, unless ``--prompt-tokens`` gives the typical length. ``docs/performance.md`` (*Measured numbers*) compares the estimate
 with a measured peak.
 """
 
@@ -421,13 +421,16 @@ def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None)
 def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | None = None) -> dict:
     """The plan of a config as plain data (what :func:`format_plan` prints). ``cuda``: whether the machine planned
     for has GPUs, where ``device: auto`` puts the policies (None: this machine; ``accord plan --gpus``: True)."""
-    from accord.build import build_env, check_run
+    from accord.build import build_env, check_run, prompt_room
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
     from accord.envs.single_turn import SingleTurnEnv
 
-    env = build_env(cfg)
+    from accord.tracking.report_to import check_report_to
+
+    env = build_env(cfg)   # imports the modules of ``imports:`` (their sinks registered)
     check_run(cfg, env)   # the rules a run is built with (as accord train), and the settings it would not read
+    check_report_to(cfg.logging.report_to)
     task = env.task if isinstance(env, SingleTurnEnv) else env   # the task in the form it was written in
     multi = is_env(task)
     turns = (cfg.rollout.max_turns or task.max_turns) if multi else 1
@@ -436,13 +439,19 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | Non
         agents_of.setdefault(a.policy, []).append(a.name)
     names = sorted(agents_of)
     samples, rows, total = _step_shape(cfg, agents_of, multi, turns, bool(getattr(task, "simultaneous", False)))
-    prompt = prompt_tokens or cfg.rollout.max_prompt_tokens
+    configs = {n: model_config(cfg.policies[n].model, cfg.policies[n].model_kwargs) for n in names}
+    room = prompt_room(cfg, {n: getattr(c, "max_position_embeddings", None) for n, c in configs.items()})
+    tightest = min(room, key=room.__getitem__, default=None)
+    if prompt_tokens is not None and tightest is not None and prompt_tokens > room[tightest]:
+        raise ConfigError(f"--prompt-tokens {prompt_tokens} does not fit beside the length caps in the context of the "
+                          f"model of policy {tightest!r}: give at most {room[tightest]}")
+    prompt = prompt_tokens or min(cfg.rollout.max_prompt_tokens, *room.values())
     lora = cfg.specialization == "lora"
     resources = policy_resources(cfg, names)
     plans = []
     for i, n in enumerate(names):
         p = cfg.policies[n]
-        config = model_config(p.model, p.model_kwargs)
+        config = configs[n]
         meta = _meta_model(config)
         params = sum(t.numel() for t in meta.parameters())
         trainable = lora_parameters(meta, cfg, p.trainable_layers) if lora else trained_parameters(

@@ -58,7 +58,7 @@ import torch
 
 from accord import metric_names as mn
 from accord.config import Config, ConfigError, save_config
-from accord.data import DataFileError, json_lines
+from accord.data import DataFileError, demo_file_problem, json_lines
 from accord.envs.oracles import oracle_for
 from accord.envs.protocol import Messages, is_env, step_env
 from accord.generation.hf import left_pad
@@ -158,10 +158,9 @@ def read_demos(path: str | os.PathLike, agents: tuple[str, ...], system: dict[st
     ``system``: agent -> the system message put before a string prompt (None: the string is the only
     message)."""
     p = Path(path)
-    if not p.is_file():
-        what = "is a directory, not a file" if p.is_dir() else "does not exist"
-        raise DemoError(f"demonstrations file {str(p)!r} {what}; give a JSONL file of "
-                        '{"agent": ..., "prompt": ..., "completion": ...} lines')
+    problem = demo_file_problem(p)
+    if problem:
+        raise DemoError(problem)
     out = []
     try:
         lines = json_lines(p, "demonstrations file")

@@ -20,7 +20,8 @@ top-k / top-p), from one seeded random stream. ``--model`` swaps the policy's mo
 ``--policies 2``: the default job's two policies instead of one model, each writing its agent's half of the rows from
 a stream of its own, copies of the model that train their last ``policies.main.trainable_layers`` layers (the second's
 moved by a seeded noise, the layers below equal): ``new`` decodes them in one ``generate_together`` call, as the
-rollout does, ``old`` and ``hf`` call each policy in turn.
+rollout does, and so does ``old`` where its tree has that function (``--old-ref`` of a tree since issue 25's
+shared layers); ``hf`` and an older tree call each policy in turn.
 
 Each path runs in its own worker process, all started before the first round and fed the same token ids;
 the rounds alternate between the paths, so that the load of a shared machine falls on all of them alike:
@@ -299,17 +300,20 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     job = json.loads(work.read_text())
     policies = job.get("policies", 1)
     models, tokenizer = [], None
+    # the policies' shared layers decoded as one batch, where the tree can (an old tree before them cannot)
+    together = policies > 1 and path in ("new", "old") and hasattr(hf, "generate_together")
     for i in range(policies):
         model, tokenizer = load_model_and_tokenizer(job["model"])
         if policies > 1:
             layers = job["trainable_layers"]
-            if path != "old":  # this tree: freeze what lies below, as the job's policies do
+            if path != "old" or together:  # freeze what lies below, as the job's policies do
                 from accord.policies.learner import train_last_layers
 
                 train_last_layers(model, layers)
             if i == 1:
                 moved = second_policy(model, layers)
-                if path != "old" and set(moved) != {n for n, p in model.named_parameters() if p.requires_grad}:
+                if (path != "old" or together) and set(moved) != {
+                        n for n, p in model.named_parameters() if p.requires_grad}:
                     raise SystemExit("the noised parameters are not the ones trainable_layers trains")
         model.eval()
         models.append(model)
@@ -321,7 +325,7 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     trunk = 0
     if path == "hf":
         hf.supports_own_loop = lambda m: False
-    if path == "new" and policies > 1:
+    if together:
         from accord.generation.fast_decode import shared_trunk
 
         trunk = shared_trunk(models)
@@ -461,7 +465,8 @@ def compare(args) -> dict:
     own = job["trainable_layers"] if args.policies > 1 else 0
     if own:
         print(f"2 policies, {len(job['prompts']) // 2} rows each, copies of the model whose last {own} layers (and "
-              f"final norm) differ; new decodes their shared layers together, old and hf call each policy in turn")
+              f"final norm) differ; new (and old from a tree that can) decodes their shared layers together, hf "
+              f"calls each policy in turn")
     print(f"{args.model}: {len(job['prompts'])} rows ({distinct} distinct prompts of "
           f"{min(map(len, job['prompts']))}-{max(map(len, job['prompts']))} tokens), up to {job['max_new_tokens']} new "
           f"tokens, temperature {job['temperature']}, top-k {job['top_k']}, top-p {job['top_p']}; {args.threads} "

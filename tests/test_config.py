@@ -230,6 +230,26 @@ def test_the_config_knows_the_models_the_loader_builds():
     assert set(BUILTIN_MODELS) == {SMOLLM2_SPEC, *TINY_SPECS}
 
 
+def test_tiny_model_options_are_checked_without_torch():
+    """model_kwargs are checked against a copy of build_tiny_model's signature in a module without torch, so that a config
+    with a tiny model is loaded (and its errors said) without importing torch and transformers (11 s on a 2-core
+    EPYC before)."""
+    import inspect
+    import subprocess
+    import sys
+
+    from accord.models.specs import TINY_OPTIONS
+    from accord.models.tiny import build_tiny_model
+
+    params = inspect.signature(build_tiny_model).parameters
+    assert TINY_OPTIONS == {k: eval(p.annotation) for k, p in params.items() if k not in ("arch", "seed")}
+    code = ("import sys; from accord.config import load_config; "
+            "cfg = load_config(None, ['policies.main.model=tiny-llama', 'policies.main.model_kwargs={num_layers: 3}']); "
+            "print(cfg.policies['main'].model_kwargs, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.split() == ["{'num_layers':", "3}", "False", "False"]
+
+
 @pytest.mark.parametrize("overrides,match", [
     (["task=null"], "task is null"),
     (["policies.main=null"], "policies.main is null"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.config import config_from_dict
+from accord.config import ConfigError, config_from_dict
 from accord.evaluate import pass_at_k, run_eval
 from accord.trainer import Trainer
 
@@ -60,6 +60,11 @@ def test_eval_single_turn_without_success_check(tiny_cfg, tmp_path):
     (metrics,) = report["variants"].values()
     assert "pass@1" not in metrics and "sampled/team" in metrics and "greedy/agent/e/completion_len" in metrics
     assert "no success check" in (out / "eval.md").read_text()
+    # pass@k of a task that has no success check is refused before anything is evaluated (nothing written)
+    with pytest.raises(ConfigError, match="--k 1 2: task 'letters' defines no success check, so pass@k cannot be "
+                                          "computed; drop --k"):
+        run_eval(cfg_path, samples=2, ks=[1, 2], out=tmp_path / "out2")
+    assert not (tmp_path / "out2" / "eval.json").exists()
 
 
 def test_eval_greedy_only_keeps_the_success_check(tiny_cfg, tmp_path):

@@ -78,10 +78,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(comp) > 1:
                 out.append(sorted(comp))
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:   # the limit is the process's: tests after this one (a recursion guard's) see the default
+        sys.setrecursionlimit(limit)
     return out
 
 

@@ -158,3 +158,31 @@ def test_a_model_directory_without_a_readable_config_is_one_line(tmp_path):
         cfg = load_config(overrides=[f"policies.main.model={tmp_path / name}", "task.name=letters"])
         with pytest.raises(ConfigError, match=problem + r".*save_pretrained"):
             make_plan(cfg)
+
+
+def test_plan_refuses_what_train_refuses_and_holds_prompts_to_the_context(tiny_cfg, caplog):
+    """A length cap the model's context cannot hold, an unknown sink and a --prompt-tokens past the context are
+    refused as train refuses them; a rollout.max_prompt_tokens past the context is warned of and the plan uses
+    the longest prompt that fits beside the cap (tiny-qwen2's 1024 positions, 16 new tokens: 1008)."""
+    from accord.build import prompt_room
+    from accord.config import ConfigError
+
+    small = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2,
+                                                      "max_position_embeddings": 8}}
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens=16 leaves no room for a prompt in the context of 8"):
+        make_plan(config_from_dict(tiny_cfg(policies={"main": small}, rollout={"max_new_tokens": 16})))
+    with pytest.raises(ConfigError, match="'tensorbord' is not a registered sink; did you mean 'tensorboard'"):
+        make_plan(config_from_dict(tiny_cfg(logging={"report_to": ["tensorbord"]})))
+    cfg = config_from_dict(tiny_cfg(rollout={"max_new_tokens": 16}))
+    with pytest.raises(ConfigError, match="--prompt-tokens 1009 does not fit .* policy 'main': give at most 1008"):
+        make_plan(cfg, prompt_tokens=1009)
+    assert make_plan(cfg, prompt_tokens=1008)["prompt"] == 1008
+    with caplog.at_level("WARNING", logger="accord.build"):
+        assert make_plan(cfg)["prompt"] == cfg.rollout.max_prompt_tokens == 512
+    assert "max_prompt_tokens" not in caplog.text
+    cfg = config_from_dict(tiny_cfg(rollout={"max_new_tokens": 16, "max_prompt_tokens": 100000}))
+    with caplog.at_level("WARNING", logger="accord.build"):
+        assert make_plan(cfg)["prompt"] == 1008
+    assert "rollout.max_prompt_tokens=100000 does not fit the 1024-token context" in caplog.text
+    assert "set rollout.max_prompt_tokens to 1008 or less" in caplog.text
+    assert prompt_room(cfg, {"main": None}) == {}   # an unknown context holds anything

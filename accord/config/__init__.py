@@ -14,9 +14,9 @@ module                 what it holds
 :mod:`~.loading`       YAML reading, coercion, overrides, :func:`load_config`, :func:`save_config`, :func:`describe`
 =====================  ====================================================================================
 
-The package imports no accord module above it (only :mod:`accord.models` for the tiny models' options):
-what a rule needs of a higher layer is passed in as plain values. Settings that have no effect in a run
-are warnings, not errors: :mod:`accord.config.ignored`.
+The package imports no accord module above it, and of the models below it only :mod:`accord.models.specs` (the
+tiny models' options, without torch): what a rule needs of a higher layer is passed in as plain values.
+Settings that have no effect in a run are warnings, not errors: :mod:`accord.config.ignored`.
 """
 
 from accord.config.base import (ACTOR_CRITIC, ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, LOSSES, MAX_SEED,

@@ -16,7 +16,6 @@ import logging
 import os
 import posixpath
 import re
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1038,14 +1037,12 @@ def check_model_name(key: str, spec: str) -> None:
 
 def _check_model_kwargs(path: str, model: str, kwargs: dict) -> None:
     """``model_kwargs`` only for the tiny models, with the names and types of :func:`build_tiny_model`."""
-    from accord.models.loading import TINY_SPECS
-    from accord.models.tiny import build_tiny_model, tiny_shape_problem
+    from accord.models.specs import TINY_OPTIONS, TINY_SPECS, tiny_shape_problem   # no torch import
 
     if model not in TINY_SPECS:
         raise ConfigError(f"{path}.model_kwargs only apply to the tiny models {list(TINY_SPECS)}, not to "
                           f"{path}.model={model!r}; drop model_kwargs or pick a tiny model")
-    hints = typing.get_type_hints(build_tiny_model)
-    valid = [k for k in hints if k not in ("arch", "seed", "return")]
+    hints, valid = TINY_OPTIONS, list(TINY_OPTIONS)
     for key, value in kwargs.items():
         if key not in valid:
             raise _unknown_key(f"{path}.model_kwargs", str(key), valid)

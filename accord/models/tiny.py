@@ -17,8 +17,9 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from accord.seeding import seeded_torch
 
 from ._corpus import corpus_lines
+from .specs import TINY_MIN_VOCAB as _MIN_VOCAB
+from .specs import tiny_shape_problem as tiny_shape_problem
 
-_MIN_VOCAB = 256 + 4
 IM_START, IM_END, PAD, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|pad|>", "<|endoftext|>"
 # Qwen2/SmolLM2-style pre-tokenisation (single digits, contractions, words, punctuation runs). Matching it
 # matters: AutoTokenizer always rebuilds tokenizers saved next to a qwen2 config with this exact pipeline.
@@ -92,20 +93,6 @@ def tiny_tokenizer(vocab_size: int = 2048, pad_is_eos: bool = False) -> transfor
         chat_template=CHAT_TEMPLATE,
         model_max_length=1024,
     )
-
-
-def tiny_shape_problem(hidden_size: int = 64, num_heads: int = 4, vocab_size: int = 2048) -> str | None:
-    """What is wrong with a tiny model's shape (None: nothing); the config checks it before building."""
-    for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads)):
-        if value < 1:
-            return f"{name}={value} must be >= 1"
-    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
-        return (f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads} with an even "
-                "head dimension (needed by rotary embeddings); e.g. hidden_size=64, num_heads=4.")
-    if vocab_size < _MIN_VOCAB:
-        return (f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {_MIN_VOCAB} "
-                "(256 bytes + special tokens); pass a larger vocab_size.")
-    return None
 
 
 def _tiny_config(arch: str, tokenizer, hidden_size: int, num_layers: int, num_heads: int,

@@ -605,15 +605,17 @@ def _trunk_policies(vocab_size: int = 300, **extra):
     return pols
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["own-heads", "tied-head"])
 @pytest.mark.parametrize("pack", [True, False], ids=["onednn", "F.linear"])
-def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_draws(pack, monkeypatch):
+def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_draws(pack, tied, monkeypatch):
     """Two policies that train the last of three blocks of one model: generate_together runs the two frozen
-    blocks for both policies' rows at once, and each policy gets the tokens and log-probs of its own call (its
+    blocks for both policies' rows at once (and, with a head tied to the frozen embeddings, the head too, after
+    each policy's own trained final norm), and each policy gets the tokens and log-probs of its own call (its
     own stream, its own per-row settings, rows leaving at EOS or their cap at different steps): bit for bit
     with oneDNN's products, whose rows do not depend on the batch, to rounding with F.linear's; so does the
     rollout's generate_by_policy."""
     import accord.generation.fast_decode as fast_decode
-    from accord.generation.fast_decode import shared_trunk
+    from accord.generation.fast_decode import DecodeStep, shared_trunk
     from accord.generation.hf import DecodeJob, generate_together
     from accord.policies.agents import generate_by_policy
     from accord.rollout.sample import Sampling
@@ -621,10 +623,16 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
     if pack and not fast_decode.onednn_linear_available():
         pytest.skip("no oneDNN linear in this torch build")
     monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0 if pack else 1 << 62)
-    a, b = _trunk_policies(tie_word_embeddings=False)   # heads of their own, which train
+    a, b = _trunk_policies(tie_word_embeddings=tied)   # untied: heads of their own, which train
+    first = DecodeStep(a.model, 64, rows=4)
+    assert (DecodeStep(b.model, 64, rows=2, trunk=(first, 2)).head is first.head) == tied
+    assert not torch.equal(a.model.model.norm.weight, b.model.model.norm.weight)
     long_prompt = a.encode_chat([{"role": "user", "content": "tell me a long story " * 6}])
     short = a.encode_chat([{"role": "user", "content": "hi"}])
     _eos_likely(b, long_prompt, scale=12.0)
+    if tied:   # the row written into b's embeddings, which the trunk shares
+        with torch.no_grad():
+            a.model.lm_head.weight.copy_(b.model.lm_head.weight)
     assert shared_trunk([a.model, b.model]) == 2
     hot, nucleus, capped = Sampling(2.0, 0, 1.0, 24), Sampling(1.5, 0, 0.9, 24), Sampling(0.9, 7, 1.0, 5)
     prompts = {"a": [long_prompt, short, long_prompt, short, long_prompt],
