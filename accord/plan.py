@@ -40,8 +40,8 @@ The model of memory (bytes; P parameters, P_t trainable, fp32 = 4 bytes):
   an assumption (no vLLM has run on a GPU here). ``docs/gpu.md`` has the measurements.
 
 Prompt lengths are ``rollout.max_prompt_tokens`` (the upper bound the config allows), or less where a model's
-context holds less beside the length caps, unless ``--prompt-tokens`` gives the typical length. ``docs/performance.md`` (*Measured numbers*) compares the estimate
-with a measured peak.
+context holds less beside the length caps, unless ``--prompt-tokens`` gives the typical length.
+``docs/performance.md`` (*Measured numbers*) compares the estimate with a measured peak.
 """
 
 from __future__ import annotations
@@ -425,7 +425,6 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | Non
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
     from accord.envs.single_turn import SingleTurnEnv
-
     from accord.tracking.report_to import check_report_to
 
     env = build_env(cfg)   # imports the modules of ``imports:`` (their sinks registered)
