@@ -52,8 +52,6 @@ import logging
 import math
 from pathlib import Path
 
-import torch
-
 from accord.config import Config, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -175,6 +173,7 @@ def model_config(spec: str, model_kwargs: dict | None = None):
 
 
 def _meta_model(config):
+    import torch
     import transformers
 
     with torch.device("meta"):
@@ -202,6 +201,8 @@ def trained_parameters(model, trainable_layers: int | None) -> int:
 
 def _adapted_linears(model, cfg: Config, trainable_layers: int | None):
     """The linear layers LoRA adapts: the target modules, in the blocks ``trainable_layers`` chooses (all: None)."""
+    import torch
+
     from accord.policies.lora import adapted_blocks, default_target_modules
 
     targets = list(cfg.lora.target_modules) if cfg.lora.target_modules else default_target_modules(model)
@@ -380,6 +381,8 @@ def _bf16_guess(setting, device: str) -> bool:
     if setting in (True, False):
         return bool(setting)
     if device.startswith("cuda"):
+        import torch
+
         if torch.cuda.is_available():
             from accord.devices import cuda_bf16
 
@@ -395,7 +398,11 @@ def _planned_device(setting: str, backend: str, gpus: float, cuda: bool | None =
     if backend == "ray":
         return "cuda" if (setting.startswith("cuda") or (setting == "auto" and gpus > 0)) else "cpu"
     if setting == "auto":
-        return "cuda:0" if (torch.cuda.is_available() if cuda is None else cuda) else "cpu"
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        return "cuda:0" if cuda else "cpu"
     return "cuda:0" if setting == "cuda" else setting
 
 
@@ -412,8 +419,10 @@ def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None)
     if gpu_memory_gb is not None:
         for i in range(gpus if gpus is not None else 8):
             out[f"cuda:{i}"] = gpu_memory_gb * GIB
-    elif torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
+    else:
+        import torch
+
+        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
             out[f"cuda:{i}"] = float(torch.cuda.get_device_properties(i).total_memory)
     return out
 

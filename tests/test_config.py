@@ -243,7 +243,7 @@ def test_tiny_model_options_are_checked_without_torch():
 
     params = inspect.signature(build_tiny_model).parameters
     assert TINY_OPTIONS == {k: eval(p.annotation) for k, p in params.items() if k not in ("arch", "seed")}
-    code = ("import sys; from accord.config import load_config; "
+    code = ("import sys; from accord.config import load_config; import accord.plan; "   # plan's config too
             "cfg = load_config(None, ['policies.main.model=tiny-llama', 'policies.main.model_kwargs={num_layers: 3}']); "
             "print(cfg.policies['main'].model_kwargs, 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
