@@ -415,7 +415,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="delete an earlier run in the run directory and start "
                    "over (without it, training into a directory that holds a run with a completed step is an error)")
     p.add_argument("--allow-unverified", action="store_true", help="with --resume: " + unverified)
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_train)
     p = sub.add_parser("sft", help="warm start: fine-tune each policy on demonstrations (the task's oracle or "
                        "sft.data) and export it for RL", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -441,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
                    "and start over (without it, other settings there are an error; the same settings resume)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: combine the compare.json files (or output "
                    "directories) of comparisons of one setting run apart, e.g. one per seed")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_compare)
     p = sub.add_parser("plan", help="memory and devices a config needs, from the model configs only (no weights); "
                        "exit status 1 when the run does not fit the devices")
@@ -466,7 +464,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crossplay", nargs="+", metavar="RUN_DIR", help="cross-play of trained runs (other seeds of one "
                    "config): each role's policy with the base, its own and the other runs' partners, roles swapped, "
                    "and the co-adaptation gap with 95%% intervals; writes RUN_DIR/crossplay (see docs/crossplay.md)")
-    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
@@ -488,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
                    help="import these modules first (their @register_task tasks are listed and checked)")
     p.set_defaults(func=_envs)
+    for p in sub.choices.values():   # also after the command: accord train --debug ...
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     head, overrides = _split_overrides(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(head)
     if overrides:

@@ -199,6 +199,13 @@ def test_debug_shows_the_traceback(tmp_path):
     assert res.returncode != 0 and "Traceback" in res.stderr and "run must be a mapping" in res.stderr
 
 
+@pytest.mark.parametrize("command", ["sft", "plan", "compare", "eval"])
+def test_every_command_takes_debug_after_it(command, tmp_path):
+    """--debug after the command (as the docs say), not only before it: the traceback of a config error."""
+    res = accord(command, "run=5", "--debug", *(["--samples", "0"] if command == "eval" else []), cwd=tmp_path)
+    assert res.returncode != 0 and "Traceback" in res.stderr and "unrecognized arguments" not in res.stderr
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A one-step run with two checkpoints' worth of steps (2 steps, one checkpoint each)."""
