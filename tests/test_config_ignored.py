@@ -109,6 +109,9 @@ CASES = [
     ("run.eval_every=5", ["task.eval_size=0"], True, ["task.eval_size=4"], True),
     ("logging.mlflow_tracking_uri=file:///tmp/mlruns", [], True, ["logging.report_to=[mlflow]"], True),
     ("training.micro_batch_size=4", ["training.micro_batch_tokens=512"], True, [], True),
+    # the default job's policy sets its own lr; a critic model without critic.lr reads training.lr
+    ("training.lr=0.001", [], True, ["policies.main.lr=null"], True),
+    ("training.lr=0.001", IAC + ["critic.mode=separate", "critic.lr=0.01"], True, IAC + ["critic.mode=separate"], True),
     ("training.micro_batch_size=4", IAC + ["training.micro_batch_tokens=512"], True,
      IAC + ["critic.mode=separate", "training.micro_batch_tokens=512"], True),
     ("training.micro_batch_size=4", MADPO + ["training.micro_batch_tokens=512"], True,
@@ -265,6 +268,8 @@ PROOFS = [
     ("backends-magrpo", LETTERS_MAGRPO, ["rollout.vllm_gpu_memory_utilization=0.9", "rollout.vllm_sleep='off'",
                                          "ray.num_cpus_per_policy=3.0", "logging.wandb_project=x"]),
     ("micro_batch_size-iac", {**LETTERS_IAC, "training": {"micro_batch_tokens": 40}}, ["training.micro_batch_size=3"]),
+    ("lr-own-lr", {"policies": {"main": {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2},
+                                         "lr": 1e-3}}}, ["training.lr=0.5"]),
 ]
 
 

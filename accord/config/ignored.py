@@ -73,6 +73,18 @@ def _on_single_turn(cfg: Config) -> str:
     return f"on the single-turn task {cfg.task.name!r}"
 
 
+def _own_lrs(cfg: Config, _: bool | None) -> str | None:
+    """``with every policy's own lr (...)`` where no optimizer reads ``training.lr``: every policy sets ``lr``, and
+    no critic model (maac's, iac's separate ones) goes without ``critic.lr``."""
+    if any(p.lr is None for p in cfg.policies.values()):
+        return None
+    critic_model = _stage(cfg) == "maac" or (_stage(cfg) == "iac" and cfg.critic.mode == "separate")
+    if critic_model and cfg.critic.lr is None:
+        return None
+    own = ", ".join(f"policies.{n}.lr={_show(p.lr)}" for n, p in cfg.policies.items())
+    return f"with every policy's own lr ({own})"
+
+
 def _name_not(*names: str) -> Condition:
     return lambda cfg, _: None if cfg.algorithm.name in names else f"under algorithm.name={cfg.algorithm.name}"
 
@@ -247,6 +259,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("policies.*.num_cpus", "policies.*.num_gpus"), "run.backend is not ray",
          lambda cfg, _: None if cfg.run.backend == "ray" else f"with run.backend={cfg.run.backend}",
          "it is what the policy's Ray actor reserves under run.backend=ray", "remove it or set run.backend=ray"),
+    # policies.model (make_adamw: the policy's lr or training.lr), critics (head: critic.lr, its policy's lr or
+    # training.lr; a critic model, maac's or iac's separate ones: critic.lr or training.lr)
+    Rule(("training.lr",), "every policy sets its own lr (and no critic model falls back on training.lr)", _own_lrs,
+         "it is the learning rate of a policy (or critic model) that sets none",
+         lambda cfg: "remove it or set " + " / ".join(f"policies.{n}.lr" for n in cfg.policies) + " instead"),
     # tracking.wandb: the wandb sink alone reads them
     Rule(("logging.wandb_project", "logging.wandb_entity"), "logging.report_to has no wandb",
          lambda cfg, _: None if "wandb" in cfg.logging.report_to else "without wandb in logging.report_to",
