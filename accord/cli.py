@@ -200,8 +200,9 @@ def _sft(args: argparse.Namespace) -> int:
     config_path = positional.pop(0) if positional and "=" not in positional[0] else None
     cfg = load_config(config_path, positional)
     for path in (cfg.sft.data, cfg.sft.eval_data):   # before torch is imported (seconds)
-        if path is not None and demo_file_problem(path):
-            raise ConfigError(demo_file_problem(path))
+        problem = None if path is None else demo_file_problem(path)
+        if problem:
+            raise ConfigError(problem)
     from accord.sft import collect_demos, run_sft, write_demos
     if args.write_demos:
         train, _ = collect_demos(cfg)
