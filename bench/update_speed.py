@@ -14,9 +14,9 @@ as instructions are; completions of 30 to 95 tokens, advantages +-1) in micro-ba
 ``--trainable-layers N`` also the shared update of a second policy that trains only the last N blocks
 (``policies.<name>.trainable_layers``; a different gradient, so only its time compares). The first three
 paths compute the same loss and gradients (``tests/generation/test_generation.py``); this measures the time.
-Best of ``--rounds`` updates per setting, the order rotated from round to round. bf16 is only fast on CPUs with bf16
-matrix units (AMX; AVX512-BF16 alone measured slower than fp32, bench/README.md); elsewhere measure
-``--precision fp32``.
+Best of ``--rounds`` updates per setting, the order rotated from round to round. bf16 is fast on CPUs with bf16
+matrix units (AMX); with AVX512-BF16 alone it measured 1.6x slower than fp32 on an Intel Xeon and 2.6x faster on an
+AMD EPYC Zen 5 (bench/README.md); without bf16 instructions it is emulated: measure ``--precision fp32``.
 """
 
 from __future__ import annotations

@@ -119,6 +119,9 @@ def test_merge_names_a_compare_json_of_the_wrong_shape(tmp_path, fields, problem
     ("run.name=0755", r"run.name=493: YAML read this value as a number"),
     ("run.name=1:30", r"run.name=90: YAML read this value as a number"),
     ("run.output_dir=2024.10", r"run.output_dir=2024.1: YAML read this value as a number"),
+    ("algorithm.tis=off", r"algorithm.tis=False: YAML read this value as a boolean .*algorithm.tis='off'$"),
+    ("training.audit=no", r"training.audit=False: YAML read this value as a boolean .*training.audit='off'$"),
+    ("run.name=yes", r"run.name=True: YAML read this value as a boolean .*run.name='on'$"),
     ('run.name="a\\0b"', r"run.name holds the character '\\x00'"),
     ('run.name="a\\ud800"', r"run.name holds the character '\\ud800'"),
     ("run.run_dir=", r"run.run_dir is an empty string \(an unset shell variable\?\)"),
@@ -134,8 +137,8 @@ def test_config_values_yaml_would_change_or_that_break_later_are_refused(overrid
 
 
 def test_quoted_text_keeps_what_was_written():
-    cfg = load_config(TINY, ["run.name='0755'", "run.output_dir='my runs #2'"])
-    assert cfg.run.name == "0755" and cfg.run.output_dir == "my runs #2"
+    cfg = load_config(TINY, ["run.name='0755'", "run.output_dir='my runs #2'", "algorithm.tis='off'"])
+    assert cfg.run.name == "0755" and cfg.run.output_dir == "my runs #2" and cfg.algorithm.tis == "off"
 
 
 def test_a_section_after_a_key_inside_it_is_refused_the_other_order_refines():

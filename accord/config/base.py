@@ -145,7 +145,11 @@ def _coerce(path: str, value: Any, tp: Any) -> Any:
             if bad is not None:
                 raise ConfigError(f"{path} holds the character {bad!r}, which no path, name or file can hold; remove it")
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, bool):  # YAML reads a bare on, off, yes, no, true or false as a boolean
+            word = "on" if value else "off"
+            raise ConfigError(f"{path}={value}: YAML read this value as a boolean (a bare on, off, yes, no, true or "
+                              f"false is one), where text is expected; quote it, e.g. {path}='{word}'")
+        if isinstance(value, (int, float)):
             # YAML read the text as a number, and not always as written (0755 is 493, 1:30 is 90, 2024.10 is
             # 2024.1): the text cannot be recovered, so it must be quoted
             raise ConfigError(f"{path}={value!r}: YAML read this value as a number, where text is expected (and may "
