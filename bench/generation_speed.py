@@ -24,7 +24,10 @@ rollout does, and so does ``old`` where its tree has that function (``--old-ref`
 shared layers); ``hf`` and an older tree call each policy in turn.
 
 Each path runs in its own worker process, all started before the first round and fed the same token ids;
-the rounds alternate between the paths, so that the load of a shared machine falls on all of them alike:
+the rounds alternate between the paths, so that the load of a shared machine falls on all of them alike. Each
+worker applies the job's ``run.retain_freed_memory`` (on by default, as ``accord train`` does: large blocks from
+the heap, freed memory kept for reuse; ``--set run.retain_freed_memory=false`` measures glibc's default), the
+older tree's worker too:
 
 - ``new``: :func:`accord.generation.generate` of this tree;
 - ``old``: the same function of the tree before issue 25 (``--old-ref``, default ``7f2afbf``), extracted
@@ -100,7 +103,8 @@ def default_job_requests(model: str, overrides: list[str] | None = None) -> dict
             prompts += [ModelPolicy.encode_chat(policy, env.prompt(agent.name, row))] * k
     return {"model": model, "prompts": prompts, "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
             "top_k": r.top_k, "top_p": r.top_p, "seed": sampling_stream_seed(policy_seed(cfg.run.seed, 0)),
-            "trainable_layers": cfg.policies["main"].trainable_layers}
+            "trainable_layers": cfg.policies["main"].trainable_layers,
+            "retain_freed_memory": cfg.run.retain_freed_memory}
 
 
 # --- this machine ---------------------------------------------------------------------------------
@@ -286,8 +290,19 @@ def second_policy(model, layers: int) -> list[str]:
     return moved
 
 
+def retain_freed_memory() -> bool:
+    """The allocator setting ``accord train`` applies under ``run.retain_freed_memory`` (on by default), taken from
+    this tree's :mod:`accord.allocator` file so that every path's process, an older tree's too, runs under it."""
+    spec = importlib.util.spec_from_file_location("accord_allocator_of_this_tree", REPO / "accord" / "allocator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.retain_freed_memory()
+
+
 def worker_main(path: str, work: Path, threads: int) -> None:
     """Serve ``run`` / ``profile`` requests on stdin for one path; answers are JSON lines on stdout."""
+    job = json.loads(work.read_text())
+    retained = job["retain_freed_memory"] and retain_freed_memory()
     import torch
 
     torch.set_num_threads(threads)
@@ -297,7 +312,6 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     import accord.generation.hf as hf
     from accord.models import load_model_and_tokenizer
 
-    job = json.loads(work.read_text())
     policies = job.get("policies", 1)
     models, tokenizer = [], None
     # the policies' shared layers decoded as one batch, where the tree can (an old tree before them cannot)
@@ -357,7 +371,7 @@ def worker_main(path: str, work: Path, threads: int) -> None:
         out.write(json.dumps(data) + "\n")
         out.flush()
 
-    answer({"accord": accord.__file__})
+    answer({"accord": accord.__file__, "retained": retained})
     for line in sys.stdin:
         op = json.loads(line)["op"]
         if op == "profile":
@@ -438,7 +452,8 @@ def compare(args) -> dict:
     workers = {p: Worker(p, work, args.threads, old) for p in paths}
     try:
         for p, w in workers.items():
-            print(f"{p}: accord from {w.ready['accord']}")
+            print(f"{p}: accord from {w.ready['accord']}; freed memory retained (run.retain_freed_memory): "
+                  f"{w.ready['retained']}")
         rates = machine_rates(args.threads)
         measured = dict(rates)
         if args.gemm_gflops:
@@ -521,7 +536,8 @@ def profile_path(args) -> None:
         res = worker.ask("profile")
     finally:
         worker.close()
-    print(f"{args.profile} ({worker.ready['accord']}), {args.model}, {args.threads} threads, load average "
+    print(f"{args.profile} ({worker.ready['accord']}; freed memory retained: {worker.ready['retained']}), "
+          f"{args.model}, {args.threads} threads, load average "
           f"{os.getloadavg()[0]:.1f}: {res['seconds']:.2f} s under the profiler")
     for kind, s in sorted(res["shares"].items(), key=lambda kv: -kv[1]):
         print(f"  {kind:58} {s:7.2f} s {100 * s / res['seconds']:5.1f} %")
