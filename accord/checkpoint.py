@@ -459,6 +459,7 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "completions", "tb",
 _RUN_OUTPUTS = (*RUN_FILES, "eval_completions", "trackers.json", "report", "eval", "crossplay")
 """What a run writes: deleted by ``overwrite``, and when a run that never completed a step is started over."""
 LOCK_FILE = ".accord.lock"
+SFT_DEMOS = "demos.jsonl"   # every warm start of accord sft holds it (accord.sft), no run of accord train does
 
 
 def _logged_steps(run_dir: Path):
@@ -546,6 +547,50 @@ def _delete_run(run_dir: Path) -> None:
             path.unlink()
 
 
+def run_in_use(run_dir: Path) -> str | None:
+    """Who holds ``run_dir``'s lock (what :func:`hold_run_dir` wrote: its pid) while a run of accord goes on there,
+    probed without waiting and let go at once; None when nobody does, or when it cannot be told (no lock file, a
+    file system without locks, or this process holding it)."""
+    import fcntl
+
+    if str(Path(run_dir).resolve()) in _HELD:
+        return None
+    try:
+        fh = open(Path(run_dir) / LOCK_FILE, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return fh.read().strip() or "another process"
+        except OSError:
+            return None
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return None
+
+
+def rotated_away(ckpt: Path, run_dir: Path, doing: str) -> CheckpointError | None:
+    """The error to give when ``ckpt`` went away while it was read because the run of ``run_dir`` goes on and
+    deletes its older checkpoints; None when the checkpoint is still there or no run holds the directory."""
+    owner = None if Path(ckpt).is_dir() else run_in_use(run_dir)
+    if owner is None:
+        return None
+    return CheckpointError(f"checkpoint {ckpt} was deleted while {doing}: {run_dir} is in use by a running accord "
+                           f"({owner}), which keeps only its newest checkpoints (run.keep_checkpoints); run the "
+                           "command again (it takes the newest), or once the run has ended")
+
+
+def warm_start_problem(run_dir: Path) -> str | None:
+    """A line saying that ``run_dir`` holds a warm start of ``accord sft`` (finished, or its unfinished
+    ``.partial``), which a run of accord train must neither resume nor overwrite; None otherwise."""
+    if not (Path(run_dir) / SFT_DEMOS).is_file():
+        return None
+    return (f"{run_dir} holds a warm start of accord sft ({SFT_DEMOS} beside it), not a run of accord train, and a "
+            f"run there would overwrite it; train from a finished one with policies.<name>.model={run_dir}/<name>, "
+            "into another run.name (or run.run_dir)")
+
+
 def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
     """Make ``run_dir`` ready for a new run (or a resume) without overwriting another run by accident; returns
     the release of the directory's lock (:func:`hold_run_dir`; a no-op when the directory does not exist yet).
@@ -567,6 +612,9 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
                 raise ConfigError(f"run directory {run_dir}: {parent} is a file, not a directory; set run.output_dir "
                                   "(or run.run_dir) to a directory path")
             break
+    problem = warm_start_problem(run_dir)
+    if problem is not None:   # with --overwrite too: a warm start is not a run that option deletes
+        raise ConfigError(problem)
     held = [name for name in RUN_FILES if (run_dir / name).exists()]
     # every run of accord's holds its directory's lock from the start: without the file, the names are another's
     # (a directory with a completed step is refused below in any case, as a run)
@@ -582,6 +630,10 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         if held and overwrite:
             logger.warning("--overwrite: deleting the earlier run in %s", run_dir)
+        elif held and completed_step(run_dir) and not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"{run_dir} holds {', '.join(held)} without the config.yaml of a run of accord's, so "
+                              "nothing there can be resumed; choose another run.name (or run.run_dir), or pass "
+                              f"--overwrite to delete {', '.join(held)}")
         elif held and completed_step(run_dir):
             raise ConfigError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with "
                               f"`accord train --resume {run_dir}`, start it over with --overwrite (deletes the old "

@@ -55,6 +55,9 @@ _USER_ERRORS = {
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 
 
+MAX_PLAN_GPUS = 1024   # accord plan --gpus: each planned GPU is a row of the plan
+
+
 def _user_errors() -> tuple[type, ...]:
     """The user-facing error classes of the modules imported so far (an unimported module raised nothing)."""
     found = [getattr(sys.modules[m], name) for m, names in _USER_ERRORS.items() if m in sys.modules for name in names]
@@ -141,6 +144,11 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{moved[0]}: a resumed run stays in its directory ({run_dir}) and keeps its name; drop "
                               "it (to train a copy elsewhere, copy the directory and resume the copy)")
         cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
+        from accord.checkpoint import warm_start_problem   # after the config: its errors come before torch
+
+        problem = warm_start_problem(run_dir)
+        if problem is not None:   # before the resume's changes are reported: there is nothing to resume
+            raise ConfigError(problem)
         if positional:
             _say_resume_changes(load_config(run_dir / "config.yaml", [f"run.run_dir={run_dir}"]), cfg)
     else:
@@ -154,9 +162,11 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{config_path} is where the run writes its resolved config (run directory {cfg.run_dir}), "
                               "so a new run would replace it; move the file elsewhere or set another run.run_dir (to "
                               f"continue the run that wrote it: accord train --resume {cfg.run_dir})")
-    try:
-        from accord.trainer import TrainingInterrupted, train  # after the config: config errors come before torch
+    # after the config (its errors come before torch), and outside the try: a Ctrl-C while torch loads leaves the
+    # names unbound, and reaches main's handler instead
+    from accord.trainer import TrainingInterrupted, train
 
+    try:
         run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite,
                         allow_unverified=args.allow_unverified)
     except TrainingInterrupted as stopped:  # the first Ctrl-C: the step finished and checkpointed
@@ -380,8 +390,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.gpu_memory_gb is not None and not (math.isfinite(args.gpu_memory_gb) and args.gpu_memory_gb > 0):
         raise ConfigError(f"--gpu-memory-gb {args.gpu_memory_gb}: give each GPU's memory in GiB, a number > 0 (80 for "
                           "an H100)")
-    if args.gpus is not None and args.gpus < 1:
-        raise ConfigError(f"--gpus {args.gpus}: give a number of GPUs >= 1")
+    if args.gpus is not None and not 1 <= args.gpus <= MAX_PLAN_GPUS:
+        raise ConfigError(f"--gpus {args.gpus}: give a number of GPUs from 1 to {MAX_PLAN_GPUS} (the plan lists each "
+                          "one)")
     if args.gpus is not None and args.gpu_memory_gb is None:
         raise ConfigError("--gpus plans for GPUs of another machine and needs their memory: add --gpu-memory-gb "
                           "(80 for an H100)")
@@ -447,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("args", nargs="*", help="[CONFIG.yaml] [key.sub=value ...]")
     p.add_argument("--prompt-tokens", type=int, help="typical prompt length (default rollout.max_prompt_tokens)")
     p.add_argument("--gpu-memory-gb", type=float, help="plan for GPUs of this size instead of the ones present")
-    p.add_argument("--gpus", type=int, help="with --gpu-memory-gb: how many such GPUs (default 8)")
+    p.add_argument("--gpus", type=int, help="with --gpu-memory-gb: how many such GPUs, 1 to 1024 (default 8)")
     p.set_defaults(func=_plan)
     p = sub.add_parser("eval", help="evaluate a config or a run (base vs latest checkpoint): greedy, sampled, pass@k")
     p.add_argument("target", nargs="?", help="CONFIG.yaml or RUN_DIR")
@@ -478,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                        "(a PEFT adapter per policy, plus the base, under specialization=lora)")
     p.add_argument("run_dir")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the latest)")
-    p.add_argument("--out", help="output directory, must not exist (default RUN_DIR/export/step_NNNNNN)")
+    p.add_argument("--out", help="output directory, must not exist nor lie in RUN_DIR/checkpoints (default "
+                   "RUN_DIR/export/step_NNNNNN)")
     p.add_argument("--allow-unverified", action="store_true", help=unverified)
     p.set_defaults(func=_export)
     p = sub.add_parser("envs", help="list the tasks and environments (or check environments' conformance)")

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 from safetensors import SafetensorError
 
 from accord import metric_names as mn
-from accord.checkpoint import CheckpointError, verified_checkpoint
+from accord.checkpoint import CheckpointError, rotated_away, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
@@ -323,6 +323,9 @@ def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out
                 try:
                     pol.load(ckpt / "policies" / name)
                 except (OSError, RuntimeError, EOFError, KeyError, SafetensorError) as err:  # unverified ones
+                    rotated = None if run_dir is None else rotated_away(ckpt, run_dir, "it was evaluated")
+                    if rotated is not None:
+                        raise rotated from err
                     raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({type(err).__name__}: "
                                           f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
                                           "checkpoint or retrain") from err

@@ -42,6 +42,7 @@ from accord.checkpoint import (
     checkpoint_step,
     checkpoints,
     is_disk_full,
+    rotated_away,
     verified_checkpoint,
 )
 from accord.config import Config, ConfigError, load_config
@@ -128,6 +129,14 @@ def _export_lora(cfg: Config, names: list[str], ckpt: Path, out: Path, final_out
     tokenizer.save_pretrained(out / "base")
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` lies in ``folder`` once both are resolved (False where either cannot be: a link loop)."""
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path | None = None,
                allow_unverified: bool = False) -> Path:
     """Write the checkpoint of ``step`` (None: the newest that verifies) of ``run_dir`` as Hugging Face model (or
@@ -143,6 +152,10 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
     if out.exists():
         raise ConfigError(f"{out} already exists; pass another --out or delete it")
+    if _inside(out, run_dir / "checkpoints"):
+        raise ConfigError(f"--out {out} lies in the run's checkpoints/, whose older checkpoints the run deletes as it "
+                          f"goes on (run.keep_checkpoints), and the export with them; pass an --out outside it (the "
+                          f"default is {run_dir / 'export' / ckpt.name})")
     names = _policy_names(cfg, ckpt)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the temporary directories of an export killed before it could clean up (mkdtemp's names, nothing else)
@@ -158,8 +171,11 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         else:
             _export_full(cfg, names, ckpt, tmp)
         os.replace(tmp, out)
-    except (OSError, RuntimeError, SafetensorError) as err:
+    except (OSError, RuntimeError, SafetensorError, ConfigError, CheckpointError) as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        rotated = rotated_away(ckpt, run_dir, "it was exported")
+        if rotated is not None:
+            raise rotated from err
         if is_disk_full(err, out.parent):
             raise DiskFullError(f"disk full while exporting {ckpt} into {out} ({type(err).__name__}: "
                                 f"{(str(err).splitlines() or [''])[0]}); nothing was written there: free space on "

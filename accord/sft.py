@@ -313,6 +313,13 @@ def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) ->
             raise DemoError(f"{d.where}: the completion of agent {d.agent!r} has {least}{len(ids)} tokens (with EOS), more "
                             f"than rollout.max_new_tokens={max_new_tokens}: RL could never write it; raise "
                             "rollout.max_new_tokens or shorten the completion")
+        chars = sum(len(m.get("content") or "") for m in d.messages if isinstance(m, dict))
+        limit = policy.rollout.max_prompt_tokens
+        if chars > CHARS_PER_TOKEN * limit:   # more tokens than the limit whatever the tokenizer: not tokenized
+            # (a 10 MB prompt took 5 GB to find too long)
+            raise DemoError(f"{d.where}: the prompt of agent {d.agent!r} has {chars} characters, so more than "
+                            f"rollout.max_prompt_tokens={limit} tokens: RL could never be shown it; shorten the "
+                            "demonstration's prompt or raise that limit")
         try:
             prompt = policy.encode_chat(d.messages)
         except PromptTooLongError as err:   # the rollout's limit: name the demonstration, and that it is its prompt
@@ -568,12 +575,14 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     directory, checkpointed every ``sft.checkpoint_every`` steps and at a Ctrl-C (the step in progress is
     finished first), and renamed into place when complete: the same command run again after a Ctrl-C or a
     kill goes on from the last checkpoint, as an uninterrupted run would have."""
-    from accord.checkpoint import hold_run_dir
+    from accord.checkpoint import SFT_DEMOS, hold_run_dir
 
     final = output_dir(cfg)
     if final.exists() and any(final.iterdir()):
-        raise ConfigError(f"{final} already holds a warm start; remove it, or set sft.output_dir (or run.name) to "
-                          "write another")
+        held = "a warm start" if (final / SFT_DEMOS).is_file() else "files of another kind ({})".format(
+            ", ".join(sorted(p.name for p in final.iterdir())[:5]))
+        raise ConfigError(f"{final} already holds {held}; remove it, or set sft.output_dir (or run.name) to write "
+                          "another")
     for line in unread_sft_settings(cfg):
         logger.warning("%s", line)
     setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
@@ -596,6 +605,11 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     except TrainingError:   # a non-finite loss: these settings cannot finish, so there is nothing to resume
         failed = True
         raise
+    except DemoError:   # a demonstration the policies cannot take (found before the first step): nothing to keep
+        from accord.checkpoint import checkpoints
+
+        failed = not checkpoints(part)
+        raise
     finally:
         release()
         if failed:
@@ -608,7 +622,8 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
     ``resumable``), export, and rename it to ``final``."""
     from safetensors import SafetensorError
 
-    from accord.checkpoint import LOCK_FILE, DiskFullError, commit_checkpoint, is_disk_full, write_checkpoint
+    from accord.checkpoint import (LOCK_FILE, DiskFullError, checkpoint_step, checkpoints, commit_checkpoint,
+                                   is_disk_full, write_checkpoint)
     from accord.trainer import GracefulStop, TrainingInterrupted
 
     s = cfg.sft
@@ -639,7 +654,13 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
     tokens_total, train_s = state.get("tokens", 0), state.get("train_s", 0.0)
     progress = {"step": done}
 
-    go_on = "run the same `accord sft` command again: it goes on from the last checkpoint"
+    def go_on() -> str:
+        """How the same command goes on: from the checkpoint the warm start holds, or from the start."""
+        held = checkpoints(part)
+        if held:
+            return (f"run the same `accord sft` command again: it goes on from its checkpoint of step "
+                    f"{checkpoint_step(held[-1])}")
+        return "run the same `accord sft` command again: it has no checkpoint, so it starts over"
 
     def checkpoint(step: int) -> None:
         try:
@@ -647,7 +668,7 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
                                    {"tokens": tokens_total, "train_s": train_s})
             commit_checkpoint(part, tmp, step, keep=1)
         except DiskFullError as err:   # the advice of an RL run's checkpoint (`accord train --resume`) is not ours
-            raise DiskFullError(f"{err.what} and {go_on}", err.what) from err
+            raise DiskFullError(f"{err.what} and {go_on()}", err.what) from err
 
     stop = GracefulStop(lambda: f"finishing sft step {progress['step'] + 1}/{last}, then a checkpoint of it and stop"
                         if progress["step"] + 1 < last else "finishing the warm start's last step and its export")
@@ -717,7 +738,7 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
             if not is_disk_full(err, part):
                 raise
             raise DiskFullError(f"disk full while exporting the warm start into {part} ({type(err).__name__}: "
-                                f"{err}); free space on that disk and {go_on}") from err
+                                f"{err}); free space on that disk and {go_on()}") from err
         for name in policies:
             nll = mn.sft_policy_key(name, mn.EVAL_NLL)
             if before.get(nll) is not None:

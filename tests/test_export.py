@@ -61,6 +61,11 @@ def test_export_full_model_loads_with_from_pretrained(tiny_cfg, tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr
     missing = accord("export", str(run_dir), "--step", "1", cwd=tmp_path)
     assert missing.returncode == 2 and "has no checkpoint of step 1; it has steps [2]" in missing.stderr
+    # inside the checkpoints a resumed run deletes as it goes on (run.keep_checkpoints): refused
+    inside = run_dir / "checkpoints" / "step_000002" / "mine"
+    refused = accord("export", str(run_dir), "--out", str(inside), cwd=tmp_path)
+    assert refused.returncode == 2 and "lies in the run's checkpoints/" in refused.stderr, refused.stderr[-2000:]
+    assert not inside.exists()
 
 
 @pytest.mark.slow

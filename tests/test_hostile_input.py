@@ -403,3 +403,123 @@ def test_eval_of_a_run_on_another_task_says_so(tiny_cfg, tmp_path, caplog):
         assert "not the task it trained on" not in caplog.text
         run_eval(run, ["task.name=relay"], samples=0, out=tmp_path / "other")
     assert "on task 'relay' {}, not the task it trained on ('letters' {})" in caplog.text
+
+
+def _cli(*args, cwd, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "accord.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, HF_HUB_OFFLINE="1", **(env or {})))
+
+
+def test_train_neither_resumes_nor_overwrites_a_warm_start_of_sft(tmp_path):
+    """An `accord sft` output (config.yaml, metrics.jsonl of its steps, demos.jsonl, the models) resumed or written
+    over by `accord train`: its metrics and config were replaced, its models left beside RL checkpoints."""
+    from accord.config import save_config
+
+    warm = tmp_path / "runs" / "warm" / "sft"
+    (warm / "main").mkdir(parents=True)
+    save_config(load_config(TINY, [f"run.run_dir={warm}"]), warm / "config.yaml")
+    (warm / "metrics.jsonl").write_text(json.dumps({"step": 1, "sft/main/loss": 2.0}) + "\n")
+    (warm / "demos.jsonl").write_text(json.dumps({"agent": "a", "prompt": "p", "completion": "c"}) + "\n")
+    before = {p.name: p.read_bytes() for p in warm.iterdir() if p.is_file()}
+    resumed = _cli("train", "--resume", str(warm), "rollout.batch_size=1", cwd=tmp_path)
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert f"{warm} holds a warm start of accord sft" in resumed.stderr and "--resume changes" not in resumed.stderr
+    for extra in ([], ["--overwrite"]):
+        new = _cli("train", str(TINY), f"run.run_dir={warm}", *extra, cwd=tmp_path)
+        assert new.returncode == 2 and f"{warm} holds a warm start of accord sft" in new.stderr, new.stderr[-3000:]
+    assert {p.name: p.read_bytes() for p in warm.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in warm.iterdir()) == ["config.yaml", "demos.jsonl", "main", "metrics.jsonl"]
+
+
+def test_a_directory_of_run_files_without_a_config_is_not_offered_a_resume(tmp_path):
+    """A foreign metrics.jsonl with steps: --resume could not continue it (no config.yaml), so it is not named."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 3}) + "\n")
+    with pytest.raises(ConfigError, match=r"holds metrics\.jsonl without the config\.yaml of a run of accord's, so "
+                                          r"nothing there can be resumed") as err:
+        claim_run_dir(other, resume=False, overwrite=False)
+    assert "--resume" not in str(err.value)
+
+
+def test_a_ctrl_c_while_the_trainer_loads_stops_with_one_line(monkeypatch, caplog):
+    """The trainer's import inside the handler's try left its names unbound on a Ctrl-C (UnboundLocalError)."""
+    import sys
+
+    from accord.cli import main
+
+    class Loading:   # a Ctrl-C arriving while `from accord.trainer import ...` runs
+        def __getattr__(self, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "accord.trainer", Loading())
+    with caplog.at_level("WARNING", logger="accord"):
+        assert main(["train", str(TINY)]) == 130
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == ["stopped by Ctrl-C"]
+
+
+def test_a_checkpoint_rotated_away_while_read_names_the_running_run(tmp_path):
+    import subprocess
+    import sys
+
+    from accord.checkpoint import CheckpointError, rotated_away, run_in_use
+
+    run = tmp_path / "run"
+    kept = _fake_checkpoint(run, "step_000002")
+    gone = run / "checkpoints" / "step_000001"
+    assert run_in_use(run) is None and rotated_away(gone, run, "it was exported") is None   # no lock file
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom accord.checkpoint import hold_run_dir\n"
+        f"hold_run_dir(Path({str(run)!r}))\nprint('held', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        owner = run_in_use(run)
+        assert owner is not None and str(holder.pid) in owner
+        err = rotated_away(gone, run, "it was exported")
+        assert isinstance(err, CheckpointError) and str(err).startswith(
+            f"checkpoint {gone} was deleted while it was exported: {run} is in use by a running accord ({owner})")
+        assert rotated_away(kept, run, "it was exported") is None   # still there: another problem, said as it is
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_in_use(run) is None
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("file", "ACCORD_CACHE={path} cannot be used as a directory"),
+    ("~no-such-user-of-accord/cache", "ACCORD_CACHE=~no-such-user-of-accord/cache cannot be used as a directory"),
+])
+def test_accord_cache_that_cannot_be_a_directory_is_one_line(tmp_path, monkeypatch, value, problem):
+    from accord.models.common import ModelNotFoundError, accord_cache_dir
+
+    path = tmp_path / "a-file"
+    path.write_text("")
+    monkeypatch.setenv("ACCORD_CACHE", str(path) if value == "file" else value)
+    with pytest.raises(ModelNotFoundError) as err:
+        accord_cache_dir()
+    message = str(err.value)
+    assert message.startswith(problem.format(path=path)) and "\n" not in message
+    assert message.endswith("set ACCORD_CACHE to a writable directory")
+
+
+def test_plan_for_more_gpus_than_it_lists_is_refused(caplog):
+    """Each planned GPU is a row: a billion took minutes and hundreds of GB before."""
+    from accord.cli import main
+
+    with caplog.at_level("ERROR", logger="accord"):
+        assert main(["plan", str(TINY), "--gpus", "1025", "--gpu-memory-gb", "80"]) == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "--gpus 1025: give a number of GPUs from 1 to 1024 (the plan lists each one)"]
+
+
+def test_a_dotted_key_in_a_file_is_told_how_to_nest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run.steps: 5\npolicies.main.lr: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'run.steps'; a dotted key is one key to YAML: nest its "
+                                          r"parts, each indented beneath the one before \(`run:`, then `steps:`\)"):
+        load_config(path)

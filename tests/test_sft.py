@@ -513,3 +513,41 @@ def test_sft_settings_it_does_not_read_are_named(tiny_cfg):
     assert lines[1].startswith("sft.instances=7 has no effect with sft.data") and "drop sft.instances" in lines[1]
     assert unread_sft_settings(config_from_dict(tiny_cfg(sft={"epochs": 2, "data": "demos.jsonl"}))) == []
     assert unread_sft_settings(config_from_dict(tiny_cfg(sft={"steps": 3, "instances": 7}))) == []
+
+
+def test_a_prompt_too_long_by_its_characters_alone_is_refused_untokenized(tmp_path):
+    """More characters than CHARS_PER_TOKEN times the prompt limit is more tokens than the limit for any tokenizer:
+    refused before the prompt is encoded (a 10 MB prompt took 5 GB and 19 s to find too long)."""
+    from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+    from accord.policies.model import ModelPolicy
+    from accord.sft import CHARS_PER_TOKEN, Demo
+
+    policy = ModelPolicy("p", PolicyConfig(model="tiny-qwen2"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                         RolloutConfig(temperature=1.0, max_prompt_tokens=16), total_optimizer_steps=1, seed=0)
+    encoded = []
+    real = policy.encode_chat
+    policy.encode_chat = lambda messages: encoded.append(messages) or real(messages)
+    demo = Demo(agent="planner", messages=[{"role": "user", "content": "x" * (CHARS_PER_TOKEN * 16 + 1)}],
+                completion="Moves: U", where="demos.jsonl line 3")
+    with pytest.raises(DemoError) as err:
+        encode_demos(policy, [demo], 8)
+    assert str(err.value).startswith("demos.jsonl line 3: the prompt of agent 'planner' has 1025 characters, so more "
+                                     "than rollout.max_prompt_tokens=16 tokens") and not encoded
+    short = Demo(agent="planner", messages=[{"role": "user", "content": "x" * (CHARS_PER_TOKEN * 16)}],
+                 completion="Moves: U", where="demos.jsonl line 4")
+    with pytest.raises(DemoError, match="demos.jsonl line 4: the prompt of agent 'planner' is too long"):
+        encode_demos(policy, [short], 8)   # at the bound: tokenized, and found too long by its tokens
+    assert len(encoded) == 1
+
+
+@pytest.mark.slow
+def test_a_warm_start_refused_for_its_demonstrations_leaves_nothing_behind(tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text(json.dumps({"agent": "planner", "prompt": "Grid " * 40000, "completion": "Moves: U"}) + "\n")
+    config = tmp_path / "warm.yaml"
+    config.write_text(yaml.safe_dump(planpath_cfg(tmp_path, data=str(demos))))
+    res = accord("sft", str(config), cwd=tmp_path)
+    errors = [line for line in res.stderr.splitlines() if "ERROR" in line]
+    assert res.returncode == 2 and len(errors) == 1 and "the prompt of agent 'planner' has" in errors[0], res.stderr
+    assert not (tmp_path / "runs" / "warm" / ".sft.partial").exists()
+    assert not (tmp_path / "runs" / "warm" / "sft").exists()

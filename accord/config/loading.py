@@ -31,7 +31,13 @@ _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
 
 
 def _nested_hint(key: str, exact: bool) -> str:
-    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``."""
+    """For an unknown top-level key, the nested keys it may mean: ``steps`` -> ``run.steps``; a dotted key written in
+    a file (``run.steps: 5``), which YAML reads as one key, is told how to nest it."""
+    section, _, rest = key.partition(".")
+    if exact and rest and section in {dotted.split(".", 1)[0] for dotted, _, _ in describe() if "." in dotted}:
+        parts = ", then ".join(f"`{part}:`" for part in key.split("."))
+        return (f"a dotted key is one key to YAML: nest its parts, each indented beneath the one before ({parts}); "
+                "dotted keys are for overrides on the command line; ")
     leaves: dict[str, list[str]] = {}
     for dotted, _, _ in describe():
         if "." in dotted:

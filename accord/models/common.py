@@ -20,8 +20,13 @@ def accord_cache_dir() -> pathlib.Path:
     ``$ACCORD_CACHE`` when set (``~`` is expanded), else ``~/.cache/accord``.
     """
     env = os.environ.get("ACCORD_CACHE")
-    path = pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "accord"
-    path.mkdir(parents=True, exist_ok=True)
+    where = f"ACCORD_CACHE={env}" if env else "accord's model cache ~/.cache/accord"
+    try:
+        path = pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "accord"
+        path.mkdir(parents=True, exist_ok=True)
+    except (OSError, RuntimeError) as err:   # a file in the way, no permission, a ~user or home that is not there
+        raise ModelNotFoundError(f"{where} cannot be used as a directory ({getattr(err, 'strerror', None) or err}); "
+                                 "set ACCORD_CACHE to a writable directory") from err
     return path
 
 

@@ -112,7 +112,12 @@ def smollm2_dir(cache_dir: pathlib.Path | None = None) -> pathlib.Path:
     root.mkdir(parents=True, exist_ok=True)
     logger.info("one-time conversion of %s to %s (about 20 s)", gguf_path.name, target)
     start = time.perf_counter()
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.tmp-", dir=root))
+    try:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.tmp-", dir=root))
+    except PermissionError as err:
+        raise ModelNotFoundError(f"{root} (accord's model cache: ACCORD_CACHE, default ~/.cache/accord) is not "
+                                 f"writable ({err.strerror}), so the model cannot be converted into it; set "
+                                 "ACCORD_CACHE to a writable directory") from err
     try:
         facts = _convert(gguf_path, tmp)
         facts["seconds"] = round(time.perf_counter() - start, 2)
