@@ -581,6 +581,16 @@ def rotated_away(ckpt: Path, run_dir: Path, doing: str) -> CheckpointError | Non
                            "command again (it takes the newest), or once the run has ended")
 
 
+def in_checkpoints(path: Path, run_dir: Path) -> bool:
+    """Whether ``path`` lies in ``run_dir``'s ``checkpoints/``, whose older checkpoints the run deletes as it goes on
+    (``run.keep_checkpoints``): no place for an export or an evaluation. False where either cannot be resolved (a
+    link loop)."""
+    try:
+        return Path(path).resolve().is_relative_to(checkpoint_dir(run_dir).resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
 def warm_start_problem(run_dir: Path) -> str | None:
     """A line saying that ``run_dir`` holds a warm start of ``accord sft`` (finished, or its unfinished
     ``.partial``), which a run of accord train must neither resume nor overwrite; None otherwise."""

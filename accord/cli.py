@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.eval_temperature "
                    "if > 0, else rollout.temperature)")
     p.add_argument("--no-base", action="store_true", help="for a run directory, skip the base weights")
-    p.add_argument("--out", help="output directory (default RUN_DIR/eval, RUN_DIR/eval-PIPELINE with --pipeline)")
+    p.add_argument("--out", help="output directory, not in RUN_DIR/checkpoints (default RUN_DIR/eval, "
+                   "RUN_DIR/eval-PIPELINE with --pipeline)")
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 from safetensors import SafetensorError
 
 from accord import metric_names as mn
-from accord.checkpoint import CheckpointError, rotated_away, verified_checkpoint
+from accord.checkpoint import CheckpointError, in_checkpoints, rotated_away, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
@@ -233,6 +233,10 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file; give a directory for eval.json and eval.md")
+    if run_dir is not None and in_checkpoints(out_dir, run_dir):
+        raise ConfigError(f"--out {out_dir} lies in the run's checkpoints/, whose older checkpoints the run deletes as "
+                          f"it goes on (run.keep_checkpoints), and the evaluation with them; pass an --out outside it "
+                          f"(the default is {run_dir / 'eval'})")
     if (out_dir / "eval.json").exists() or (out_dir / "eval.md").exists():
         logger.warning("%s holds an eval.json or eval.md (an earlier evaluation): they are replaced when this one "
                        "ends; pass --out DIR to keep them", out_dir)

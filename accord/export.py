@@ -41,6 +41,7 @@ from accord.checkpoint import (
     checkpoint_problem,
     checkpoint_step,
     checkpoints,
+    in_checkpoints,
     is_disk_full,
     rotated_away,
     verified_checkpoint,
@@ -129,14 +130,6 @@ def _export_lora(cfg: Config, names: list[str], ckpt: Path, out: Path, final_out
     tokenizer.save_pretrained(out / "base")
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether ``path`` lies in ``folder`` once both are resolved (False where either cannot be: a link loop)."""
-    try:
-        return path.resolve().is_relative_to(folder.resolve())
-    except (OSError, RuntimeError):
-        return False
-
-
 def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path | None = None,
                allow_unverified: bool = False) -> Path:
     """Write the checkpoint of ``step`` (None: the newest that verifies) of ``run_dir`` as Hugging Face model (or
@@ -152,7 +145,7 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
     if out.exists():
         raise ConfigError(f"{out} already exists; pass another --out or delete it")
-    if _inside(out, run_dir / "checkpoints"):
+    if in_checkpoints(out, run_dir):
         raise ConfigError(f"--out {out} lies in the run's checkpoints/, whose older checkpoints the run deletes as it "
                           f"goes on (run.keep_checkpoints), and the export with them; pass an --out outside it (the "
                           f"default is {run_dir / 'export' / ckpt.name})")

@@ -90,3 +90,8 @@ def test_eval_cli(tiny_cfg, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(run), "--samples", "1", "--k", "2"],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert bad.returncode == 2 and "pass@2 needs at least 2 samples" in bad.stderr
+    inside = run / "checkpoints" / "step_000002" / "mine"   # rotation would delete it with the checkpoint
+    refused = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(run), "--samples", "0", "--out",
+                              str(inside)], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert refused.returncode == 2 and "lies in the run's checkpoints/" in refused.stderr, refused.stderr[-2000:]
+    assert not inside.exists()
