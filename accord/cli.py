@@ -164,21 +164,22 @@ def _train(args: argparse.Namespace) -> int:
                               f"continue the run that wrote it: accord train --resume {cfg.run_dir})")
     # after the config (its errors come before torch), and outside the try: a Ctrl-C while torch loads leaves the
     # names unbound, and reaches main's handler instead
-    from accord.trainer import TrainingInterrupted, train
+    from accord.trainer import EXIT_CODES, TrainingInterrupted, train
 
     try:
         run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite,
                         allow_unverified=args.allow_unverified)
-    except TrainingInterrupted as stopped:  # the first Ctrl-C: the step finished and checkpointed
+    except TrainingInterrupted as stopped:  # the first Ctrl-C or SIGTERM: the step finished and checkpointed
         if args.debug:
             raise
         logger.warning("%s", stopped)
-        return 130
-    except KeyboardInterrupt:  # a second Ctrl-C, or one before training started
+        return EXIT_CODES[stopped.signal_name]
+    except KeyboardInterrupt as stopped:  # a second Ctrl-C or SIGTERM, or a Ctrl-C before training started
         if args.debug:
             raise
-        logger.warning("stopped at once by Ctrl-C; %s", _after_interrupt(cfg.run_dir))
-        return 130
+        name = getattr(stopped, "signal_name", "Ctrl-C")
+        logger.warning("stopped at once by %s; %s", name, _after_interrupt(cfg.run_dir))
+        return EXIT_CODES[name]
     except OSError as err:  # a full disk outside the training loop (the resolved config, the lock file)
         from accord.checkpoint import disk_full_error
 
@@ -219,19 +220,20 @@ def _sft(args: argparse.Namespace) -> int:
         write_demos(train, args.write_demos)
         logger.info("wrote %d demonstrations to %s", len(train), args.write_demos)
         return 0
-    from accord.trainer import TrainingInterrupted
+    from accord.trainer import EXIT_CODES, TrainingInterrupted
 
     try:
         run_sft(cfg)
-    except TrainingInterrupted as stopped:   # the first Ctrl-C: the step finished and checkpointed
+    except TrainingInterrupted as stopped:   # the first Ctrl-C or SIGTERM: the step finished and checkpointed
         logger.warning("%s", stopped)
-        return 130
-    except KeyboardInterrupt:   # a second Ctrl-C, or one before training started
+        return EXIT_CODES[stopped.signal_name]
+    except KeyboardInterrupt as stopped:   # a second Ctrl-C or SIGTERM, or a Ctrl-C before training started
         if getattr(args, "debug", False):
             raise
-        logger.warning("stopped at once by Ctrl-C; run the same command again: it goes on from the newest checkpoint "
-                       "of the unfinished warm start (sft.checkpoint_every), or starts over where it has none")
-        return 130
+        name = getattr(stopped, "signal_name", "Ctrl-C")
+        logger.warning("stopped at once by %s; run the same command again: it goes on from the newest checkpoint "
+                       "of the unfinished warm start (sft.checkpoint_every), or starts over where it has none", name)
+        return EXIT_CODES[name]
     return 0
 
 
@@ -288,12 +290,15 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         try:
             data = compare_main(args.args, out=args.out, overwrite=args.overwrite)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stopped:   # TrainingInterrupted and StoppedAtOnce name their signal
             if getattr(args, "debug", False):
                 raise
-            logger.warning("stopped by Ctrl-C; run the same command again to go on: finished methods and seeds are "
-                           "kept, and an unfinished run resumes from its last checkpoint (run.checkpoint_every)")
-            return 130
+            from accord.trainer import EXIT_CODES
+
+            name = getattr(stopped, "signal_name", "Ctrl-C")
+            logger.warning("stopped by %s; run the same command again to go on: finished methods and seeds are "
+                           "kept, and an unfinished run resumes from its last checkpoint (run.checkpoint_every)", name)
+            return EXIT_CODES[name]
     _out(Path(data["files"]["markdown"]).read_text())
     _out(f"\n{data['files']['json']}\n{data['files']['plot']}\n")
     return 0

@@ -720,9 +720,9 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
             if step < last and (stop.requested or (save_every and step % save_every == 0)):
                 checkpoint(step)
             if stop.requested and step < last:
-                raise TrainingInterrupted(f"stopped by Ctrl-C after sft step {step}/{last} (checkpointed in "
-                                          f"{part}); run the same command again to go on from there", step,
-                                          part / "checkpoints")
+                raise TrainingInterrupted(f"stopped by {stop.signal_name} after sft step {step}/{last} (checkpointed "
+                                          f"in {part}); run the same command again to go on from there", step,
+                                          part / "checkpoints", stop.signal_name)
         after = {k: v for k, v in metrics.items()
                  if k.endswith(mn.SEP + mn.EVAL_NLL) or k.startswith(mn.SFT_EVAL_PREFIX)}
         summary.update({"tokens": tokens_total, "train_s": round(train_s, 2),

@@ -103,47 +103,66 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
     return out
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) stopped a run after the step it was in: the last completed step is checkpointed
-    (``checkpoint``; None when no step completed) and the message says how to resume. A KeyboardInterrupt,
-    so that code which does not know accord stops as on any Ctrl-C."""
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+EXIT_CODES = {"Ctrl-C": 130, "SIGTERM": 143}   # 128 + the signal's number, as a shell reports a process it ended
 
-    def __init__(self, message: str, step: int, checkpoint: Path | None):
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM (``signal_name``) stopped a run after the step it was in: the last completed
+    step is checkpointed (``checkpoint``; None when no step completed) and the message says how to resume. A
+    KeyboardInterrupt, so that code which does not know accord stops as on any Ctrl-C."""
+
+    def __init__(self, message: str, step: int, checkpoint: Path | None, signal_name: str = "Ctrl-C"):
         super().__init__(message)
-        self.step, self.checkpoint = step, checkpoint
+        self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second Ctrl-C or SIGTERM (``signal_name``) while a graceful stop was under way: stopped without
+    finishing the step."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 class GracefulStop:
-    """While active (a ``with`` block in the main thread), the first SIGINT asks the run to stop after the step
-    in progress, which is finished and checkpointed, so no completed step is lost and the resumed run is exactly
-    the uninterrupted one; a second SIGINT raises KeyboardInterrupt at once (the steps after the last checkpoint
-    are then lost). Elsewhere (another thread) SIGINT keeps Python's default, a KeyboardInterrupt at once.
+    """While active (a ``with`` block in the main thread), the first SIGINT (Ctrl-C) or SIGTERM (what a scheduler
+    or ``kill`` sends before it kills) asks the run to stop after the step in progress, which is finished and
+    checkpointed, so no completed step is lost and the resumed run is exactly the uninterrupted one; a second
+    one of either raises :class:`StoppedAtOnce` (a KeyboardInterrupt) at once (the steps after the last
+    checkpoint are then lost). ``signal_name``: the first one's ("Ctrl-C" or "SIGTERM"). Elsewhere (another
+    thread) both keep Python's defaults.
 
     Finishing the step, rather than abandoning it, keeps resume exact: the step's sampling has already moved
     the random streams a checkpoint saves, and a half-applied update cannot be saved as any step."""
 
     def __init__(self, describe: Callable[[], str]):
         self.requested = False
+        self.signal_name = "Ctrl-C"
         self._describe = describe
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self) -> "GracefulStop":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNAL_NAMES}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
+        name = SIGNAL_NAMES[signum]
         if self.requested:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        self.requested = True
-        logger.warning("Ctrl-C: %s; Ctrl-C again to stop at once (the steps after the last checkpoint are then lost)",
-                       self._describe())
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            raise StoppedAtOnce(name)
+        self.requested, self.signal_name = True, name
+        again = "Ctrl-C again" if name == "Ctrl-C" else "another SIGTERM or a Ctrl-C"
+        logger.warning("%s: %s; %s to stop at once (the steps after the last checkpoint are then lost)", name,
+                       self._describe(), again)
 
 
 class Trainer:
@@ -445,7 +464,7 @@ class Trainer:
                 if stop.requested:
                     if progress["done"] and progress["saved"] != progress["done"]:  # Ctrl-C just after a step
                         self._save(progress["done"], progress)
-                    raise self._interrupted(progress)
+                    raise self._interrupted(progress, stop.signal_name)
                 self._callback("on_train_end", dict(last))
         except OSError as err:
             if not is_disk_full(err):
@@ -498,7 +517,7 @@ class Trainer:
         self._callback("on_checkpoint", n, path)
 
     def _stopping(self, progress: dict) -> str:
-        """What the first Ctrl-C will do, for its notice."""
+        """What the first Ctrl-C (or SIGTERM) will do, for its notice."""
         doing = progress["doing"]
         if doing is None:
             return "stopping"
@@ -506,14 +525,14 @@ class Trainer:
             return f"finishing {doing}, then a checkpoint of it and stop"
         return f"finishing {doing}, then stop"
 
-    def _interrupted(self, progress: dict) -> TrainingInterrupted:
+    def _interrupted(self, progress: dict, name: str) -> TrainingInterrupted:
         done, saved = progress["done"], progress["saved"]
         if not done:
-            return TrainingInterrupted("stopped by Ctrl-C before the first step completed: nothing to save; run the "
-                                       "same command again to start over", 0, None)
+            return TrainingInterrupted(f"stopped by {name} before the first step completed: nothing to save; run "
+                                       "the same command again to start over", 0, None, name)
         ckpt = self.run_dir / "checkpoints" / f"step_{saved:06d}"
-        return TrainingInterrupted(f"stopped by Ctrl-C after step {done}/{self.cfg.run.steps} (checkpoint {ckpt}); "
-                                   f"continue with `accord train --resume {self.run_dir}`", done, ckpt)
+        return TrainingInterrupted(f"stopped by {name} after step {done}/{self.cfg.run.steps} (checkpoint {ckpt}); "
+                                   f"continue with `accord train --resume {self.run_dir}`", done, ckpt, name)
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, callbacks=None,

@@ -71,22 +71,23 @@ def _weights(run: Path, step: int) -> bytes:
 # --- Ctrl-C (item 6) -----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_resume_is_exact(tmp_path):
-    """A real SIGINT mid-run (no checkpoint scheduled before step 60): the step in progress is finished and
-    checkpointed, one line says how to resume, exit code 130; the resumed run ends with the weights and the
-    metrics steps of an uninterrupted one."""
+@pytest.mark.parametrize("sig, name, code", [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_resume_is_exact(tmp_path, sig, name, code):
+    """A real SIGINT (or SIGTERM, as a scheduler sends) mid-run (no checkpoint scheduled before step 60): the step
+    in progress is finished and checkpointed, one line says how to resume, exit code 130 (143); the resumed run
+    ends with the weights and the metrics steps of an uninterrupted one."""
     run = tmp_path / "run"
     proc = start("train", TINY, f"run.run_dir={run}", "run.steps=60", "run.checkpoint_every=0", *SMALL,
                  cwd=tmp_path, log=tmp_path / "train.log")
     wait_for(lambda: len(steps_of(run)) >= 3, proc)   # the eval before training and two steps logged
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == code
     log = (tmp_path / "train.log").read_text()
     assert "Traceback" not in log, log[-3000:]
-    assert "Ctrl-C: finishing step" in log
+    assert f"{name}: finishing step" in log
     line = one_line(log, "--resume")
     done = steps_of(run)[-1]
-    assert f"stopped by Ctrl-C after step {done}/60" in line and f"accord train --resume {run}" in line, line
+    assert f"stopped by {name} after step {done}/60" in line and f"accord train --resume {run}" in line, line
     assert steps_of(run) == list(range(done + 1))
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_{done:06d}"]
 
@@ -101,23 +102,25 @@ def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_resume_is_exact(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_at_once(tmp_path):
-    """The second SIGINT lands while the checkpoint the first one asked for is being written (held there for
-    60 s by the crash-test hook): the run stops at once, exit code 130, one line, no traceback, and nothing half
-    written is left under checkpoints/."""
+@pytest.mark.parametrize("first, second, name, code", [(signal.SIGINT, signal.SIGINT, "Ctrl-C", 130),
+                                                       (signal.SIGTERM, signal.SIGTERM, "SIGTERM", 143)])
+def test_a_second_ctrl_c_stops_at_once(tmp_path, first, second, name, code):
+    """The second SIGINT (SIGTERM) lands while the checkpoint the first one asked for is being written (held there
+    for 60 s by the crash-test hook): the run stops at once, exit code 130 (143), one line, no traceback, and
+    nothing half written is left under checkpoints/."""
     run = tmp_path / "run"
     proc = start("train", TINY, f"run.run_dir={run}", "run.steps=60", "run.checkpoint_every=0", *SMALL,
                  cwd=tmp_path, log=tmp_path / "train.log", ACCORD_TEST_CRASH_DELAY="manifest:60")
     wait_for(lambda: len(steps_of(run)) >= 2, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(first)
     wait_for(lambda: any((run / "checkpoints").glob(".tmp_step_*/state.pt")), proc)
     t = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    proc.send_signal(second)
+    assert proc.wait(timeout=30) == code
     assert time.monotonic() - t < 15
     log = (tmp_path / "train.log").read_text()
     assert "Traceback" not in log, log[-3000:]
-    line = one_line(log, "stopped at once by Ctrl-C")
+    line = one_line(log, f"stopped at once by {name}")
     assert f"no checkpoint yet: `accord train --resume {run}` starts it over from step 0" in line, line
     assert list((run / "checkpoints").iterdir()) == []
     again = accord("train", "--resume", run, "run.steps=2", cwd=tmp_path)
