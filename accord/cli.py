@@ -58,6 +58,12 @@ _OVERRIDE = re.compile(r"^[A-Za-z_][\w.\-]*=")
 MAX_PLAN_GPUS = 1024   # accord plan --gpus: each planned GPU is a row of the plan
 
 
+def _stopped_by(stopped: KeyboardInterrupt) -> str:
+    """The signal that stopped a command: accord's stops name theirs (Ctrl-C or SIGTERM); a plain
+    KeyboardInterrupt is a Ctrl-C."""
+    return getattr(stopped, "signal_name", "Ctrl-C")
+
+
 def _user_errors() -> tuple[type, ...]:
     """The user-facing error classes of the modules imported so far (an unimported module raised nothing)."""
     found = [getattr(sys.modules[m], name) for m, names in _USER_ERRORS.items() if m in sys.modules for name in names]
@@ -177,7 +183,7 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stopped:  # a second Ctrl-C or SIGTERM, or a Ctrl-C before training started
         if args.debug:
             raise
-        name = getattr(stopped, "signal_name", "Ctrl-C")
+        name = _stopped_by(stopped)
         logger.warning("stopped at once by %s; %s", name, _after_interrupt(cfg.run_dir))
         return EXIT_CODES[name]
     except OSError as err:  # a full disk outside the training loop (the resolved config, the lock file)
@@ -230,7 +236,7 @@ def _sft(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stopped:   # a second Ctrl-C or SIGTERM, or a Ctrl-C before training started
         if getattr(args, "debug", False):
             raise
-        name = getattr(stopped, "signal_name", "Ctrl-C")
+        name = _stopped_by(stopped)
         logger.warning("stopped at once by %s; run the same command again: it goes on from the newest checkpoint "
                        "of the unfinished warm start (sft.checkpoint_every), or starts over where it has none", name)
         return EXIT_CODES[name]
@@ -295,7 +301,7 @@ def _compare(args: argparse.Namespace) -> int:
                 raise
             from accord.trainer import EXIT_CODES
 
-            name = getattr(stopped, "signal_name", "Ctrl-C")
+            name = _stopped_by(stopped)
             logger.warning("stopped by %s; run the same command again to go on: finished methods and seeds are "
                            "kept, and an unfinished run resumes from its last checkpoint (run.checkpoint_every)", name)
             return EXIT_CODES[name]

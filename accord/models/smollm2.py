@@ -115,9 +115,10 @@ def smollm2_dir(cache_dir: pathlib.Path | None = None) -> pathlib.Path:
     try:
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.tmp-", dir=root))
     except PermissionError as err:
-        raise ModelNotFoundError(f"{root} (accord's model cache: ACCORD_CACHE, default ~/.cache/accord) is not "
-                                 f"writable ({err.strerror}), so the model cannot be converted into it; set "
-                                 "ACCORD_CACHE to a writable directory") from err
+        fix = ("pass a writable cache_dir" if cache_dir is not None else
+               "set ACCORD_CACHE (accord's model cache, default ~/.cache/accord) to a writable directory")
+        raise ModelNotFoundError(f"{root} is not writable ({err.strerror}), so the model cannot be converted into "
+                                 f"it; {fix}") from err
     try:
         facts = _convert(gguf_path, tmp)
         facts["seconds"] = round(time.perf_counter() - start, 2)
