@@ -46,7 +46,9 @@ at least max(FLOP / GEMM rate, bytes / bandwidth), where the bytes are every wei
 prompt's keys and values once plus each row's own; the prefill is counted at the GEMM rate. The GEMM rate
 is fp32 ``2048 x 2048`` matrix products with the same threads, the bandwidth a sum over 512 MiB, both
 best-of-5, measured before the rounds (``--gemm-gflops`` / ``--read-gbs`` replace them: a machine shared with
-other jobs measures less than it has). ``fraction of bound`` = bound / the path's best time.
+other jobs measures less than it has). ``fraction of bound`` = bound / the path's best time. ``faults``: the fewest
+minor page faults of one call over the rounds (memory the process touched for the first time: its heap still
+growing in the first calls, or freed memory handed back to the system).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -255,8 +258,8 @@ class Worker:
             raise RuntimeError(f"worker {self.path!r} exited with {self.proc.wait()}")
         return json.loads(line)
 
-    def ask(self, op: str) -> dict:
-        self.proc.stdin.write(json.dumps({"op": op}) + "\n")
+    def ask(self, op: str, **fields) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -373,21 +376,23 @@ def worker_main(path: str, work: Path, threads: int) -> None:
 
     answer({"accord": accord.__file__, "retained": retained})
     for line in sys.stdin:
-        op = json.loads(line)["op"]
-        if op == "profile":
+        request = json.loads(line)
+        if request["op"] == "profile":
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 t = time.perf_counter()
                 gens = call()
                 seconds = time.perf_counter() - t
+            table = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
+                                                                       row_limit=request["rows"])
             answer({"seconds": seconds, "shares": profile_shares(prof, len(job["prompts"]), model.config, seconds),
-                    "table": prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
-                                                                                row_limit=30)})
+                    "table": table})
             continue
-        t, c = time.perf_counter(), time.process_time()
+        t, c, faults = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         gens = call()
         answer({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - c,
+                "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                 "ids": [g.ids for g in gens], "logprobs": [g.logprobs for g in gens]})
 
 
@@ -464,12 +469,14 @@ def compare(args) -> dict:
         load = os.getloadavg()
         times: dict[str, list[float]] = {p: [] for p in paths}
         cpu: dict[str, list[float]] = {p: [] for p in paths}
+        faults: dict[str, list[int]] = {p: [] for p in paths}
         outs = {}
         for r in range(args.rounds):
             for p in (paths if r % 2 == 0 else paths[::-1]):
                 res = workers[p].ask("run")
                 times[p].append(res["seconds"])
                 cpu[p].append(res["cpu_seconds"])
+                faults[p].append(res["minor_faults"])
                 outs[p] = res
         load = (load, os.getloadavg())
     finally:
@@ -491,15 +498,15 @@ def compare(args) -> dict:
     results = {}
     ref = outs.get("old")
     header = (f"{'path':6} {'best s':>7} {'median s':>8} {'cpu s':>6} {'tokens':>6} {'tokens/s':>8} {'bound s':>7} "
-              f"{'of bound':>8} {'vs old':>7} {'same rows as old':>16} {'max logp gap':>12}")
+              f"{'of bound':>8} {'vs old':>7} {'same rows as old':>16} {'max logp gap':>12} {'faults':>7}")
     print(header)
     for p in paths:
         lengths = [len(ids) for ids in outs[p]["ids"]]
         bound = bound_seconds(config, job["prompts"], lengths, rates, own)
         best = min(times[p])
         row = {"best_s": best, "median_s": statistics.median(times[p]), "times_s": times[p], "cpu_s": min(cpu[p]),
-               "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best, "lengths": lengths, **bound,
-               "fraction_of_bound": bound["bound_s"] / best}
+               "minor_faults": faults[p], "tokens": sum(lengths), "tokens_per_s": sum(lengths) / best,
+               "lengths": lengths, **bound, "fraction_of_bound": bound["bound_s"] / best}
         if ref is not None:
             row["speedup_vs_old"] = min(times["old"]) / best
             row["same_rows_as_old"] = sum(a == b for a, b in zip(outs[p]["ids"], ref["ids"]))
@@ -512,7 +519,7 @@ def compare(args) -> dict:
         gap = f"{row['max_logprob_gap']:.1e}" if ref is not None else ""
         print(f"{p:6} {best:7.2f} {row['median_s']:8.2f} {row['cpu_s']:6.2f} {row['tokens']:6d} "
               f"{row['tokens_per_s']:8.1f} {bound['bound_s']:7.2f} {row['fraction_of_bound']:8.2f} {vs:>7} {same:>16} "
-              f"{gap:>12}")
+              f"{gap:>12} {min(faults[p]):7d}")
     b = results[paths[0]]
     print(f"bound: prefill {b['prefill_tflop']:.3f} TFLOP ({b['prefill_bound_s']:.2f} s), decoding "
           f"{b['decode_tflop']:.3f} TFLOP ({b['decode_bound_s']:.2f} s) for the {paths[0]} path's completions")
@@ -533,7 +540,7 @@ def profile_path(args) -> None:
     worker = Worker(args.profile, work, args.threads, old)
     try:
         worker.ask("run")  # warm-up
-        res = worker.ask("profile")
+        res = worker.ask("profile", rows=args.profile_rows)
     finally:
         worker.close()
     print(f"{args.profile} ({worker.ready['accord']}; freed memory retained: {worker.ready['retained']}), "
@@ -557,6 +564,8 @@ def main() -> None:
                    "(a shared machine measures less than it has)")
     p.add_argument("--read-gbs", type=float, help="bound with this memory bandwidth instead of the measured one")
     p.add_argument("--profile", choices=PATHS, help="profile one call of this path instead of comparing")
+    p.add_argument("--profile-rows", type=int, default=30, metavar="N",
+                   help="--profile: the operator table's N rows of most self time (default 30)")
     p.add_argument("--machine", action="store_true", help="only measure the GEMM rate and memory bandwidth")
     p.add_argument("--kernels", type=int, nargs="+", metavar="ROWS",
                    help="only time one decoding step's products alone at these row counts, against the bound")

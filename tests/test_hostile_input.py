@@ -523,3 +523,21 @@ def test_a_dotted_key_in_a_file_is_told_how_to_nest(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'run.steps'; a dotted key is one key to YAML: nest its "
                                           r"parts, each indented beneath the one before \(`run:`, then `steps:`\)"):
         load_config(path)
+
+
+def test_a_ctrl_c_while_torch_imports_adds_no_lines_of_torch(tmp_path):
+    """A Ctrl-C half-way through torch's import left torch's loggers at the root's INFO level, and the atexit hook
+    of a module already loaded (FakeTensor's cache statistics) logged three INFO lines after 'stopped by Ctrl-C'.
+    The CLI's logging set-up, then an INFO record of such a module with torch not imported, as the hook logs it."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys\n"
+            "from accord.tracking.console import configure_logging\n"
+            "configure_logging()\n"
+            "assert 'torch' not in sys.modules\n"
+            "logging.getLogger('torch._subclasses.fake_tensor').info('FakeTensor cache stats:')\n"
+            "logging.getLogger('accord').info('accord line')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "accord line" in done.stderr and "FakeTensor" not in done.stderr, done.stderr

@@ -76,6 +76,11 @@ def configure_logging(level: int = logging.INFO) -> logging.Handler:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(PrintableFormatter(PLAIN_FORMAT, datefmt=TIME_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
+    # torch sets its loggers to WARNING at the end of its import; a Ctrl-C during the import leaves them unset,
+    # and the atexit hooks of the modules already loaded would log INFO lines through this handler
+    torch_logger = logging.getLogger("torch")
+    if torch_logger.level == logging.NOTSET:
+        torch_logger.setLevel(logging.WARNING)
     return handler
 
 
