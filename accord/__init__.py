@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     # training, warm starts, evaluation, comparison
     "Trainer": "accord.trainer",
     "train": "accord.trainer",
-    "TrainingInterrupted": "accord.trainer",
+    "TrainingInterrupted": "accord.stopping",
     "Callback": "accord.callbacks",
     "run_sft": "accord.sft",
     "run_compare": "accord.compare",

@@ -170,7 +170,8 @@ def _train(args: argparse.Namespace) -> int:
                               f"continue the run that wrote it: accord train --resume {cfg.run_dir})")
     # after the config (its errors come before torch), and outside the try: a Ctrl-C while torch loads leaves the
     # names unbound, and reaches main's handler instead
-    from accord.trainer import EXIT_CODES, TrainingInterrupted, train
+    from accord.stopping import EXIT_CODES, TrainingInterrupted
+    from accord.trainer import train
 
     try:
         run_dir = train(cfg, resume=bool(args.resume), overwrite=args.overwrite,
@@ -226,7 +227,7 @@ def _sft(args: argparse.Namespace) -> int:
         write_demos(train, args.write_demos)
         logger.info("wrote %d demonstrations to %s", len(train), args.write_demos)
         return 0
-    from accord.trainer import EXIT_CODES, TrainingInterrupted
+    from accord.stopping import EXIT_CODES, TrainingInterrupted
 
     try:
         run_sft(cfg)
@@ -299,7 +300,7 @@ def _compare(args: argparse.Namespace) -> int:
         except KeyboardInterrupt as stopped:   # TrainingInterrupted and StoppedAtOnce name their signal
             if getattr(args, "debug", False):
                 raise
-            from accord.trainer import EXIT_CODES
+            from accord.stopping import EXIT_CODES
 
             name = _stopped_by(stopped)
             logger.warning("stopped by %s; run the same command again to go on: finished methods and seeds are "

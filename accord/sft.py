@@ -624,7 +624,7 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
 
     from accord.checkpoint import (LOCK_FILE, DiskFullError, checkpoint_step, checkpoints, commit_checkpoint,
                                    is_disk_full, write_checkpoint)
-    from accord.trainer import GracefulStop, TrainingInterrupted
+    from accord.stopping import GracefulStop, TrainingInterrupted
 
     s = cfg.sft
     n_noisy = sum(d.noisy for d in train)

@@ -29,9 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import signal
 import sys
-import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -58,6 +56,7 @@ from accord.tracking.report_to import run_sinks
 from accord.rollout.dynamic import extra_rows, flat_groups, keep_informative, renumber
 from accord.rollout.sample import prompt_group_ids, rollout_sampling
 from accord.seeding import epoch_order_seed
+from accord.stopping import GracefulStop, TrainingInterrupted
 from accord.trainer_steps import STEPS
 
 logger = logging.getLogger(__name__)
@@ -101,68 +100,6 @@ def memory_metrics(peak_is_per_step: bool) -> dict[str, float]:
         out[mn.MEM_CUDA_PEAK_MB] = sum(torch.cuda.max_memory_allocated(i)
                                        for i in range(torch.cuda.device_count())) / 2**20
     return out
-
-
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-EXIT_CODES = {"Ctrl-C": 130, "SIGTERM": 143}   # 128 + the signal's number, as a shell reports a process it ended
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) or SIGTERM (``signal_name``) stopped a run after the step it was in: the last completed
-    step is checkpointed (``checkpoint``; None when no step completed) and the message says how to resume. A
-    KeyboardInterrupt, so that code which does not know accord stops as on any Ctrl-C."""
-
-    def __init__(self, message: str, step: int, checkpoint: Path | None, signal_name: str = "Ctrl-C"):
-        super().__init__(message)
-        self.step, self.checkpoint, self.signal_name = step, checkpoint, signal_name
-
-
-class StoppedAtOnce(KeyboardInterrupt):
-    """A second Ctrl-C or SIGTERM (``signal_name``) while a graceful stop was under way: stopped without
-    finishing the step."""
-
-    def __init__(self, signal_name: str):
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-
-
-class GracefulStop:
-    """While active (a ``with`` block in the main thread), the first SIGINT (Ctrl-C) or SIGTERM (what a scheduler
-    or ``kill`` sends before it kills) asks the run to stop after the step in progress, which is finished and
-    checkpointed, so no completed step is lost and the resumed run is exactly the uninterrupted one; a second
-    one of either raises :class:`StoppedAtOnce` (a KeyboardInterrupt) at once (the steps after the last
-    checkpoint are then lost). ``signal_name``: the first one's ("Ctrl-C" or "SIGTERM"). Elsewhere (another
-    thread) both keep Python's defaults.
-
-    Finishing the step, rather than abandoning it, keeps resume exact: the step's sampling has already moved
-    the random streams a checkpoint saves, and a half-applied update cannot be saved as any step."""
-
-    def __init__(self, describe: Callable[[], str]):
-        self.requested = False
-        self.signal_name = "Ctrl-C"
-        self._describe = describe
-        self._previous: dict = {}
-
-    def __enter__(self) -> "GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNAL_NAMES}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
-
-    def _handle(self, signum, frame) -> None:
-        name = SIGNAL_NAMES[signum]
-        if self.requested:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            raise StoppedAtOnce(name)
-        self.requested, self.signal_name = True, name
-        again = "Ctrl-C again" if name == "Ctrl-C" else "another SIGTERM or a Ctrl-C"
-        logger.warning("%s: %s; %s to stop at once (the steps after the last checkpoint are then lost)", name,
-                       self._describe(), again)
 
 
 class Trainer:

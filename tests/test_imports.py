@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # ``accord.policies`` is the package with every module in it). docs/layout.md
 # describes them; the package root ``accord`` (lazy re-exports) counts as the top layer.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("leaves", ["accord.seeding", "accord.allocator", "accord.metric_names", "accord.stats", "accord.data", "accord.sandbox",
-                "accord.rollout.sample"]),   # the Sample record: generation and policies fill it, rollouts make it
+    ("leaves", ["accord.seeding", "accord.stopping", "accord.allocator", "accord.metric_names", "accord.stats",
+                "accord.data", "accord.sandbox", "accord.rollout.sample"]),   # the Sample record: generation and policies fill it, rollouts make it
     ("models", ["accord.models"]),                       # config reads the model specs (loading, tiny)
     ("config", ["accord.config", "accord.devices"]),
     ("parts", ["accord.algorithms", "accord.envs", "accord.tracking", "accord.audit"]),

@@ -55,6 +55,7 @@ from accord.config.rules import check_distributed, policy_setting, replicated
 from accord.devices import policy_devices, resolve_device
 from accord.distributed.ranks import TIMEOUT, DataParallelPolicy
 from accord.seeding import policy_seed, setup_process
+from accord.stopping import EXIT_CODES, FollowProcessZero
 
 logger = logging.getLogger(__name__)
 
@@ -269,27 +270,37 @@ class LocalGroups:
 
 def serve_worker() -> int:
     """Body of torchrun processes 1..N-1: build this process's ranks when process 0 says so, run every call
-    sent to a policy this process is a rank of, return on stop."""
+    sent to a policy this process is a rank of, return on stop (0). A Ctrl-C or SIGTERM does not end it while
+    process 0 finishes its step (:class:`accord.stopping.FollowProcessZero`); if process 0 is gone after one (it
+    stopped at once), this process ends with the signal's exit code and one line."""
     _init_world()
     rank = dist.get_rank()
     policies: dict[str, DataParallelPolicy] = {}
-    while True:
-        message = _receive()
-        kind = message[0]
-        if kind == "build":
-            _, cfg, names, reps, total = message
-            from accord.envs.registry import import_modules
+    with FollowProcessZero(rank) as follow:
+        while True:
+            try:
+                message = _receive()
+                kind = message[0]
+                if kind == "build":
+                    _, cfg, names, reps, total = message
+                    from accord.envs.registry import import_modules
 
-            import_modules(cfg.imports)
-            setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
-            policies = _groups(cfg, names, reps, dist.get_world_size(), total, rank=rank)
-            logger.info("torchrun process %d: ranks of %s", rank, sorted(policies))
-        elif kind == "call":
-            _, name, method, args, kwargs = message
-            if name in policies:
-                getattr(policies[name], method)(*args, **kwargs)
-        elif kind == "stop":
-            dist.destroy_process_group()
-            return 0
-        else:  # pragma: no cover - a message of a newer process 0
-            raise RuntimeError(f"torchrun worker {rank}: unknown message {kind!r}")
+                    import_modules(cfg.imports)
+                    setup_process(cfg.run.seed, cfg.run.threads, cfg.run.retain_freed_memory)
+                    policies = _groups(cfg, names, reps, dist.get_world_size(), total, rank=rank)
+                    logger.info("torchrun process %d: ranks of %s", rank, sorted(policies))
+                elif kind == "call":
+                    _, name, method, args, kwargs = message
+                    if name in policies:
+                        getattr(policies[name], method)(*args, **kwargs)
+                elif kind == "stop":
+                    dist.destroy_process_group()
+                    return 0
+                else:  # pragma: no cover - a message of a newer process 0
+                    raise RuntimeError(f"torchrun worker {rank}: unknown message {kind!r}")
+            except RuntimeError as err:   # after a signal: process 0 stopped at once, its connections closed
+                if follow.signal_name is None:
+                    raise
+                logger.warning("torchrun process %d: ended after %s, its call to process 0 failing: %s", rank,
+                               follow.signal_name, str(err).splitlines()[0][:200])
+                return EXIT_CODES[follow.signal_name]

@@ -16,6 +16,7 @@ missing all-reduce fails it. The ranks of one policy must hold bit-identical wei
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -275,6 +276,53 @@ def test_torchrun_cli_two_processes_match_one_rank(tiny_cfg, tmp_path):
     w1 = {k: w1[tied.get(k, k)] for k in w2}
     _weights_close(w1, w2)
     assert not list((tmp_path / "two").glob("*rank*"))  # process 1 wrote nothing of its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, name, to_group", [(signal.SIGINT, "Ctrl-C", True), (signal.SIGTERM, "SIGTERM", False)])
+def test_torchrun_ctrl_c_and_sigterm_finish_the_step_on_every_process(tiny_cfg, tmp_path, sig, name, to_group):
+    """A terminal's Ctrl-C (SIGINT to the whole process group: torchrun passes it on, so the processes get it twice)
+    and a SIGTERM to torchrun alone (passed on once): process 0 finishes its step, checkpoints it and stops process
+    1, which serves that step to its end instead of dying at once (process 0's step then failed on a closed
+    connection, with a traceback and no checkpoint). Then `--resume` under torchrun goes on from the checkpoint."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun next to {sys.executable}")
+    run = tmp_path / "two"
+    cfg = _cfg(tiny_cfg, tmp_path, "two", {"main": {**TINY, "replicas": 2}}, steps=60, run={"checkpoint_every": 0})
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(torchrun), "--nproc_per_node", "2", "-m", "accord.cli", "train",
+                                 str(tmp_path / "two.yaml")], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    def steps() -> int:
+        return len(read_metrics(run / "metrics.jsonl")) if (run / "metrics.jsonl").exists() else 0
+
+    try:
+        deadline = time.monotonic() + 240
+        while steps() < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None and steps() >= 3, log.read_text()[-3000:]
+        if to_group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        proc.wait(timeout=120)   # torchrun's own exit reports the signal it got (its traceback, not accord's)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "[rank0]" not in text and "[rank1]" not in text, text[-3000:]   # no traceback of either process
+    assert f"torchrun process 1: {name}; process 0 finishes its step and stops this process" in text, text[-3000:]
+    done = len(read_metrics(run / "metrics.jsonl"))
+    assert f"stopped by {name} after step {done}/60" in text, text[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step_{done:06d}"]
+    resumed = subprocess.run([str(torchrun), "--nproc_per_node", "2", "-m", "accord.cli", "train", "--resume",
+                              str(run), f"run.steps={done + 1}"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, done + 2))
 
 
 def test_plan_counts_every_rank(tiny_cfg, tmp_path):
