@@ -31,13 +31,18 @@ def test_a_repeat_within_the_window_is_the_same_stop(sig, name):
     assert stop.requested and stop.signal_name == name
 
 
+def _handlers() -> dict:
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
 def test_without_a_window_the_second_signal_stops_at_once():
+    before = _handlers()   # an earlier test in this process (ray.init) may have put its own in place
     with pytest.raises(StoppedAtOnce) as stopped:
         with GracefulStop(lambda: "finishing step 1", repeat_window=0.0):
             _signal(signal.SIGTERM)
             _signal(signal.SIGINT)
     assert stopped.value.signal_name == "Ctrl-C"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # restored on the way out
+    assert _handlers() == before   # restored on the way out
 
 
 def test_the_window_is_torchruns_only(monkeypatch):
@@ -48,6 +53,7 @@ def test_the_window_is_torchruns_only(monkeypatch):
 
 
 def test_a_serving_process_notes_the_first_signal_and_goes_on(caplog):
+    before = _handlers()
     with caplog.at_level("INFO", logger="accord.stopping"):
         with FollowProcessZero(1, repeat_window=60.0) as follow:
             _signal(signal.SIGTERM)
@@ -59,4 +65,4 @@ def test_a_serving_process_notes_the_first_signal_and_goes_on(caplog):
         with FollowProcessZero(1, repeat_window=0.0):
             _signal(signal.SIGINT)
             _signal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert _handlers() == before   # restored on the way out
