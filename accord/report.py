@@ -73,6 +73,9 @@ _HIGHER_IS_BETTER = {"reward", "reward_best", "return", "success", "team_reward"
 # ... the minimum of these; every other metric (lengths, times, ...) has no "best".
 _LOWER_IS_BETTER = {"pg", "kl", "loss", "nll"}
 _MEAN_OF_LAST = 5
+# A finite value of larger magnitude is counted as infinite: a plot's axis spans its data's max - min, which
+# overflows a float from about 9e307 (matplotlib's tick locator then fails); no metric of a run comes near it.
+_AXIS_LIMIT = 1e300
 _MAX_SHOWN_CHARS = 1500
 
 
@@ -119,10 +122,21 @@ def _collect_series(rows: Sequence[dict]) -> dict[str, _Series]:
         if key in steps:   # a number elsewhere: this one was damaged, not a metric of another kind
             _logger.warning("metrics.jsonl: step %d: %s=%.40r is not a number; the report leaves it out (fix or delete "
                             "that value)", step, key, value)
-    return {
-        key: _Series(np.asarray(steps[key], dtype=np.int64), np.asarray(values[key], dtype=np.float64))
-        for key in steps
-    }
+    return {key: _Series(np.asarray(steps[key], dtype=np.int64), _within_axis(key, steps[key], values[key]))
+            for key in steps}
+
+
+def _within_axis(key: str, steps: list[int], values: list[float]) -> np.ndarray:
+    """``values`` as an array, those beyond ``_AXIS_LIMIT`` in magnitude made infinite (with a warning)."""
+    array = np.asarray(values, dtype=np.float64)
+    huge = np.isfinite(array) & (np.abs(array) > _AXIS_LIMIT)
+    if huge.any():
+        first = int(np.argmax(huge))
+        _logger.warning("metrics.jsonl: %s has %d value(s) beyond ±%g (first at step %d: %r), more than a plot's axis "
+                        "can span; the report counts them as infinite", key, int(huge.sum()), _AXIS_LIMIT,
+                        steps[first], values[first])
+        array = np.where(huge, np.copysign(np.inf, array), array)
+    return array
 
 
 def _same(a: _Series, b: _Series) -> bool:

@@ -187,3 +187,20 @@ def test_a_value_that_is_not_a_number_where_the_key_has_numbers_is_named(caplog)
     assert list(series["team/reward"].steps) == [1, 3] and list(series["loss"].steps) == [3] and "note" not in series
     assert [r.getMessage() for r in caplog.records] == [
         "metrics.jsonl: step 2: team/reward='high' is not a number; the report leaves it out (fix or delete that value)"]
+
+
+def test_values_beyond_what_an_axis_can_span_are_counted_as_infinite(tmp_path, caplog):
+    """-1e308 and 1e308 in one series: the axis would span more than a float holds and matplotlib's tick locator
+    failed with a traceback (`arange: cannot compute length`). The report is written; the two values are named in
+    a warning and counted with the non-finite ones."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / "metrics.jsonl", "w") as fh:
+        for step, reward in enumerate([1.0, -1e308, 1e308, 2.0]):
+            fh.write(json.dumps({"step": step, "team/reward": reward, "time/rollout": 1.5}) + "\n")
+    with caplog.at_level("WARNING", logger="accord.report"):
+        md = write_report(run).read_text()
+    assert "`team/reward` (2)" in md and (run / "report" / "reward.png").exists()
+    assert [r.getMessage() for r in caplog.records] == [
+        "metrics.jsonl: team/reward has 2 value(s) beyond ±1e+300 (first at step 1: -1e+308), more than a plot's "
+        "axis can span; the report counts them as infinite"]
