@@ -56,7 +56,27 @@ class StoppedAtOnce(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
-class GracefulStop:
+class _SignalScope:
+    """Handles SIGINT and SIGTERM with ``_handle`` while a ``with`` block runs in the main thread (elsewhere signals
+    keep their handlers), and puts back the handlers that were there before on the way out."""
+
+    _previous: dict
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNAL_NAMES}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        raise NotImplementedError
+
+
+class GracefulStop(_SignalScope):
     """While active (a ``with`` block in the main thread), the first SIGINT (Ctrl-C) or SIGTERM (what a scheduler
     or ``kill`` sends before it kills) asks the run to stop after the step in progress, which is finished and
     checkpointed, so no completed step is lost and the resumed run is exactly the uninterrupted one; a second
@@ -79,16 +99,6 @@ class GracefulStop:
         self.repeat_window = repeat_window
         self._first = 0.0
 
-    def __enter__(self) -> "GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNAL_NAMES}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
-
     def _handle(self, signum, frame) -> None:
         name = SIGNAL_NAMES[signum]
         if self.requested and time.monotonic() - self._first < self.repeat_window:
@@ -105,7 +115,7 @@ class GracefulStop:
                        self._describe(), again)
 
 
-class FollowProcessZero:
+class FollowProcessZero(_SignalScope):
     """While active (a ``with`` block in the main thread of a torchrun process other than 0), SIGINT and SIGTERM
     do not end the process: process 0 got the same signal and finishes its step, whose calls this process
     serves, then tells it to stop. The first one is logged and ``signal_name`` set; another one after
@@ -116,16 +126,6 @@ class FollowProcessZero:
         self.signal_name: str | None = None
         self._first = 0.0
         self._previous: dict = {}
-
-    def __enter__(self) -> "FollowProcessZero":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in SIGNAL_NAMES}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         name = SIGNAL_NAMES[signum]
