@@ -175,8 +175,9 @@ def cpu_bf16_matrix_units(cpuinfo: str | None = None) -> bool | None:
     autocast against 14.4 s in fp32 (``bench/update_speed.py``, 2026-11-29), where a Xeon with AMX took 8.0 s
     against 12.0 s; on a 2-core AMD EPYC Zen 5 (``avx512_bf16``, no AMX) the default job's update of 8 samples took
     1.36 s against 3.50 s (2026-12-01) and on an AMD EPYC Zen 4 3.15 s against 4.50 s (2026-12-02), so there bf16
-    is faster but left to ``training.bf16: true`` (the default job's learning under it measured on the Zen 5 only). ``cpuinfo`` as for :func:`cpu_bf16_units` (a plain ``bf16`` flag is Arm's; x86 spells its
-    flags ``avx512_bf16`` and ``amx_bf16``); None when it cannot be told."""
+    is faster but left to ``training.bf16: true`` (the default job's learning under it measured on the Zen 5
+    only). ``cpuinfo`` as for :func:`cpu_bf16_units` (a plain ``bf16`` flag is Arm's; x86 spells its flags
+    ``avx512_bf16`` and ``amx_bf16``); None when it cannot be told."""
     if cpuinfo is None and torch.backends.cpu.get_cpu_capability() == "AMX":
         return True
     flags = _cpu_flags(cpuinfo)

@@ -190,9 +190,9 @@ def test_a_value_that_is_not_a_number_where_the_key_has_numbers_is_named(caplog)
 
 
 def test_values_beyond_what_an_axis_can_span_are_counted_as_infinite(tmp_path, caplog):
-    """-1e308 and 1e308 in one series: the axis would span more than a float holds and matplotlib's tick locator
-    failed with a traceback (`arange: cannot compute length`). The report is written; the two values are named in
-    a warning and counted with the non-finite ones."""
+    """-1e308 and 1e308 in one series: the axis would span more than a float holds and matplotlib's tick
+    locator failed with a traceback (`arange: cannot compute length`). The report is written; the two values are
+    named in a warning and counted with the non-finite ones."""
     run = tmp_path / "run"
     run.mkdir()
     with open(run / "metrics.jsonl", "w") as fh:

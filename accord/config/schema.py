@@ -503,8 +503,8 @@ class TrainingConfig:
                           "false, or 'auto' (on where the policy's device has bf16 matrix units: CUDA with compute "
                           "capability >= 8, or a CPU with Intel AMX or Arm BF16; off on AVX512-BF16 without AMX, "
                           "where bf16 updates measured 1.6x slower than fp32 on an Intel Xeon and 2.6x (Zen 5) and "
-                          "1.4x (Zen 4) faster on an AMD EPYC (set true there), and without bf16 instructions, where they are emulated "
-                          "and 10-30x slower). Generation stays fp32.")
+                          "1.4x (Zen 4) faster on an AMD EPYC (set true there), and without bf16 instructions, "
+                          "where they are emulated and 10-30x slower). Generation stays fp32.")
     gradient_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
                                       "(HF gradient checkpointing, non-reentrant; works with LoRA): less memory, "
                                       "about one more forward of compute.")
