@@ -273,7 +273,8 @@ def prune_after(run_dir: Path, step: int) -> None:
     """Resume: drop the records of steps after the checkpoint (they are re-run; a shorter resumed run must not
     leave the killed run's later steps for ``accord audit``)."""
     for path in (Path(run_dir) / AUDIT_DIR).glob("step_*.jsonl"):
-        if int(path.stem.split("_")[1]) > step:
+        number = path.stem[len("step_"):]
+        if number.isdigit() and int(number) > step:   # a user's copy (step_backup.jsonl) is not a step's file
             path.unlink()
 
 

@@ -389,6 +389,10 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
     """The checkpoint a resume will load (the newest that verifies; None: the run has none), checked against
     ``run.steps`` before any model loads: a checkpoint past it is a :class:`ConfigError`; one at it, with
     ``stop_if_finished``, a :class:`RunComplete` (nothing to do)."""
+    folder = Path(run_dir) / "checkpoints"
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{folder} is not a directory, and a resume writes its checkpoints there; move it away "
+                          f"(or restore the run's checkpoints in its place)")
     ckpt = verified_checkpoint(run_dir, allow_unverified)
     if ckpt is None:
         # a run killed before its first checkpoint is replayed from step 0; past the first checkpoint's step
@@ -398,6 +402,11 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
             raise ConfigError(f"{run_dir} logged {last} steps but holds no checkpoint (with run.checkpoint_every="
                               f"{every} there was one at step {every}: was checkpoints/ removed?); restore its "
                               f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
+        planned = _planned_steps(run_dir)
+        if planned is not None and 0 < planned <= last:   # a run that reached its run.steps ended with a checkpoint
+            raise ConfigError(f"{run_dir} logged all {planned} steps of its run.steps={planned} but holds no checkpoint "
+                              f"(a finished run ends with one: was checkpoints/ removed?); restore its checkpoints "
+                              f"to resume, or start the run over with --overwrite (deletes its logs)")
         return None
     step = checkpoint_step(ckpt)
     if step > cfg.run.steps:
@@ -409,6 +418,19 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
                           f"train it further pass a larger run.steps, e.g. `accord train --resume {run_dir} "
                           f"run.steps={2 * step}`")
     return ckpt
+
+
+def _planned_steps(run_dir: Path) -> int | None:
+    """``run.steps`` of the config the run directory holds (what its last run was set to reach; the resume
+    rewrites it later), or None where it does not read as one."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    steps = saved.get("run", {}).get("steps") if isinstance(saved, dict) and isinstance(saved.get("run"), dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
 def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Policy], parts: dict[str, Any] | None = None,

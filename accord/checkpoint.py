@@ -287,8 +287,9 @@ def verify_checkpoint(path: Path) -> str | None:
 def _legacy_complete(path: Path) -> bool:
     """A checkpoint without a manifest (written by an accord before manifests) that has all its parts."""
     policies = path / "policies"
-    return ((path / "state.pt").is_file() and policies.is_dir() and any(policies.iterdir())
-            and all((p / "optimizer.pt").is_file() for p in policies.iterdir()))
+    # each policy is a folder: a file beside them (a user's note) is not a policy that lost its optimizer state
+    folders = [p for p in policies.iterdir() if p.is_dir()] if policies.is_dir() else []
+    return (path / "state.pt").is_file() and bool(folders) and all((p / "optimizer.pt").is_file() for p in folders)
 
 
 UNVERIFIED_HINT = "pass --allow-unverified to load it anyway"
@@ -495,6 +496,10 @@ def last_logged_step(run_dir: Path) -> int:
 _HELD: dict[str, list] = {}  # run directory -> [open lock file, holders in this process]
 
 
+def _no_link(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+
+
 def hold_run_dir(run_dir: Path):
     """Hold ``RUN_DIR/.accord.lock`` (an exclusive ``flock``) while this process runs in ``run_dir``; returns
     the function that lets it go. Another process holding it is a :class:`ConfigError`: two runs in one
@@ -507,7 +512,14 @@ def hold_run_dir(run_dir: Path):
     if key in _HELD:
         _HELD[key][1] += 1
     else:
-        fh = open(Path(run_dir) / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 - held until released
+        lock = Path(run_dir) / LOCK_FILE
+        try:   # the pid is written into it: through no link (a link to a user's file would be overwritten)
+            fh = open(lock, "a+", encoding="utf-8", opener=_no_link)  # noqa: SIM115 - held until released
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            raise ConfigError(f"{lock} is a symbolic link (to {os.readlink(lock)!r}); accord writes its process id "
+                              f"into its lock file and follows no link there: delete the link (rm {lock})") from None
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -314,7 +314,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from accord.report import write_report
 
-    path = write_report(args.run_dir)
+    path = write_report(args.run_dir, out_dir=args.out)
     _out(f"{path}\n")
     return 0
 
@@ -492,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="the folder to write the report into (default RUN_DIR/report); the "
+                   "report's stale plots in it are deleted")
     p.set_defaults(func=_report)
     p = sub.add_parser("audit", help="check a run's recorded rollouts (training.audit): one prompt per group where the "
                        "method says so, the state stepped is the one in the prompt, each reward belongs to its sample; "

@@ -750,6 +750,12 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     cap = _nested(config, "rollout", "max_new_tokens")
 
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
+    if out_dir is None and out.is_symlink():   # it deletes its stale plots there: only in a folder of the run's
+        from accord.config import ConfigError
+
+        raise ConfigError(f"{out} is a symbolic link (to {str(out.readlink())!r}); the report writes its files there "
+                          f"and deletes its stale plots, so it follows no link of the run's: delete the link, or "
+                          f"give the folder with --out")
     out.mkdir(parents=True, exist_ok=True)
     images: list[Path] = []
     plots = (_plot_rewards, _plot_success, _plot_components, _plot_losses,

@@ -541,3 +541,88 @@ def test_a_ctrl_c_while_torch_imports_adds_no_lines_of_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "accord line" in done.stderr and "FakeTensor" not in done.stderr, done.stderr
+
+
+def test_a_note_in_an_unverified_checkpoints_policies_does_not_get_it_deleted(tmp_path):
+    """A checkpoint of an older accord (no manifest) holding every policy's optimizer state, with a user's note
+    beside the policy folders: still a complete checkpoint. The clean-up took the note for a policy missing its
+    optimizer state, deleted the checkpoint as half pruned, and the resume started the run over."""
+    from accord.checkpoint import clean_checkpoints
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000012"
+    (ckpt / "policies" / "concise").mkdir(parents=True)
+    (ckpt / "policies" / "concise" / "optimizer.pt").write_bytes(b"x")
+    (ckpt / "state.pt").write_bytes(b"x")
+    (ckpt / "policies" / "README.txt").write_text("notes")
+    assert clean_checkpoints(tmp_path / "run") == [] and ckpt.is_dir()
+
+
+def test_a_finished_run_whose_checkpoints_are_gone_is_not_started_over(tmp_path):
+    """A run that logged all of its run.steps ended with a checkpoint, whatever run.checkpoint_every: a resume that
+    finds none (checkpoints/ removed, or a file in its place) is refused before anything is deleted; the resume
+    started the run over from step 0, deleting its logs."""
+    from accord.build import resume_point
+    from accord.config import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "team/reward": 0.5}) + "\n" for s in range(13)))
+    (run / "config.yaml").write_text("run:\n  steps: 12\n")
+    cfg = load_config(TINY, [f"run.run_dir={run}", "run.steps=24", "run.checkpoint_every=0"])
+    with pytest.raises(ConfigError, match=r"logged all 12 steps of its run.steps=12 but holds no checkpoint.*"
+                                          r"checkpoints/ removed.*--overwrite"):
+        resume_point(cfg, run)
+    (run / "checkpoints").write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"checkpoints is not a directory.*move it away"):
+        resume_point(cfg, run)
+    (run / "checkpoints").unlink()
+    # killed before the end with run.checkpoint_every=0: no checkpoint was ever written, replayed from step 0
+    (run / "config.yaml").write_text("run:\n  steps: 40\n")
+    assert resume_point(cfg, run) is None
+
+
+def test_a_lock_file_that_is_a_link_is_not_written_through(tmp_path):
+    """RUN/.accord.lock a symbolic link to a user's file: refused with the fix; the file keeps its text (the pid
+    was written into it)."""
+    from accord.checkpoint import LOCK_FILE, hold_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important data\n")
+    (run / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"\.accord\.lock is a symbolic link.*delete the link"):
+        hold_run_dir(run)
+    assert victim.read_text() == "important data\n"
+
+
+def test_a_report_folder_that_is_a_link_is_refused(tmp_path):
+    """RUN/report a symbolic link to a user's folder: the report deleted what it took for its stale plots there
+    and wrote into it. Refused with the fix (--out names another folder); the user's files stay."""
+    from accord.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "team/reward": 0.5}) + "\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "success.png").write_text("precious")
+    (run / "report").symlink_to(mine)
+    with pytest.raises(ConfigError, match=r"report is a symbolic link .*--out"):
+        write_report(run)
+    assert (mine / "success.png").read_text() == "precious" and sorted(p.name for p in mine.iterdir()) == [
+        "success.png"]
+    assert write_report(run, out_dir=mine).parent == mine   # named on purpose: written there
+
+
+def test_a_users_copy_in_the_audit_folder_does_not_break_a_resume(tmp_path):
+    """audit/step_backup.jsonl beside the step files (a user's copy): a resume's prune of the records after the
+    checkpoint ended in a ValueError traceback; the copy is left alone, the later steps' files go."""
+    from accord.audit import AUDIT_DIR, prune_after
+
+    audit = tmp_path / AUDIT_DIR
+    audit.mkdir()
+    for name in ("step_000001.jsonl", "step_000005.jsonl", "step_backup.jsonl"):
+        (audit / name).write_text("{}\n")
+    prune_after(tmp_path, 3)
+    assert sorted(p.name for p in audit.iterdir()) == ["step_000001.jsonl", "step_backup.jsonl"]
