@@ -264,13 +264,18 @@ def verify_checkpoint(path: Path) -> str | None:
     """None if every file listed in the checkpoint's manifest is there with its size and SHA-256; else the problem."""
     manifest = path / MANIFEST
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        written = json.loads(manifest.read_text(encoding="utf-8"))
+        files = written["files"]
     except FileNotFoundError:
         return f"no {MANIFEST} (an interrupted save, or a checkpoint of an older accord)"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"unreadable {MANIFEST} ({err})"
     if not isinstance(files, dict) or not files:
         return f"{MANIFEST} lists no files"
+    step = written.get("step")   # (a manifest of format 1 names its step)
+    if step is not None and step != checkpoint_step(path):
+        return (f"its {MANIFEST} is of step {str(step)[:40]}, its name of step {checkpoint_step(path)} (renamed? put "
+                "it back as it was written)")
     for rel, want in files.items():
         if not isinstance(rel, str) or not isinstance(want, dict):
             return f"{MANIFEST} has an entry {rel!r} that is not a file's size and SHA-256"
@@ -441,6 +446,13 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         raise CheckpointError(f"checkpoint {path}: state.pt cannot be loaded ({type(err).__name__}: {err}); resume "
                               "from an older checkpoint or start over") from err
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step != checkpoint_step(path):
+        # every checkpoint is written with its step: a renamed one, or another's state.pt, would resume the run
+        # at the wrong step (and cut its logs there)
+        raise CheckpointError(f"checkpoint {path}: its state.pt is of step {str(step)[:40]}, its name of step "
+                              f"{checkpoint_step(path)} (renamed, or a state.pt of another checkpoint); put it back as "
+                              "it was written, resume from an older checkpoint, or start over")
     try:
         set_rng_state(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:

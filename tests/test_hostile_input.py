@@ -626,3 +626,39 @@ def test_a_users_copy_in_the_audit_folder_does_not_break_a_resume(tmp_path):
         (audit / name).write_text("{}\n")
     prune_after(tmp_path, 3)
     assert sorted(p.name for p in audit.iterdir()) == ["step_000001.jsonl", "step_backup.jsonl"]
+
+
+def test_a_checkpoint_whose_state_is_of_another_step_is_not_resumed(tmp_path):
+    """A checkpoint renamed (step_000012 moved to step_000020), or a state.pt of another step put in: the resume
+    trusted either, at the name's step or the state's, and cut the run's logs there. Refused, naming both steps;
+    a state.pt without a step too (it ended in a KeyError traceback)."""
+    import torch
+
+    from accord.checkpoint import CheckpointError, load_checkpoint, rng_state
+
+    ckpt = tmp_path / "checkpoints" / "step_000020"
+    ckpt.mkdir(parents=True)
+    torch.save({"step": 12, "rng": rng_state()}, ckpt / "state.pt")
+    with pytest.raises(CheckpointError, match=r"state.pt is of step 12, its name of step 20 \(renamed"):
+        load_checkpoint(ckpt, {})
+    torch.save({"rng": rng_state()}, ckpt / "state.pt")
+    with pytest.raises(CheckpointError, match=r"state.pt is of step None, its name of step 20"):
+        load_checkpoint(ckpt, {})
+    torch.save({"step": 20, "rng": rng_state()}, ckpt / "state.pt")
+    assert load_checkpoint(ckpt, {})["step"] == 20
+
+
+def test_a_renamed_checkpoint_does_not_verify(tmp_path):
+    """step_000012 renamed step_000020: its manifest names step 12, so it does not verify (a resume with
+    run.steps=20 said "nothing to do" and export wrote step 12's weights as step 20's)."""
+    from accord.checkpoint import verify_checkpoint
+
+    ckpt = tmp_path / "checkpoints" / "step_000020"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.pt").write_bytes(b"x")
+    files = {"state.pt": {"bytes": 1, "sha256": __import__("hashlib").sha256(b"x").hexdigest()}}
+    (ckpt / MANIFEST).write_text(json.dumps({"format": 1, "step": 12, "files": files}))
+    assert verify_checkpoint(ckpt) == ("its manifest.json is of step 12, its name of step 20 (renamed? put it back as "
+                                       "it was written)")
+    (ckpt / MANIFEST).write_text(json.dumps({"format": 1, "step": 20, "files": files}))
+    assert verify_checkpoint(ckpt) is None
