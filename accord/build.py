@@ -404,9 +404,9 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
                               f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
         planned = _planned_steps(run_dir)
         if planned is not None and 0 < planned <= last:   # a run that reached its run.steps ended with a checkpoint
-            raise ConfigError(f"{run_dir} logged all {planned} steps of its run.steps={planned} but holds no checkpoint "
-                              f"(a finished run ends with one: was checkpoints/ removed?); restore its checkpoints "
-                              f"to resume, or start the run over with --overwrite (deletes its logs)")
+            raise ConfigError(f"{run_dir} logged all {planned} steps of its run.steps={planned} but holds no "
+                              f"checkpoint (a finished run ends with one: was checkpoints/ removed?); restore its "
+                              f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
         return None
     step = checkpoint_step(ckpt)
     if step > cfg.run.steps:
@@ -429,7 +429,8 @@ def _planned_steps(run_dir: Path) -> int | None:
         saved = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
-    steps = saved.get("run", {}).get("steps") if isinstance(saved, dict) and isinstance(saved.get("run"), dict) else None
+    run = saved.get("run") if isinstance(saved, dict) else None
+    steps = run.get("steps") if isinstance(run, dict) else None
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 

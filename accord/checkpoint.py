@@ -415,19 +415,8 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
         src = path / "policies" / name
         if not src.is_dir():
             raise FileNotFoundError(f"checkpoint {path} has no policy {name!r}; was the config changed after it was saved?")
-        try:
-            policy.load(src)
-        except ConfigError:  # the checkpoint is intact but of another config (e.g. a LoRA base mismatch)
-            raise
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError) as err:
-            if "Error(s) in loading state_dict" in str(err):   # intact files, another model: the config differs
-                raise ConfigError(
-                    f"checkpoint {path}: the weights of policy {name!r} do not fit the model this config builds "
-                    f"({_first_mismatch(err)}); resume with the model settings the run was trained with (its "
-                    f"config.yaml): an override of policies.{name}.model or model_kwargs changes the model") from err
-            raise CheckpointError(f"checkpoint {path}: policy {name!r} cannot be loaded ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0] if str(err) else ''}); the files are incomplete or "
-                                  "corrupted: resume from an older checkpoint or start over") from err
+        load_policy(policy, path, name, "the files are incomplete or corrupted: resume from an older checkpoint or "
+                    "start over")
     for name, part in (parts or {}).items():
         src = path / "extras" / name
         if not src.is_dir():
@@ -444,8 +433,8 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
     try:
         state = load_state(path / "state.pt")
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise CheckpointError(f"checkpoint {path}: state.pt cannot be loaded ({type(err).__name__}: {err}); resume "
-                              "from an older checkpoint or start over") from err
+        raise CheckpointError(f"checkpoint {path}: state.pt cannot be loaded ({_why(err)}); resume from an older "
+                              "checkpoint or start over") from err
     step = state.get("step") if isinstance(state, dict) else None
     if not isinstance(step, int) or isinstance(step, bool) or step != checkpoint_step(path):
         # every checkpoint is written with its step: a renamed one, or another's state.pt, would resume the run
@@ -459,6 +448,45 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
         raise CheckpointError(f"checkpoint {path}: state.pt holds no usable random state ({type(err).__name__}: "
                               f"{err}); resume from an older checkpoint or start over") from err
     return state
+
+
+# what loading a policy's files raises where they are damaged (or, unverified, not accord's)
+LOAD_ERRORS = (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError)
+
+
+def _why(err: BaseException) -> str:
+    """What went wrong loading a checkpoint's file, in one line: torch's refusal of a pickle that is not plain
+    tensors and containers without its advice to load it unsafely (``weights_only=False`` would run its code)."""
+    if isinstance(err, pickle.UnpicklingError) and "weights_only" in str(err):
+        return ("UnpicklingError: it holds Python objects other than tensors and plain containers, which accord does "
+                "not load")
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def other_model(err: BaseException, ckpt: Path, name: str) -> ConfigError | None:
+    """The :class:`ConfigError` for policy ``name``'s weights of checkpoint ``ckpt`` that ``err`` found intact but
+    not fitting the model the config builds (another model: the config's model settings differ from the run's);
+    None for another error."""
+    if "Error(s) in loading state_dict" not in str(err):
+        return None
+    return ConfigError(f"checkpoint {ckpt}: the weights of policy {name!r} do not fit the model this config builds "
+                       f"({_first_mismatch(err)}); use the model settings the run was trained with (its config.yaml): "
+                       f"an override of policies.{name}.model or model_kwargs changes the model")
+
+
+def load_policy(policy, ckpt: Path, name: str, fix: str) -> None:
+    """Load policy ``name`` of checkpoint ``ckpt`` (``ckpt/policies/name``) into ``policy``: a :class:`ConfigError`
+    where its files are intact but of another model (the config's model settings differ from the run's), a
+    :class:`CheckpointError` ending with ``fix`` where they do not load."""
+    try:
+        policy.load(ckpt / "policies" / name)
+    except ConfigError:  # the checkpoint is intact but of another config (e.g. a LoRA base mismatch)
+        raise
+    except LOAD_ERRORS as err:
+        other = other_model(err, ckpt, name)
+        if other is not None:
+            raise other from err
+        raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({_why(err)}); {fix}") from err
 
 
 def _first_mismatch(err: BaseException) -> str:

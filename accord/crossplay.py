@@ -42,7 +42,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from accord.checkpoint import CheckpointError, verified_checkpoint
+from accord.checkpoint import load_policy, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MIN_TEMPERATURE
 from accord.evaluate import check_samples, scratch_run, warn_task_change
@@ -159,11 +159,7 @@ def _crossplay(cfg0: Config, paths: list[Path], loaded: list, *, samples: int, t
             names = sorted(set(agent_policy.values()))
             policies = {pn: build_policy(cfg, pn, i, 1) for i, pn in enumerate(names)}
             for pn, pol in policies.items():
-                try:
-                    pol.load(ckpt / "policies" / pn)
-                except (OSError, RuntimeError, EOFError, KeyError) as err:
-                    raise CheckpointError(f"checkpoint {ckpt}: policy {pn!r} cannot be loaded ({type(err).__name__}); "
-                                          "cross-play needs runs of one model architecture per role") from err
+                load_policy(pol, ckpt, pn, "the files are incomplete or corrupted: cross-play another run")
             eval_ids = [r.get("id") for r in run.env.tasks("eval", limit=cfg.task.eval_size, seed=cfg.run.seed)] \
                 if cfg.task.eval_size else []
             if eval_ids and eval_ids != [r.get("id") for r in rows]:

@@ -31,10 +31,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from safetensors import SafetensorError
 
 from accord import metric_names as mn
-from accord.checkpoint import CheckpointError, in_checkpoints, rotated_away, verified_checkpoint
+from accord.checkpoint import CheckpointError, in_checkpoints, load_policy, rotated_away, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
@@ -325,14 +324,12 @@ def _evaluate_variants(cfg: Config, run_dir: Path | None, ckpt: Path | None, out
         if ckpt is not None:
             for name, pol in run.policies.items():
                 try:
-                    pol.load(ckpt / "policies" / name)
-                except (OSError, RuntimeError, EOFError, KeyError, SafetensorError) as err:  # unverified ones
+                    load_policy(pol, ckpt, name, "evaluate another checkpoint or retrain")
+                except CheckpointError as err:  # (unverified ones; or one that rotated away while it was read)
                     rotated = None if run_dir is None else rotated_away(ckpt, run_dir, "it was evaluated")
                     if rotated is not None:
                         raise rotated from err
-                    raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({type(err).__name__}: "
-                                          f"{str(err).splitlines()[0] if str(err) else ''}); evaluate another "
-                                          "checkpoint or retrain") from err
+                    raise
             logger.info("evaluating checkpoint %s", ckpt)
             variants[ckpt.name] = evaluate_parts(run, samples=samples, ks=ks, temperature=temperature,
                                                  pipeline=pipeline, record=transcript_path(out_dir, ckpt.name))

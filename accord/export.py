@@ -43,6 +43,7 @@ from accord.checkpoint import (
     checkpoints,
     in_checkpoints,
     is_disk_full,
+    other_model,
     rotated_away,
     verified_checkpoint,
 )
@@ -98,6 +99,9 @@ def _export_full(cfg: Config, names: list[str], ckpt: Path, out: Path) -> None:
         try:
             load_model(model, str(weights), strict=True)
         except (SafetensorError, RuntimeError, OSError) as err:
+            other = other_model(err, ckpt, name)
+            if other is not None:   # intact weights of another model than the config's
+                raise other from err
             raise CheckpointError(f"checkpoint {ckpt}: {weights.name} of policy {name!r} does not load "
                                   f"({type(err).__name__}: {(str(err).splitlines() or [''])[0]}); the file is "
                                   "incomplete or corrupted: export another checkpoint with --step") from err

@@ -530,17 +530,27 @@ def _units(rows: list[dict]) -> list[list[dict]]:
     return list(units.values()) + singles
 
 
+def _number(value: Any) -> float | None:
+    """A completion record's number as a float; None for anything else (text, a bool, an integer past a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def _reward_of(unit: list[dict]) -> float | None:
-    values = [r.get("reward") for r in unit if isinstance(r.get("reward"), (int, float))]
-    return float(values[0]) if values else None
+    values = [v for v in (_number(r.get("reward")) for r in unit) if v is not None]
+    return values[0] if values else None
 
 
 def _components_text(row: dict) -> str:
     parts = row.get("components")
     if not isinstance(parts, dict) or not parts:
         return ""
-    return " (" + ", ".join(f"{k} {_fmt(float(v))}" for k, v in parts.items()
-                            if isinstance(v, (int, float))) + ")"
+    return " (" + ", ".join(f"{k} {_fmt(v)}" for k, v in ((k, _number(v)) for k, v in parts.items())
+                            if v is not None) + ")"
 
 
 def _render_unit(title: str, unit: list[dict]) -> list[str]:
@@ -555,10 +565,11 @@ def _render_unit(title: str, unit: list[dict]) -> list[str]:
         details = [f"turn {row['turn']}"] if row.get("turn") not in (None, 0) else []
         if row.get("finish_reason"):
             details.append(f"finish: {row['finish_reason']}")
-        if "return" in row and row.get("return") != row.get("reward"):
-            details.append(f"return {_fmt(row['return'])}")
-        if isinstance(row.get("advantage"), (int, float)):
-            details.append(f"advantage {_fmt(row['advantage'])}")
+        returned, advantage = _number(row.get("return")), _number(row.get("advantage"))
+        if returned is not None and row.get("return") != row.get("reward"):
+            details.append(f"return {_fmt(returned)}")
+        if advantage is not None:
+            details.append(f"advantage {_fmt(advantage)}")
         text = _shown(row.get("completion"))
         fence = _fence(text)
         lines += [f"*{row.get('agent')}*" + (f" ({', '.join(details)})" if details else "") + ":", "",

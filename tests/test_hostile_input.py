@@ -662,3 +662,38 @@ def test_a_renamed_checkpoint_does_not_verify(tmp_path):
                                        "it was written)")
     (ckpt / MANIFEST).write_text(json.dumps({"format": 1, "step": 20, "files": files}))
     assert verify_checkpoint(ckpt) is None
+
+
+def test_weights_of_another_model_are_named_as_such_and_damaged_ones_load_nowhere(tmp_path):
+    """A policy's intact weights that do not fit the config's model (config.yaml edited to another model, or an
+    override) are a config problem, not "incomplete or corrupted" files; damaged files are a CheckpointError with
+    the caller's fix, whichever command loads them (eval and cross-play let a SafetensorError or an
+    UnpicklingError through as a traceback)."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    from accord.checkpoint import CheckpointError, load_policy
+
+    class Policy:
+        def __init__(self, err):
+            self.err = err
+
+        def load(self, src):
+            raise self.err
+
+    mismatch = RuntimeError("Error(s) in loading state_dict for LlamaForCausalLM:\n\tsize mismatch for lm_head.weight: "
+                            "copying a param with shape [49152, 576] from checkpoint, the shape in current model is "
+                            "[2048, 64].")
+    with pytest.raises(ConfigError, match=r"weights of policy 'a' do not fit the model this config builds \(size "
+                                          r"mismatch for lm_head.weight.*\); use the model settings"):
+        load_policy(Policy(mismatch), tmp_path, "a", "fix it")
+    for err in (SafetensorError("header too large"), pickle.UnpicklingError("Weights only load failed")):
+        with pytest.raises(CheckpointError, match=rf"policy 'a' cannot be loaded \({type(err).__name__}: .*\); fix it"):
+            load_policy(Policy(err), tmp_path, "a", "fix it")
+    # torch's advice to load with weights_only=False (which would run the file's code) is not repeated
+    advice = pickle.UnpicklingError("Weights only load failed. Re-running `torch.load` with `weights_only` set to "
+                                    "`False` will likely succeed, but it can result in arbitrary code execution.")
+    with pytest.raises(CheckpointError) as refused:
+        load_policy(Policy(advice), tmp_path, "a", "fix it")
+    assert "weights_only" not in str(refused.value) and "Python objects other than tensors" in str(refused.value)

@@ -204,3 +204,20 @@ def test_values_beyond_what_an_axis_can_span_are_counted_as_infinite(tmp_path, c
     assert [r.getMessage() for r in caplog.records] == [
         "metrics.jsonl: team/reward has 2 value(s) beyond ±1e+300 (first at step 1: -1e+308), more than a plot's "
         "axis can span; the report counts them as infinite"]
+
+
+def test_odd_numbers_in_the_completions_are_left_out(tmp_path):
+    """A completion record whose return is text, or whose reward, advantage or reward part is an integer past a
+    float: each ended `accord report` in a traceback (ValueError, OverflowError); the report is written, the odd
+    numbers left out, the others shown."""
+    run = tmp_path / "run"
+    _synthetic_run(run)
+    (run / "completions").mkdir()
+    base = {"prompt": "p", "agent": "alice", "completion": "c", "group": 0, "turn": 0, "instance": "i",
+            "finish_reason": "stop", "joint": None, "sample": 0}
+    rows = [{**base, "reward": 0.5, "return": "x", "advantage": 10 ** 400, "components": {"a": 10 ** 400, "b": 0.25}},
+            {**base, "sample": 1, "group": 1, "reward": 10 ** 400, "return": 0.75, "advantage": 0.125}]
+    (run / "completions" / "step_000001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = write_report(run).read_text()
+    # the reward past a float leaves its record unscored; the other's text return and huge advantage are not shown
+    assert "1 scored completions" in md and "reward 0.5 (b 0.25)" in md and "*alice* (finish: stop):" in md
