@@ -300,9 +300,12 @@ def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
                 scored[rec.pop("key")] = rec
             else:
                 samples.append(rec)
-        except (ValueError, RecursionError, KeyError, AttributeError, TypeError) as err:
+        except (ValueError, RecursionError, KeyError, AttributeError, TypeError, OverflowError) as err:
             raise AuditError(f"{path}:{n} is not an audit record ({type(err).__name__}); the file is damaged: "
                              "delete it or re-run the step") from err
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise AuditError(f"{path}'s header gives the step as {str(step)[:40]!r}, not a number; the file is damaged: "
+                         "delete it or re-run the step")
     held = {"scored": len(scored), "samples": len(samples)}
     for kind, want in counts.items():
         if held[kind] != want:
@@ -367,7 +370,7 @@ def audit_run(run_dir: str | Path) -> RunAudit:
     for path, step, samples, scored, instances in records:
         try:
             result = audit_records(step, samples, scored, instances)
-        except (KeyError, IndexError, TypeError, ValueError) as err:   # a record without its fields
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:   # a record without its fields
             raise AuditError(f"{path} holds a record without its fields ({type(err).__name__}: {err}); the file is "
                              "damaged: delete it or re-run the step") from err
         out.steps += 1

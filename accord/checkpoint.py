@@ -247,6 +247,8 @@ def clean_checkpoints(run_dir: Path) -> list[Path]:
     removed = []
     if root.is_dir():
         for path in sorted(root.iterdir()):
+            if path.is_symlink():   # accord writes none: a user's link, left alone (and never loaded or pruned)
+                continue
             if path.name.startswith((".tmp_step_", ".trash_")) and path.is_dir():
                 logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
             elif (_CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir() and not (path / MANIFEST).exists()
@@ -376,9 +378,10 @@ _CHECKPOINT_NAME = re.compile(r"step_\d{6,}")
 
 def checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoint directories, oldest first: ``checkpoints/step_NNNNNN`` only (a copy a user made
-    beside them, ``step_000010.bak`` or ``step_000010_best``, is not the run's: never loaded, exported or
-    pruned)."""
-    found = [p for p in checkpoint_dir(run_dir).glob("step_*") if _CHECKPOINT_NAME.fullmatch(p.name)]
+    beside them, ``step_000010.bak`` or ``step_000010_best``, or a symbolic link (accord writes none), is not the
+    run's: never loaded, exported or pruned)."""
+    found = [p for p in checkpoint_dir(run_dir).glob("step_*") if _CHECKPOINT_NAME.fullmatch(p.name)
+             and not p.is_symlink()]
     return sorted(found, key=checkpoint_step)
 
 

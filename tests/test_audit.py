@@ -5,6 +5,7 @@ import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,33 @@ def test_dynamic_sampling_rounds_keep_their_audit_records_apart(tiny_cfg, task, 
         trainer.close()
     assert max(rounds) >= 1   # near-greedy one-token answers make flat groups, so extra rounds ran
     assert audit_run(cfg.run_dir).violations == []
+
+
+@pytest.mark.parametrize("damage", ["count_past_a_float", "step_a_list", "step_text", "step_null", "states_a_list",
+                                    "texts_text"])
+def test_a_damaged_record_is_one_line(tiny_cfg, damage):
+    """Records that read as JSON but not as accord's (edited, or another tool's): `accord audit` says which file is
+    damaged in one line. A count of 1e999, a step that is a list, text or null, a scored unit's states or texts of
+    another type each ended in a traceback (OverflowError, TypeError, AttributeError)."""
+    cfg = config_from_dict(tiny_cfg(task={"name": "relay", "eval_size": 0}, algorithm={"name": "atgrpo"},
+                                    rollout={"batch_size": 2, "max_turns": 1}))
+    trainer = _trainer(cfg, ATGRPORollout)
+    try:
+        trainer.train_step(0)
+    finally:
+        trainer.close()
+    path = next((Path(cfg.run_dir) / "audit").glob("step_*.jsonl"))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    header, unit = lines[0], next(x for x in lines if x["kind"] == "scored")
+    if damage == "states_a_list":
+        unit["states"] = []
+    elif damage == "texts_text":
+        unit["texts"] = "abc"
+    elif damage != "count_past_a_float":
+        header["step"] = {"step_a_list": [1], "step_text": "x", "step_null": None}[damage]
+    text = "\n".join(json.dumps(x) for x in lines) + "\n"
+    if damage == "count_past_a_float":
+        text = text.replace(f'"scored": {header["scored"]}', '"scored": 1e999', 1)
+    path.write_text(text)
+    with pytest.raises(AuditError, match=r"damaged: delete it or re-run the step"):
+        audit_run(cfg.run_dir)

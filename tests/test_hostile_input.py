@@ -697,3 +697,23 @@ def test_weights_of_another_model_are_named_as_such_and_damaged_ones_load_nowher
     with pytest.raises(CheckpointError) as refused:
         load_policy(Policy(advice), tmp_path, "a", "fix it")
     assert "weights_only" not in str(refused.value) and "Python objects other than tensors" in str(refused.value)
+
+
+def test_links_in_the_checkpoints_folder_are_not_the_runs(tmp_path):
+    """A user's symbolic links in checkpoints/ (to another run's checkpoint, to a folder, named as a checkpoint or
+    as an interrupted save): never loaded, pruned or cleaned up. They ended every resume with "Cannot call rmtree
+    on a symbolic link" (a prune left a linked .trash_ behind that blocked every later one); their targets stay."""
+    from accord.checkpoint import clean_checkpoints
+
+    run = tmp_path / "run"
+    _fake_checkpoint(run, "step_000012")
+    other = _fake_checkpoint(tmp_path / "other", "step_000011")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (run / "checkpoints" / "step_000011").symlink_to(other)
+    (run / "checkpoints" / "step_000005").symlink_to(mine)
+    (run / "checkpoints" / ".tmp_step_000013_1234").symlink_to(mine)
+    assert clean_checkpoints(run) == [] and [p.name for p in checkpoints(run)] == ["step_000012"]
+    prune_checkpoints(run, 1, run / "checkpoints" / "step_000012")
+    assert other.is_dir() and mine.is_dir() and sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        ".tmp_step_000013_1234", "step_000005", "step_000011", "step_000012"]
