@@ -56,6 +56,8 @@ from accord import metric_names as mn
 logger = logging.getLogger(__name__)
 
 AUDIT_DIR = "audit"
+# a step's records larger than this are not read: a step writes some megabytes (its samples and scored units)
+MAX_STEP_BYTES = 1 << 30
 _MAX_DEPTH = 16
 
 
@@ -282,6 +284,9 @@ def read_step(path: Path) -> tuple[int, list[dict], dict[str, dict], list[str]]:
     """Step, sample records, scored units and instances of one step's file; :class:`AuditError` when the file is
     damaged, or holds fewer records than its header counts (cut short)."""
     step, samples, scored, instances, counts = -1, [], {}, [], {}
+    if not path.is_file() or path.stat().st_size > MAX_STEP_BYTES:   # a pipe never ends; a huge file fills memory
+        what = "not a regular file" if not path.is_file() else f"larger than {MAX_STEP_BYTES >> 20} MiB"
+        raise AuditError(f"{path} is {what}, not a step's records; move it out of {AUDIT_DIR}/ or delete it")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

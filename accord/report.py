@@ -77,6 +77,8 @@ _MEAN_OF_LAST = 5
 # overflows a float from about 9e307 (matplotlib's tick locator then fails); no metric of a run comes near it.
 _AXIS_LIMIT = 1e300
 _MAX_SHOWN_CHARS = 1500
+# a completions file larger than this is not read (a step's records are some megabytes: rows x prompt and text)
+MAX_COMPLETIONS_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,11 @@ def _latest_jsonl(directory: Path) -> tuple[int, list[dict]] | None:
     for path in reversed(files):
         match = re.fullmatch(r"step_(\d+)\.jsonl", path.name)
         if not match:
+            continue
+        if not path.is_file() or path.stat().st_size > MAX_COMPLETIONS_BYTES:   # a pipe would never end, a huge
+            _logger.warning("%s is %s; the report shows no completions of it", path,   # file fill the memory
+                            "not a regular file" if not path.is_file() else
+                            f"larger than {MAX_COMPLETIONS_BYTES >> 20} MiB, more than a step's completions")
             continue
         rows, bad = [], []
         for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").split("\n"), 1):

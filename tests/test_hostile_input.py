@@ -717,3 +717,30 @@ def test_links_in_the_checkpoints_folder_are_not_the_runs(tmp_path):
     prune_checkpoints(run, 1, run / "checkpoints" / "step_000012")
     assert other.is_dir() and mine.is_dir() and sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         ".tmp_step_000013_1234", "step_000005", "step_000011", "step_000012"]
+
+
+def test_a_pipe_or_a_huge_file_among_the_records_is_not_read(tmp_path):
+    """completions/step_N.jsonl or audit/step_N.jsonl a named pipe (`accord report` and `accord audit` waited
+    forever) or larger than any step writes (read whole: twice its size in memory): the report leaves it out with
+    a warning, the audit refuses it in one line."""
+    import os
+
+    from accord.audit import AuditError, audit_run
+    from accord.report import write_report
+
+    run = tmp_path / "run"
+    (run / "completions").mkdir(parents=True)
+    (run / "audit").mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "team/reward": 0.5}) + "\n")
+    os.mkfifo(run / "completions" / "step_000001.jsonl")
+    os.mkfifo(run / "audit" / "step_000001.jsonl")
+    assert "Sample completions" in write_report(run).read_text()
+    with pytest.raises(AuditError, match=r"step_000001.jsonl is not a regular file, not a step's records"):
+        audit_run(run)
+    for folder in ("completions", "audit"):
+        (run / folder / "step_000001.jsonl").unlink()
+        with open(run / folder / "step_000001.jsonl", "wb") as fh:
+            fh.truncate(3 << 30)   # sparse: no disk used
+    assert "Sample completions" in write_report(run).read_text()
+    with pytest.raises(AuditError, match=r"larger than 1024 MiB"):
+        audit_run(run)
