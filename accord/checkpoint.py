@@ -378,10 +378,10 @@ _CHECKPOINT_NAME = re.compile(r"step_\d{6,}")
 
 def checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoint directories, oldest first: ``checkpoints/step_NNNNNN`` only (a copy a user made
-    beside them, ``step_000010.bak`` or ``step_000010_best``, or a symbolic link (accord writes none), is not the
-    run's: never loaded, exported or pruned)."""
+    beside them, ``step_000010.bak`` or ``step_000010_best``, a symbolic link (accord writes none) or a file of a
+    checkpoint's name, is not the run's: never loaded, exported or pruned)."""
     found = [p for p in checkpoint_dir(run_dir).glob("step_*") if _CHECKPOINT_NAME.fullmatch(p.name)
-             and not p.is_symlink()]
+             and p.is_dir() and not p.is_symlink()]
     return sorted(found, key=checkpoint_step)
 
 

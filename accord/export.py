@@ -65,8 +65,10 @@ def checkpoint_of(run_dir: Path, step: int | None, allow_unverified: bool = Fals
                                     "(every run saves one at its last step)")
         return found
     path = checkpoint_dir(run_dir) / f"step_{step:06d}"
-    if not path.is_dir():
+    if not path.is_dir() or path.is_symlink():
         steps = [checkpoint_step(p) for p in checkpoints(run_dir)]
+        if not steps:
+            raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}, nor of any other step")
         raise FileNotFoundError(f"{run_dir} has no checkpoint of step {step}; it has steps {steps} (pass one of them "
                                 "with --step, or leave --step out for the latest)")
     problem = checkpoint_problem(path, allow_unverified)

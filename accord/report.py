@@ -563,15 +563,16 @@ def _components_text(row: dict) -> str:
 def _render_unit(title: str, unit: list[dict]) -> list[str]:
     first = unit[0]
     reward = _reward_of(unit)
-    lines = [f"**{title}**: reward {_fmt(reward)}{_components_text(first)}, instance `{first.get('instance')}`", ""]
+    lines = [f"**{title}**: reward {_fmt(reward)}{_components_text(first)}, instance "
+             f"`{printable(str(first.get('instance')))}`", ""]
     prompt = _shown(first.get("prompt"))
     fence = _fence(prompt)
-    lines += ["<details><summary>prompt of " + str(first.get("agent")) + "</summary>", "", f"{fence}text", prompt,
-              fence, "", "</details>", ""]
+    lines += ["<details><summary>prompt of " + printable(str(first.get("agent"))) + "</summary>", "", f"{fence}text",
+              prompt, fence, "", "</details>", ""]
     for row in unit:
         details = [f"turn {row['turn']}"] if row.get("turn") not in (None, 0) else []
         if row.get("finish_reason"):
-            details.append(f"finish: {row['finish_reason']}")
+            details.append(f"finish: {printable(str(row['finish_reason']))}")
         returned, advantage = _number(row.get("return")), _number(row.get("advantage"))
         if returned is not None and row.get("return") != row.get("reward"):
             details.append(f"return {_fmt(returned)}")
@@ -579,7 +580,7 @@ def _render_unit(title: str, unit: list[dict]) -> list[str]:
             details.append(f"advantage {_fmt(advantage)}")
         text = _shown(row.get("completion"))
         fence = _fence(text)
-        lines += [f"*{row.get('agent')}*" + (f" ({', '.join(details)})" if details else "") + ":", "",
+        lines += [f"*{printable(str(row.get('agent')))}*" + (f" ({', '.join(details)})" if details else "") + ":", "",
                   f"{fence}text", text, fence, ""]
     return lines
 

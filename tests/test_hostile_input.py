@@ -713,10 +713,11 @@ def test_links_in_the_checkpoints_folder_are_not_the_runs(tmp_path):
     (run / "checkpoints" / "step_000011").symlink_to(other)
     (run / "checkpoints" / "step_000005").symlink_to(mine)
     (run / "checkpoints" / ".tmp_step_000013_1234").symlink_to(mine)
+    (run / "checkpoints" / "step_000013").write_text("a file of a checkpoint's name")   # "it has steps [13]"
     assert clean_checkpoints(run) == [] and [p.name for p in checkpoints(run)] == ["step_000012"]
     prune_checkpoints(run, 1, run / "checkpoints" / "step_000012")
     assert other.is_dir() and mine.is_dir() and sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        ".tmp_step_000013_1234", "step_000005", "step_000011", "step_000012"]
+        ".tmp_step_000013_1234", "step_000005", "step_000011", "step_000012", "step_000013"]
 
 
 def test_a_pipe_or_a_huge_file_among_the_records_is_not_read(tmp_path):

@@ -213,7 +213,7 @@ def test_odd_numbers_in_the_completions_are_left_out(tmp_path):
     run = tmp_path / "run"
     _synthetic_run(run)
     (run / "completions").mkdir()
-    base = {"prompt": "p", "agent": "alice", "completion": "c", "group": 0, "turn": 0, "instance": "i",
+    base = {"prompt": "p", "agent": "alice", "completion": "c", "group": 0, "turn": 0, "instance": "i\x1b[2J",
             "finish_reason": "stop", "joint": None, "sample": 0}
     rows = [{**base, "reward": 0.5, "return": "x", "advantage": 10 ** 400, "components": {"a": 10 ** 400, "b": 0.25}},
             {**base, "sample": 1, "group": 1, "reward": 10 ** 400, "return": 0.75, "advantage": 0.125}]
@@ -221,3 +221,4 @@ def test_odd_numbers_in_the_completions_are_left_out(tmp_path):
     md = write_report(run).read_text()
     # the reward past a float leaves its record unscored; the other's text return and huge advantage are not shown
     assert "1 scored completions" in md and "reward 0.5 (b 0.25)" in md and "*alice* (finish: stop):" in md
+    assert "\x1b" not in md and "instance `i\\x1b[2J`" in md   # a terminal control in a field: shown, not obeyed
