@@ -77,16 +77,22 @@ def test_a_shuffled_reward_stops_a_strict_run_in_one_line(tiny_cfg):
     assert cls.swapped and "\n" not in str(info.value)
 
 
-@pytest.mark.slow
-def test_a_shuffled_reward_is_found_after_the_fact(tiny_cfg, tmp_path):
-    cls = _with_shuffle(ATGRPORollout)
+def _one_relay_step(tiny_cfg, rollout_cls):
+    """The config of a tiny AT-GRPO run on the relay task that trained (and recorded) one step."""
     cfg = config_from_dict(tiny_cfg(task={"name": "relay", "eval_size": 0}, algorithm={"name": "atgrpo"},
                                     rollout={"batch_size": 2, "max_turns": 1}))
-    trainer = _trainer(cfg, cls)
+    trainer = _trainer(cfg, rollout_cls)
     try:
         trainer.train_step(0)
     finally:
         trainer.close()
+    return cfg
+
+
+@pytest.mark.slow
+def test_a_shuffled_reward_is_found_after_the_fact(tiny_cfg, tmp_path):
+    cls = _with_shuffle(ATGRPORollout)
+    cfg = _one_relay_step(tiny_cfg, cls)
     assert cls.swapped
     result = audit_run(cfg.run_dir)
     assert [v.kind for v in result.violations] == ["reward", "reward"]      # both members of the swap
@@ -222,13 +228,7 @@ def test_a_damaged_record_is_one_line(tiny_cfg, damage):
     """Records that read as JSON but not as accord's (edited, or another tool's): `accord audit` says which file is
     damaged in one line. A count of 1e999, a step that is a list, text or null, a scored unit's states or texts of
     another type each ended in a traceback (OverflowError, TypeError, AttributeError)."""
-    cfg = config_from_dict(tiny_cfg(task={"name": "relay", "eval_size": 0}, algorithm={"name": "atgrpo"},
-                                    rollout={"batch_size": 2, "max_turns": 1}))
-    trainer = _trainer(cfg, ATGRPORollout)
-    try:
-        trainer.train_step(0)
-    finally:
-        trainer.close()
+    cfg = _one_relay_step(tiny_cfg, ATGRPORollout)
     path = next((Path(cfg.run_dir) / "audit").glob("step_*.jsonl"))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     header, unit = lines[0], next(x for x in lines if x["kind"] == "scored")
