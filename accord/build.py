@@ -405,8 +405,9 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
         planned = _planned_steps(run_dir)
         if planned is not None and 0 < planned <= last:   # a run that reached its run.steps ended with a checkpoint
             raise ConfigError(f"{run_dir} logged all {planned} steps of its run.steps={planned} but holds no "
-                              f"checkpoint (a finished run ends with one: was checkpoints/ removed?); restore its "
-                              f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
+                              f"checkpoint (a finished run ends with one: was checkpoints/ removed, or the run killed "
+                              f"while writing it?); restore its checkpoints to resume, or start the run over with "
+                              f"--overwrite (deletes its logs)")
         return None
     step = checkpoint_step(ckpt)
     if step > cfg.run.steps:
