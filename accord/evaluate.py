@@ -31,7 +31,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-
 from accord import metric_names as mn
 from accord.checkpoint import CheckpointError, in_checkpoints, load_policy, rotated_away, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
