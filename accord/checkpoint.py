@@ -32,6 +32,7 @@ import torch
 from safetensors import SafetensorError
 
 from accord.config import ConfigError
+from accord.tracking.registry import folder_problem
 
 logger = logging.getLogger(__name__)
 
@@ -397,6 +398,19 @@ def _numpy_globals() -> list:
     return [reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
+# what loading a policy's files raises where they are damaged (or, unverified, not accord's)
+LOAD_ERRORS = (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError)
+
+
+def _why(err: BaseException) -> str:
+    """What went wrong loading a checkpoint's file, in one line: torch's refusal of a pickle that is not plain
+    tensors and containers without its advice to load it unsafely (``weights_only=False`` would run its code)."""
+    if isinstance(err, pickle.UnpicklingError) and "weights_only" in str(err):
+        return ("UnpicklingError: it holds Python objects other than tensors and plain containers, which accord does "
+                "not load")
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 def load_state(path: Path) -> dict:
     """A checkpoint's ``state.pt`` with ``torch.load(weights_only=True)``: plain containers, numbers and tensors
     only, so a crafted file cannot run code. Files of older accords hold NumPy's random state as an array: they
@@ -429,10 +443,9 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
             part.load(src)
         except ConfigError:
             raise
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError) as err:
-            raise CheckpointError(f"checkpoint {path}: {name!r} cannot be loaded ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0] if str(err) else ''}); resume from an older checkpoint "
-                                  "or start over") from err
+        except LOAD_ERRORS as err:
+            raise CheckpointError(f"checkpoint {path}: {name!r} cannot be loaded ({_why(err)}); resume from an older "
+                                  "checkpoint or start over") from err
     try:
         state = load_state(path / "state.pt")
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
@@ -451,19 +464,6 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
         raise CheckpointError(f"checkpoint {path}: state.pt holds no usable random state ({type(err).__name__}: "
                               f"{err}); resume from an older checkpoint or start over") from err
     return state
-
-
-# what loading a policy's files raises where they are damaged (or, unverified, not accord's)
-LOAD_ERRORS = (OSError, RuntimeError, EOFError, KeyError, ValueError, pickle.UnpicklingError, SafetensorError)
-
-
-def _why(err: BaseException) -> str:
-    """What went wrong loading a checkpoint's file, in one line: torch's refusal of a pickle that is not plain
-    tensors and containers without its advice to load it unsafely (``weights_only=False`` would run its code)."""
-    if isinstance(err, pickle.UnpicklingError) and "weights_only" in str(err):
-        return ("UnpicklingError: it holds Python objects other than tensors and plain containers, which accord does "
-                "not load")
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def other_model(err: BaseException, ckpt: Path, name: str) -> ConfigError | None:
@@ -668,15 +668,9 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
     process is refused in every case. Nothing is created here: a config refused later leaves no directory
     behind."""
     run_dir = Path(run_dir)
-    for parent in (run_dir, *run_dir.parents):
-        if parent.exists() or parent.is_symlink():
-            if parent.is_symlink() and not parent.exists():
-                raise ConfigError(f"run directory {run_dir}: {parent} is a symbolic link that leads nowhere (or to "
-                                  "itself); point run.output_dir (or run.run_dir) at a directory")
-            if not parent.is_dir():
-                raise ConfigError(f"run directory {run_dir}: {parent} is a file, not a directory; set run.output_dir "
-                                  "(or run.run_dir) to a directory path")
-            break
+    problem = folder_problem(run_dir)
+    if problem is not None:
+        raise ConfigError(f"run directory {run_dir}: {problem}; point run.output_dir (or run.run_dir) at a directory")
     problem = warm_start_problem(run_dir)
     if problem is not None:   # with --overwrite too: a warm start is not a run that option deletes
         raise ConfigError(problem)

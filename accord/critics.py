@@ -40,8 +40,9 @@ from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences
 from accord.devices import resolve_bf16
 from accord.models.common import cache_kwargs
-from accord.policies.learner import (can_cache_forward, dropout_in_training, lr_lambda, make_adamw, micro_batches,
-                                    prefix_pass, prefix_plan, right_aligned)
+from accord.policies.learner import (can_cache_forward, dropout_in_training, load_optimizer_state, load_scheduler_state,
+                                    lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan, read_learner_state,
+                                    right_aligned)
 from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
 
@@ -278,9 +279,9 @@ class ScalarModel:
         directory = Path(directory)
         load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
         self.head.load_state_dict(load_file(str(directory / "head.safetensors"), device="cpu"))
-        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler"))
+        load_optimizer_state(self.optimizer, state["optimizer"], f"{directory.name}'s optimizer")
+        load_scheduler_state(self.scheduler, state["scheduler"], f"{directory.name}'s LR schedule")
 
     def export(self, directory: Path) -> None:
         """A Hugging Face directory of the backbone plus ``head.safetensors`` (what ``reward_model.path`` loads)."""
@@ -497,9 +498,9 @@ def load_heads(policy, directory: Path) -> None:
                           f"those of this run's agents {sorted(policy.value_heads)}; resume with the config the "
                           "checkpoint was trained with")
     policy.value_heads.load_state_dict(tensors)
-    state = torch.load(directory / "heads_optimizer.pt", weights_only=True, map_location="cpu")
-    policy.head_optimizer.load_state_dict(state["optimizer"])
-    policy.head_scheduler.load_state_dict(state["scheduler"])
+    state = read_learner_state(directory / "heads_optimizer.pt", ("optimizer", "scheduler"))
+    load_optimizer_state(policy.head_optimizer, state["optimizer"], f"{directory.name}'s value heads")
+    load_scheduler_state(policy.head_scheduler, state["scheduler"], f"{directory.name}'s value heads")
 
 
 # --- sequence log-probs for preference learning (run where the policy lives) ----------------------------

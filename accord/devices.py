@@ -124,6 +124,10 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
 def restore_generator(gen: torch.Generator, state, saved_device: str | None, what: str) -> None:
     """Set ``gen`` from a saved state; across device types (a CPU state into a CUDA stream or back), reseed
     from a hash of the saved state instead (see the module docstring)."""
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        raise ValueError(f"{what}: the saved random stream is a {type(state).__name__}, not a generator's state")
+    if saved_device is not None and not isinstance(saved_device, str):
+        raise ValueError(f"{what}: the saved random stream's device is {str(saved_device)[:40]!r}, not a device's name")
     saved_device = saved_device or "cpu"  # checkpoints from before device support were all CPU
     if saved_device == gen.device.type:
         gen.set_state(state)

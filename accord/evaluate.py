@@ -36,7 +36,7 @@ from accord.checkpoint import CheckpointError, in_checkpoints, load_policy, rota
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
-from accord.tracking.registry import _atomic_write_text
+from accord.tracking.registry import _atomic_write_text, folder_problem
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +229,9 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     out_dir = Path(out) if out else (run_dir / "eval" if run_dir else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval")
     if not out and pipeline != "parallel":  # beside the plain eval, not over it
         out_dir = out_dir.with_name(f"{out_dir.name}-{pipeline}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; give a directory for eval.json and eval.md")
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise ConfigError(f"--out {out_dir}: {problem}; give a directory for eval.json and eval.md")
     if run_dir is not None and in_checkpoints(out_dir, run_dir):
         raise ConfigError(f"--out {out_dir} lies in the run's checkpoints/, whose older checkpoints the run deletes as "
                           f"it goes on (run.keep_checkpoints), and the evaluation with them; pass an --out outside it "
@@ -266,6 +267,9 @@ def scratch_run(out_dir: Path) -> Iterator[Path]:
     """Create ``out_dir`` (and its parents) and yield a scratch run directory in it for the run that evaluates
     (:func:`scratch_run_dir`: its config.yaml and lock), removed when the block ends. When the block fails, the
     directories this made are removed too while still empty: a failed command leaves no empty ``--out``."""
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise ConfigError(f"output folder {out_dir}: {problem}; pass --out DIR, a folder that exists or can be made")
     made = _made_dirs(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     work = scratch_run_dir(out_dir)

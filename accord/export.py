@@ -48,7 +48,7 @@ from accord.checkpoint import (
     verified_checkpoint,
 )
 from accord.config import Config, ConfigError, load_config
-from accord.tracking.registry import _UMASK
+from accord.tracking.registry import _UMASK, folder_problem
 
 __all__ = ["checkpoint_of", "export_run"]
 
@@ -136,6 +136,17 @@ def _export_lora(cfg: Config, names: list[str], ckpt: Path, out: Path, final_out
     tokenizer.save_pretrained(out / "base")
 
 
+def _check_out(out: Path) -> None:
+    """A ConfigError where the export cannot go to ``out``: it exists (a symbolic link too, even one that leads
+    nowhere), or its folder cannot be made (:func:`folder_problem`)."""
+    if out.exists() or out.is_symlink():
+        link = f" (a symbolic link to {str(out.readlink())!r})" if out.is_symlink() else ""
+        raise ConfigError(f"{out} already exists{link}; pass another --out or delete it")
+    problem = folder_problem(out.parent)
+    if problem is not None:
+        raise ConfigError(f"--out {out}: {problem}; pass an --out in a folder that exists or can be made")
+
+
 def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path | None = None,
                allow_unverified: bool = False) -> Path:
     """Write the checkpoint of ``step`` (None: the newest that verifies) of ``run_dir`` as Hugging Face model (or
@@ -147,10 +158,11 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
     if step is not None and step < 0:
         raise ConfigError(f"--step {step} is negative; pass a checkpoint's step")
     cfg = load_config(run_dir / "config.yaml")
+    if out is not None:   # before the checkpoint is looked for: a wrong --out is told first
+        _check_out(Path(out))
     ckpt = checkpoint_of(run_dir, step, allow_unverified)
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
-    if out.exists():
-        raise ConfigError(f"{out} already exists; pass another --out or delete it")
+    _check_out(out)
     if in_checkpoints(out, run_dir):
         raise ConfigError(f"--out {out} lies in the run's checkpoints/, whose older checkpoints the run deletes as it "
                           f"goes on (run.keep_checkpoints), and the export with them; pass an --out outside it (the "

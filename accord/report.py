@@ -45,7 +45,7 @@ from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, printable, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
-from accord.tracking.registry import _atomic_save, _atomic_write_text
+from accord.tracking.registry import _atomic_save, _atomic_write_text, folder_problem
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -196,7 +196,8 @@ def _load_config(path: Path) -> tuple[dict | None, str | None]:
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
-        _logger.warning("could not parse %s (%s); the report omits the config summary", path, err)
+        why = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())   # YAML's marks: one line
+        _logger.warning("could not parse %s (%s); the report omits the config summary", path, why[:300])
         return None, f"{CONFIG_FILENAME} could not be parsed"
     if not isinstance(config, dict):
         return None, f"{CONFIG_FILENAME} is not a mapping"
@@ -775,6 +776,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         raise ConfigError(f"{out} is a symbolic link (to {str(out.readlink())!r}); the report writes its files there "
                           f"and deletes its stale plots, so it follows no link of the run's: delete the link, or "
                           f"give the folder with --out")
+    problem = folder_problem(out)
+    if problem is not None:
+        from accord.config import ConfigError
+
+        raise ConfigError(f"report folder {out}: {problem}; give the report a folder with --out")
     out.mkdir(parents=True, exist_ok=True)
     images: list[Path] = []
     plots = (_plot_rewards, _plot_success, _plot_components, _plot_losses,

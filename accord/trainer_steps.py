@@ -49,6 +49,7 @@ from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_ref
 from accord.data import DataFileError, json_lines
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
+from accord.policies.learner import read_learner_state
 from accord.rollout.sample import Sample, Sampling
 from accord.seeding import (critic_seed, pair_selection_seed, reward_model_pair_seed, reward_model_prompt_seed,
                              reward_model_seed)
@@ -400,13 +401,19 @@ class PairBuffer:
         torch.save(self.state(), Path(directory) / "pairs.pt")
 
     def load(self, directory: Path) -> None:
-        state = torch.load(Path(directory) / "pairs.pt", weights_only=True)
-        self.round_step = state["round_step"]
-        self.samples = [Sample(**{**s, "sampling": Sampling(**s["sampling"]) if s.get("sampling") else None})
-                        for s in state["samples"]]   # asdict made the nested Sampling a dict
-        self.pairs = [tuple(p) for p in state["pairs"]]
-        self.members = {tuple(k): list(v) for k, v in state["members"]}
-        self.ref = list(state["ref"])
+        state = read_learner_state(Path(directory) / "pairs.pt", ("round_step", "samples", "pairs", "members", "ref"))
+        try:
+            samples = [Sample(**{**s, "sampling": Sampling(**s["sampling"]) if s.get("sampling") else None})
+                       for s in state["samples"]]   # asdict made the nested Sampling a dict
+            pairs = [tuple(p) for p in state["pairs"]]
+            members = {tuple(k): list(v) for k, v in state["members"]}
+            ref = list(state["ref"])
+        except (TypeError, AttributeError) as err:   # the parts of another structure (a damaged or foreign file)
+            raise ValueError(f"pairs.pt holds no pair buffer of this accord ({type(err).__name__}: {err})") from err
+        if not isinstance(state["round_step"], int):
+            raise ValueError(f"pairs.pt: its round step is {str(state['round_step'])[:40]!r}, not a step")
+        self.round_step, self.samples, self.pairs, self.members, self.ref = (state["round_step"], samples, pairs,
+                                                                             members, ref)
 
 
 def _pair_keys(pair: tuple, agents: tuple[str, ...]) -> list[tuple]:
@@ -713,7 +720,10 @@ class RewardModel:
         directory = Path(directory)
         load_model(self.model.model, str(directory / "model.safetensors"), strict=True, device="cpu")
         self.model.head.load_state_dict(load_file(str(directory / "head.safetensors"), device="cpu"))
-        self.ready = json.loads((directory / "state.json").read_text())["ready"]
+        ready = json.loads((directory / "state.json").read_text())
+        if not isinstance(ready, dict) or not isinstance(ready.get("ready"), bool):
+            raise ValueError(f"{directory / 'state.json'} holds no reward model's state (\"ready\": true or false)")
+        self.ready = ready["ready"]
         if self.ready:
             self._freeze()
 

@@ -745,3 +745,60 @@ def test_a_pipe_or_a_huge_file_among_the_records_is_not_read(tmp_path):
     assert "Sample completions" in write_report(run).read_text()
     with pytest.raises(AuditError, match=r"larger than 1024 MiB"):
         audit_run(run)
+
+
+def test_an_output_folder_behind_a_dangling_link_or_a_file_is_one_line_before_the_work(tmp_path):
+    """--out a symbolic link that leads nowhere, or a path under a file: export wrote the models into a temporary
+    folder and failed at the end naming it, eval, cross-play and the report failed with "File exists". Each is
+    refused first, naming the link or the file; a run's report.md that is a folder names report.md, not the
+    temporary file renamed onto it."""
+    from accord.evaluate import scratch_run
+    from accord.export import export_run
+    from accord.report import write_report
+    from accord.tracking.registry import folder_problem
+
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere" / "x")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("mine")
+    assert folder_problem(dangling) == f"{dangling} is a symbolic link that leads nowhere (or to itself)"
+    assert folder_problem(loop / "sub") == f"{loop} is a symbolic link that leads nowhere (or to itself)"
+    assert folder_problem(a_file / "sub" / "deeper") == f"{a_file} is a file, not a directory"
+    assert folder_problem(tmp_path / "new" / "deeper") is None and folder_problem(tmp_path) is None
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(TINY.read_text())
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "team/reward": 0.5}) + "\n")
+    with pytest.raises(ConfigError, match=r"dangling already exists \(a symbolic link to '.*nowhere/x'\)"):
+        export_run(run, out=dangling)
+    with pytest.raises(ConfigError, match=r"--out .*a_file/x: .*a_file is a file, not a directory"):
+        export_run(run, out=a_file / "x")
+    with pytest.raises(ConfigError, match=r"output folder .*dangling/sub: .*dangling is a symbolic link that leads "
+                                          r"nowhere .*pass --out DIR"):
+        with scratch_run(dangling / "sub"):
+            pass
+    with pytest.raises(ConfigError, match=r"report folder .*dangling: .*leads nowhere .*--out"):
+        write_report(run, out_dir=dangling)
+    (run / "report" / "report.md").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError, match=r"a folder, where this file is written: '.*report/report.md'"):
+        write_report(run)
+    assert [p.name for p in (run / "report").iterdir() if p.name.startswith(".")] == []   # no temporary file left
+    assert a_file.read_text() == "mine" and not (tmp_path / "nowhere").exists()
+
+
+def test_a_config_yaml_that_does_not_parse_is_one_warning_line_in_the_report(tmp_path, caplog):
+    """YAML's error names the place over several lines (the report's warning spanned four); now one."""
+    from accord.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "team/reward": 0.5}) + "\n")
+    (run / "config.yaml").write_text("run:\n  name: [unclosed\n  steps: 3\n")
+    with caplog.at_level("WARNING", logger="accord.report"):
+        report = write_report(run)
+    warned = [r.getMessage() for r in caplog.records if "could not parse" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and "line 2, column" in warned[0], warned
+    assert "config.yaml could not be parsed" in report.read_text()

@@ -47,7 +47,7 @@ from safetensors.torch import save_model
 from accord.config import Config, ConfigError
 from accord.devices import policy_setting, restore_generator
 from accord.distributed.ranks import DataParallelPolicy, part
-from accord.policies.learner import micro_batches
+from accord.policies.learner import check_optimizer_state, load_scheduler_state, micro_batches, read_learner_state
 from accord.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -255,13 +255,14 @@ class FsdpPolicy(DataParallelPolicy):
                                       "saved from another model")
                 weights[n] = weights[twin]
         set_model_state_dict(self.model, weights, options=self._options())
-        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
+        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
         order = self._param_names()
         saved = state["optimizer"]
+        check_optimizer_state(self.optimizer, saved, f"policy {self.name!r}")
         optim = {"state": {order[i]: s for i, s in saved["state"].items()},
                  "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]}
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=self._options())
-        self.scheduler.load_state_dict(state["scheduler"])
+        load_scheduler_state(self.scheduler, state["scheduler"], f"policy {self.name!r}")
         restore_generator(self.generator, state["generator"], state.get("generator_device"), f"policy {self.name!r}")
 
     def export(self, directory: Path) -> None:

@@ -70,6 +70,96 @@ def scheduler_step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         scheduler.step()
 
 
+def read_learner_state(path, keys: tuple[str, ...]) -> dict:
+    """A learner's saved state (``optimizer.pt``: optimizer, schedule, random stream), read weights-only onto the
+    CPU and checked to be a dict holding ``keys``: a ValueError naming what is missing where it is not (a file of
+    another program, or of an older or damaged checkpoint, loaded unverified)."""
+    state = torch.load(path, weights_only=True, map_location="cpu")
+    if not isinstance(state, dict):
+        raise ValueError(f"{path.name} holds a {type(state).__name__}, not the dict of a learner's state")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{path.name} holds no {', '.join(missing)}")
+    return state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved, what: str) -> None:
+    """Load an optimizer's saved ``state_dict`` once :func:`check_optimizer_state` finds it fits ``optimizer``."""
+    check_optimizer_state(optimizer, saved, what)
+    optimizer.load_state_dict(saved)
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved, what: str) -> None:
+    """A ValueError naming the first mismatch unless a saved optimizer ``state_dict`` fits ``optimizer``: parameter
+    groups of the same sizes and kinds of settings, each saved moment a tensor of its parameter's (global) shape.
+    torch checks only the group sizes: a moment of another shape failed (or broadcast) at the next step, a list or
+    a string where a dict belongs was a TypeError."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    moments = saved.get("state") if isinstance(saved, dict) else None
+    if not (isinstance(groups, list) and isinstance(moments, dict)
+            and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):
+        raise ValueError(f"{what}: the saved optimizer state is not an optimizer's (no parameter groups or moments)")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in groups for i in g["params"]]
+    if len(ids) != len(params) or [len(g["params"]) for g in groups] != [len(g["params"]) for g in
+                                                                          optimizer.param_groups]:
+        raise ValueError(f"{what}: the saved optimizer holds {len(ids)} tensors in {len(groups)} group(s), this one "
+                         f"{len(params)} in {len(optimizer.param_groups)}")
+    if ids != list(range(len(params))) or not set(moments) <= set(ids):   # as torch numbers them
+        raise ValueError(f"{what}: the saved optimizer numbers its tensors {str(ids)[:40]}, with moments of "
+                         f"{str(sorted(moments, key=str))[:40]}, not 0 to {len(params) - 1}")
+    for saved_group, group in zip(groups, optimizer.param_groups):
+        for key in saved_group.keys() & group.keys() - {"params"}:
+            if not _same_kind(saved_group[key], group[key]):
+                raise ValueError(f"{what}: the saved optimizer's {key} is {str(saved_group[key])[:40]!r}, not a "
+                                 f"{type(group[key]).__name__} like this one's")
+    for i, p in zip(ids, params):
+        entry = moments.get(i, {})
+        if not isinstance(entry, dict):
+            raise ValueError(f"{what}: the saved moments of tensor {i} are a {type(entry).__name__}, not a dict")
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"{what}: the saved {key} of tensor {i} is a {type(value).__name__}, not a tensor")
+            if value.dim() > 0 and value.shape != p.shape:
+                raise ValueError(f"{what}: the saved {key} of tensor {i} has shape {list(value.shape)}, its parameter "
+                                 f"{list(p.shape)}")
+
+
+def _same_kind(saved, current) -> bool:
+    """Whether a saved optimizer setting can stand for the current one: a number for a number, a pair of numbers
+    for a pair (lists and tuples alike), a flag for a flag, None or a string where the current is one."""
+    number = (int, float)
+    if isinstance(current, bool) or current is None or isinstance(current, str):
+        return type(saved) is type(current) or saved is None or current is None
+    if isinstance(current, number):
+        return isinstance(saved, number) and not isinstance(saved, bool)
+    if isinstance(current, (tuple, list)):
+        return (isinstance(saved, (tuple, list)) and len(saved) == len(current)
+                and all(_same_kind(a, b) for a, b in zip(saved, current)))
+    if isinstance(current, torch.Tensor):
+        return isinstance(saved, (torch.Tensor, *number))
+    return True
+
+
+def load_scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler, saved, what: str) -> None:
+    """Load a schedule's saved ``state_dict`` once it is a dict with an integer step, a base LR per parameter group,
+    and no key that would replace one of the schedule's methods (``LambdaLR.load_state_dict`` copies the dict into
+    the object: a string step, or a ``step`` key, failed at the next step). Other keys pass: torch's versions save
+    different ones."""
+    methods = [k for k in saved if callable(getattr(type(scheduler), str(k), None))] if isinstance(saved, dict) else []
+    if not isinstance(saved, dict) or methods:
+        raise ValueError(f"{what}: the saved LR schedule is not this schedule's state")
+    lrs = saved.get("base_lrs", scheduler.base_lrs)
+    if not (isinstance(lrs, list) and len(lrs) == len(scheduler.base_lrs)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lrs)):
+        raise ValueError(f"{what}: the saved LR schedule's base LRs are {str(lrs)[:40]!r}, not one number per "
+                         f"parameter group ({len(scheduler.base_lrs)})")
+    step = saved.get("last_epoch")
+    if not isinstance(step, int) or isinstance(step, bool) or step < -1:
+        raise ValueError(f"{what}: the saved LR schedule's step is {str(step)[:40]!r}, not a count of steps")
+    scheduler.load_state_dict(saved)
+
+
 def micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
     """Split a mini-batch (in order) into micro-batches of ``size`` sequences, or, with ``max_tokens``,
     into runs whose padded size (sequences x longest prompt+completion) stays within ``max_tokens``;

@@ -60,7 +60,8 @@ from accord.devices import make_generator, resolve_bf16, restore_generator
 from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
-from accord.policies.learner import decoder_blocks, enable_gradient_checkpointing
+from accord.policies.learner import (decoder_blocks, enable_gradient_checkpointing, load_optimizer_state,
+                                    load_scheduler_state, read_learner_state)
 from accord.policies.model import ModelPolicy
 from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, seeded_torch
 
@@ -293,9 +294,10 @@ class LoraPolicy(ModelPolicy):
         with torch.no_grad():
             for k, p in self.named_params.items():
                 p.copy_(tensors[k])
-        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        state = read_learner_state(directory / "optimizer.pt",
+                                   ("optimizer", "scheduler", "generator", "group_generator"))
+        load_optimizer_state(self.optimizer, state["optimizer"], f"adapter {self.name!r}")
+        load_scheduler_state(self.scheduler, state["scheduler"], f"adapter {self.name!r}")
         saved = state.get("generator_device")
         restore_generator(self.generator, state["generator"], saved, f"adapter {self.name!r}")
         restore_generator(self.group.generator, state["group_generator"], saved, f"lora group of {self.name!r}")

@@ -45,8 +45,9 @@ from accord.generation.backends import HFBackend, make_backend, settings
 from accord.generation.hf import DecodeJob, eos_ids, first_occurrences, left_pad, supports_own_loop
 from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
-from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing, lr_lambda,
-                                    make_adamw, micro_batches, optimizer_step, prefix_pass, prefix_plan, right_aligned,
+from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing,
+                                    load_optimizer_state, load_scheduler_state, lr_lambda, make_adamw, micro_batches,
+                                    optimizer_step, prefix_pass, prefix_plan, read_learner_state, right_aligned,
                                     scheduler_step, select_cache_rows, train_last_layers)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
@@ -679,14 +680,17 @@ class ModelPolicy:
         """Restore from :meth:`save`'s files, whichever device wrote them: tensors are read onto the CPU
         and copied into the model and the optimizer state on this policy's device."""
         load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
-        state = torch.load(directory / "optimizer.pt", weights_only=True, map_location="cpu")
-        saved = sum(len(group["params"]) for group in state["optimizer"]["param_groups"])
-        if saved != len(self.params):
-            raise ConfigError(f"{directory}: the checkpoint's optimizer trained {saved} tensors of policy {self.name!r}, "
-                              f"this run trains {len(self.params)}; resume with the trainable_layers the run was "
-                              f"trained with (policies.{self.name}.trainable_layers in its config.yaml)")
-        self.optimizer.load_state_dict(state["optimizer"])   # moves the moments to the parameters' device
-        self.scheduler.load_state_dict(state["scheduler"])
+        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
+        groups = state["optimizer"].get("param_groups") if isinstance(state["optimizer"], dict) else None
+        if isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+            saved = sum(len(group["params"]) for group in groups)
+            if saved != len(self.params):
+                raise ConfigError(f"{directory}: the checkpoint's optimizer trained {saved} tensors of policy "
+                                  f"{self.name!r}, this run trains {len(self.params)}; resume with the trainable_layers "
+                                  f"the run was trained with (policies.{self.name}.trainable_layers in its config.yaml)")
+        what = f"policy {self.name!r}"
+        load_optimizer_state(self.optimizer, state["optimizer"], what)   # moves the moments to the parameters' device
+        load_scheduler_state(self.scheduler, state["scheduler"], what)
         restore_generator(self.generator, state["generator"], state.get("generator_device"), f"policy {self.name!r}")
 
     def export(self, directory: Path) -> None:

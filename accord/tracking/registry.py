@@ -39,6 +39,7 @@ evaluation).
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
 import numbers
@@ -197,9 +198,29 @@ def _read_umask() -> int:
 _UMASK = _read_umask()   # read once, at import (setting it to read it is not thread-safe)
 
 
+def folder_problem(path: Path) -> str | None:
+    """What keeps a folder from being made (or written into) at ``path``: the nearest of it and its parents that
+    exists is a file, or a symbolic link that leads nowhere (or to itself), where ``mkdir`` would fail with "File
+    exists" or "Not a directory". None where nothing does."""
+    for parent in (path, *path.parents):
+        if parent.is_symlink() and not parent.exists():
+            return f"{parent} is a symbolic link that leads nowhere (or to itself)"
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a directory"
+    return None
+
+
+def _not_a_folder(path: Path) -> None:
+    """An IsADirectoryError naming ``path`` where a folder stands at the file's path (the rename onto it would fail
+    after the work, naming the temporary file)."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a folder, where this file is written", str(path))
+
+
 def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
     """``save(tmp)`` into a temporary file beside ``path`` (same suffix: a plot's format follows it), then renamed
     onto ``path``: a full disk or a kill never leaves a truncated file where a good one was."""
+    _not_a_folder(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.fchmod(fd, 0o666 & ~_UMASK)   # a plain file's mode, not mkstemp's 0600
     os.close(fd)
@@ -214,6 +235,7 @@ def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory + os.replace."""
+    _not_a_folder(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_UMASK)   # a plain file's mode, not mkstemp's 0600
     try:
