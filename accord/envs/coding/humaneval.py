@@ -88,8 +88,9 @@ at turn 2 without solving any).
   named `aux`", "main does not call aux") plus, for the examples, the run's status, ``passed/total``
   and the first three failing examples with their error -- the value the function returned
   (``AssertionError: got 3``) or what it raised. Nothing of the hidden tests: not their sources,
-  results, count or status. A problem without readable examples (37 of HumanEval's 164, e.g. 32, 38,
-  41) gets the static messages only.
+  results, count or status (the examples are not among the hidden tests:
+  :func:`~accord.envs.coding.data.drop_shown_tests`). A problem without readable examples (37 of
+  HumanEval's 163, e.g. 32, 38, 41) gets the static messages only.
 - ``feedback: passfail``: only "all tests passed" / "some tests failed" about the hidden tests, which
   says no more than ``done`` (an episode goes on only while they do not all pass);
 - ``feedback: revise``: only "Revise your code.".
