@@ -12,7 +12,7 @@ from accord.envs.check import GARBAGE, check_env
 from accord.envs.puzzles.grid import DIRECTIONS, parse_moves, split_of
 from accord.envs.puzzles.planpath import PlanPathEnv as _PlanPathEnv, shortest_path
 from accord.envs.puzzles.sokoban import SokobanEnv as _SokobanEnv, read_rows
-from accord.envs.puzzles.sudoku import SudokuEnv as _SudokuEnv, is_solved, parse_grid
+from accord.envs.puzzles.sudoku import SudokuEnv as _SudokuEnv, complete_units, is_solved, parse_grid, progress
 
 
 # These tests play the direct workflow (planner -> executor, moves written as text). Since the default
@@ -279,13 +279,24 @@ def _relabel(rows, a="1", b="2"):
     return ["".join({a: b, b: a}.get(ch, ch) for ch in row) for row in rows]
 
 
+def _board(rows):
+    return [[0 if ch == "." else int(ch) for ch in row] for row in rows]
+
+
+def _shaping(task) -> float:
+    """The shaping a solve earns whatever its path: the potential of the solution minus the puzzle's."""
+    puzzle, solution = _board(task["puzzle"]), _board(task["solution"])
+    return (0.5 * (progress(solution, puzzle) - progress(puzzle, puzzle))
+            + 0.02 * (complete_units(solution) - complete_units(puzzle)))
+
+
 def test_sudoku_solution_solves_and_clue_change_does_not():
     env = SudokuEnv()
     for task in env.tasks("train", 10):
         team, local, res = run_episode(env, task, ["Grid:\n" + "\n".join(task["solution"])],
                                        planner_text="Grid:\n" + "\n".join(task["solution"]))
-        assert res.info["success"] and team == pytest.approx(2.5)
-        assert local["executor"] == pytest.approx(2.5 - 0.01 * task["holes"])
+        assert res.info["success"] and team == pytest.approx(2.5 + _shaping(task))
+        assert local["executor"] == pytest.approx(2.5 + _shaping(task) - 0.01 * task["holes"])
         # swapping two digits keeps a valid Sudoku but changes clues: not solved, rejected
         clue = next(ch for row in task["puzzle"] for ch in row if ch != ".")
         other = _relabel(task["solution"], clue, "1" if clue != "1" else "2")
@@ -297,6 +308,24 @@ def test_sudoku_solution_solves_and_clue_change_does_not():
         res = env.step({"executor": "Grid:\n" + "\n".join(other)})
         assert not res.info["success"] and res.local_rewards["executor"] == pytest.approx(-0.5)
         assert "clue" in res.info["feedback"] and env._state.board == clues
+
+
+def test_sudoku_a_solve_earns_the_same_whatever_its_path():
+    """The solving step pays the potential's change too: a solve split into two submissions (all holes but one,
+    then the last) earned 3.12 against 2.5 in one, so RL learned to stall a turn before solving."""
+    def play(grids, task):
+        env = SudokuEnv(single_agent=True)
+        env.reset(task)
+        results = [env.step({"solver": "Grid:\n" + "\n".join(g)}) for g in grids]
+        return sum(r.team_reward for r in results), results[-1].info["success"]
+
+    for task in SudokuEnv().tasks("train", 5):
+        almost = [list(row) for row in task["solution"]]
+        r, c = [(r, c) for r in range(4) for c in range(4) if task["puzzle"][r][c] == "."][-1]
+        almost[r][c] = "."
+        once = play([task["solution"]], task)
+        twice = play([["".join(row) for row in almost], task["solution"]], task)
+        assert once[1] and twice[1] and once[0] == pytest.approx(twice[0]) == pytest.approx(2.5 + _shaping(task))
 
 
 def test_sudoku_any_valid_completion_keeping_clues_counts():
@@ -334,7 +363,7 @@ def test_sudoku_9x9_solution_solves():
     env.reset(task)
     env.step({"planner": "Grid:\n" + "\n".join(task["solution"])})
     res = env.step({"executor": "Grid:\n" + "\n".join(" ".join(row) for row in task["solution"])})
-    assert res.info["success"] and res.team_reward == pytest.approx(2.5)
+    assert res.info["success"] and res.team_reward == pytest.approx(2.5 + _shaping(task))
 
 
 def test_parse_grid_formats():

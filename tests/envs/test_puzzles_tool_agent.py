@@ -14,7 +14,7 @@ from accord.envs.puzzles.grid import NO_CODE
 from accord.envs.oracles import PLANPATH_TOOL_PROGRAM, SOKOBAN_TOOL_PROGRAM, SUDOKU_TOOL_PROGRAM, fenced
 from accord.envs.puzzles.planpath import PlanPathEnv, shortest_path
 from accord.envs.puzzles.sokoban import SokobanEnv
-from accord.envs.puzzles.sudoku import SudokuEnv
+from accord.envs.puzzles.sudoku import SudokuEnv, complete_units, progress
 from accord.rollout.multiturn import atgrpo_rollout
 from accord.rollout.sample import Completion
 
@@ -126,11 +126,15 @@ def test_sudoku_tool_solver_and_planner_submission():
         obs = env.reset(task)
         res = env.step({"tool": SUDOKU_SOLVER})
         assert res.info["tool_status"] == "ok" and res.info["plan_solves"]
-        assert res.local_rewards["tool"] == pytest.approx(2.5 - 0.01 * task["holes"])
+        puzzle, solution = ([[0 if ch == "." else int(ch) for ch in row] for row in rows]
+                            for rows in (task["puzzle"], task["solution"]))
+        won = (2.5 + 0.5 * (progress(solution, puzzle) - progress(puzzle, puzzle))   # the bonuses and the
+               + 0.02 * (complete_units(solution) - complete_units(puzzle)))        # potential's change
+        assert res.local_rewards["tool"] == pytest.approx(won - 0.01 * task["holes"])
         assert res.observations["planner"] != obs["planner"] and "Grid:" in res.observations["planner"]
         grid = res.observations["planner"].split("Grid:\n")[-1].split("\nRead as")[0]
         res = env.step({"planner": "Grid:\n" + grid})
-        assert res.done and res.info["success"] and res.team_reward == pytest.approx(2.5)
+        assert res.done and res.info["success"] and res.team_reward == pytest.approx(won)
 
 
 def test_sokoban_tool_search_solves():

@@ -34,11 +34,14 @@ value the submitted grid changes; it is the unit the reference's "steps" map to 
   as it was); -1 for a digit out of range (e.g. 7 in a 4x4; rejected); plus, for the role whose grid
   is submitted (planner in ``tool_planner``, executor in ``direct``, solver), its step's team
   increment below (independent learners, ``alpha = 0``, still prefer solving).
-- **team** (task progress): on solving, +2, plus 0.5 if the cell edits of the whole episode are at most
-  the number of holes (every empty cell written once); otherwise ``0.5 * delta(progress) + 0.02 *
-  delta(units)``, where progress is the share of holes holding a digit with no duplicate in its row,
-  column or box, and units counts the rows, columns and boxes that hold each digit exactly once. No
-  failure penalty: a failed episode earns at most ``0.5 + 0.02 * 3 * size`` < 2.
+- **team** (task progress): ``0.5 * delta(progress) + 0.02 * delta(units)`` on every accepted grid,
+  where progress is the share of holes holding a digit with no duplicate in its row, column or box, and
+  units counts the rows, columns and boxes that hold each digit exactly once; on solving, +2 more, plus
+  0.5 if the cell edits of the whole episode are at most the number of holes (every empty cell written
+  once). The shaping is a potential's change on the solving step too, so an episode's shaping sums to the
+  final potential minus the first, whatever the path (the reference pays only the bonus on the solving
+  step: a solve split into two submissions earned more than one submission). No failure penalty: a failed
+  episode earns at most ``0.5 + 0.02 * 3 * size`` < 2.
 - **tool** (``tool_planner``) and **planner** (``direct``): the local reward is the team + local reward
   of submitting the printed (tool) or written (planner) grid now (on a copy); a tool reply with no
   program, a failing program or output without a readable grid earns -0.5. The team increment is 0.
@@ -311,10 +314,13 @@ class SudokuEnv(PuzzleEnv):
         before_p, before_u = progress(s.board, s.clues), complete_units(s.board)
         s.board, s.edits = grid, s.edits + edits
         local = EDIT_COST * max(edits, 1)
-        if is_solved(s.board, s.clues):
-            team = SOLVED_BONUS + (EFFICIENT_BONUS if s.edits <= s.holes else 0.0)
-            return Outcome(team, local, f"grid accepted ({edits} cells changed): a valid solution.", solved=True)
+        # the shaping is a potential's change, on the solving step too: an episode's shaping sums to the final
+        # potential minus the first whatever the path (paying only the bonus there, as the reference does, paid
+        # 0.6 more for a solve split into two submissions than for one)
         team = PROGRESS_W * (progress(s.board, s.clues) - before_p) + UNITS_W * (complete_units(s.board) - before_u)
+        if is_solved(s.board, s.clues):
+            team += SOLVED_BONUS + (EFFICIENT_BONUS if s.edits <= s.holes else 0.0)
+            return Outcome(team, local, f"grid accepted ({edits} cells changed): a valid solution.", solved=True)
         dups = duplicates(s.board)
         empty = sum(not v for row in s.board for v in row)
         feedback = (f"grid accepted ({edits} cells changed); {empty} empty cells; duplicates: "
