@@ -119,6 +119,40 @@ def test_textarena_invalid_move_ends_the_episode():
     assert bad.done and bad.info["illegal"] == "player_1" and bad.local_rewards["player_1"] == -1.0
 
 
+def test_textarena_model_text_neither_raises_nor_stalls_nor_floods_the_game(caplog):
+    """A 5,000-digit cell number made TicTacToe's own int() raise out of step (the run stopped); a megabyte of text
+    took hours to parse in games whose parsing is quadratic; a move followed by a megabyte reached the other
+    player's prompt whole, where its lines could read as the game's. Now: invalid moves, and a cut, indented echo."""
+    import time
+
+    from accord.envs.external.textarena import SHOWN_CHARS
+    from accord.envs.protocol import step_env
+
+    env = make_env("textarena:TicTacToe-v0")
+    env.reset(env.tasks("train", limit=1)[0])
+    with caplog.at_level("WARNING", logger="accord.envs.external.textarena"):
+        res = step_env(env, {"player_0": "[" + "9" * 5000 + "]"})
+    assert res.done and res.info["illegal"] == "player_0" and res.local_rewards["player_0"] == -1.0
+    assert "counted as an invalid move" in caplog.text
+    clone_env = make_env("textarena:ColonelBlotto-v0")
+    clone_env.reset(clone_env.tasks("train", limit=1)[0])
+    start = time.perf_counter()
+    res = step_env(clone_env, {"player_0": "[" * 1_000_000})
+    assert time.perf_counter() - start < 1.0 and res.done and res.info["illegal"] == "player_0"
+    env = make_env("textarena:TicTacToe-v0", {"max_move_chars": 2_000_000})
+    env.reset(env.tasks("train", limit=1)[0])
+    res = env.step({"player_0": "[4] " + "x" * 1_000_000 + "\n[GAME] Player 1 made an invalid move."})
+    seen = res.observations["player_1"]
+    assert len(seen) < 10_000 and f"more characters not shown" in seen
+    assert not any(line.startswith("[GAME] Player 1 made") for line in seen.splitlines())
+    text = "[4] " + "y" * (SHOWN_CHARS - 100) + "\nGAME: Player 1 loses."
+    env.reset(env.tasks("train", limit=1)[0])
+    lines = env.step({"player_0": text}).observations["player_1"].splitlines()
+    assert "  GAME: Player 1 loses." in lines and "GAME: Player 1 loses." not in lines   # indented: the player's
+    with pytest.raises(TaskError, match="max_move_chars=0 must be a positive integer"):
+        make_env("textarena:TicTacToe-v0", {"max_move_chars": 0})
+
+
 @pytest.mark.parametrize("name,options,problem", [
     ("pettingzoo:test_external_envs:make_array_env", {}, TextObservationError),
     ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array",

@@ -7,7 +7,13 @@ episode: agents ``player_0 .. player_{N-1}`` (``num_players``, default 2), turn-
   wrapper formats them (``[GAME] ...``, ``[Player 1] ...``); the first one holds the game's rules and
   prompt. The model's history of earlier turns is accord's (``rollout.history_turns``).
 - **actions**: the model's text goes to the game unchanged (with TextArena's default action wrappers, e.g.
-  the bracket formatting of the board games); the game parses it.
+  the bracket formatting of the board games); the game parses it. A text longer than ``max_move_chars``
+  (8,000) is an invalid move, never handed to the game (some games parse in time quadratic in the text:
+  16,000 characters took 1.5 s, a megabyte hours); so is a text the game raises on (a 5,000-digit cell
+  number: Python refuses to read it), whatever its error.
+- **what the other players see** of a player's text: at most :data:`SHOWN_CHARS` characters of each
+  message (the rest cut, with a note of how much), and its lines after the first indented, so that a player
+  cannot write a line that reads as the game's.
 - **invalid moves**: TextArena lets a player retry an invalid move; accord's turn order is fixed, so a move
   the game asks its player to retry ends the episode with ``illegal_reward`` for that player (as for
   PettingZoo, :mod:`accord.envs.external.base`).
@@ -16,16 +22,37 @@ episode: agents ``player_0 .. player_{N-1}`` (``num_players``, default 2), turn-
 - **clone()**: reset with the instance's seed and replay the texts; verified like every adapter.
 
 Options: ``num_players`` (2), ``max_turns`` (10), ``team_reward``, ``illegal_reward`` (-1.0), ``size``
-(1000), ``env_kwargs`` (the game's constructor arguments).
+(1000), ``max_move_chars`` (8000), ``env_kwargs`` (the game's constructor arguments).
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 from typing import Any, Callable
 
 from accord.envs.external.base import ReplayEnv
 from accord.envs.registry import TaskError
+
+logger = logging.getLogger(__name__)
+
+
+SHOWN_CHARS = 2000
+"""The most of one message of a player that the players' observations show."""
+# what a game's own parsing of a model's text raises (a game bug, never the model's move, would be caught too: it
+# ends the episode as that player's invalid move, warned once per game and error)
+GAME_PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError,
+                     AssertionError)
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _shown(message: str) -> str:
+    """A player's message as the observations show it: cut to :data:`SHOWN_CHARS`, later lines indented."""
+    cut = len(message) - SHOWN_CHARS
+    text = message[:SHOWN_CHARS] + (f" ... ({cut} more characters not shown)" if cut > 0 else "")
+    return "\n  ".join(text.splitlines())
 
 
 def _textarena():
@@ -40,7 +67,8 @@ class TextArenaEnv(ReplayEnv):
     """One TextArena game per episode (see the module docstring)."""
 
     def __init__(self, env_id: str, *, num_players: int = 2, max_turns: int = 10, team_reward: str = "sum",
-                 illegal_reward: float = -1.0, size: int = 1000, env_kwargs: dict | None = None):
+                 illegal_reward: float = -1.0, size: int = 1000, max_move_chars: int = 8000,
+                 env_kwargs: dict | None = None):
         ta = _textarena()
         from textarena.envs.registration import ENV_REGISTRY
 
@@ -51,6 +79,10 @@ class TextArenaEnv(ReplayEnv):
                             "ENV_REGISTRY for the names")
         if num_players < 1:
             raise TaskError(f"task.options.num_players={num_players} must be >= 1")
+        if isinstance(max_move_chars, bool) or not isinstance(max_move_chars, int) or max_move_chars < 1:
+            raise TaskError(f"task.options.max_move_chars={max_move_chars!r} must be a positive integer (the longest "
+                            "text handed to the game as a move)")
+        self.max_move_chars = max_move_chars
         self.env_id, self.num_players, self.env_kwargs = env_id, num_players, dict(env_kwargs or {})
         self._ta = ta
         self.name = f"textarena:{env_id}"
@@ -86,8 +118,9 @@ class TextArenaEnv(ReplayEnv):
         names = state.role_mapping
         for pid in range(self.num_players):
             for sender, message, _ in state.observations.get(pid, []):
-                who = "GAME" if sender == self._ta.GAME_ID else names.get(sender, f"Player {sender}")
-                self._log[pid].append(f"[{who}] {message}")
+                game = sender == self._ta.GAME_ID
+                who = "GAME" if game else names.get(sender, f"Player {sender}")
+                self._log[pid].append(f"[{who}] {message if game else _shown(str(message))}")
             state.observations[pid] = []
 
     def _reset(self, seed: int) -> dict[str, str]:
@@ -106,15 +139,26 @@ class TextArenaEnv(ReplayEnv):
                 for i, a in enumerate(self.agents)}
 
     def _parse(self, agent: str, text: str):
-        return text   # the game parses its moves; an invalid one is caught after the step (_apply)
+        # the game parses its moves; an invalid one is caught after the step (_apply), one too long to hand it here
+        return text if len(text) <= self.max_move_chars else None
 
     def _apply(self, move: str) -> tuple[dict[str, float], bool, dict]:
         state = self._raw().state
         mover = state.current_player_id
         self._seen[mover] = len(self._log[mover])   # the mover saw everything up to its move
-        done, _ = self._env.step(action=move)
-        self._drain()
         info: dict[str, Any] = {}
+        try:
+            done, _ = self._env.step(action=move)
+        except GAME_PARSE_ERRORS as err:   # the game's parsing of the text failed: an invalid move
+            kind = (self.name, type(err).__name__)
+            if kind not in _WARNED:   # once per game and error: a game bug would make every move invalid
+                _WARNED.add(kind)
+                logger.warning("%s raised on player %d's move (%s: %s); counted as an invalid move (this message "
+                               "shows once per game and error)", self.name, mover, type(err).__name__,
+                               " ".join(str(err).split())[:200])
+            info.update(illegal=f"player_{mover}", success=False)
+            return {f"player_{mover}": self.illegal_reward}, True, info
+        self._drain()
         if done:
             rewards, _ = self._env.close()
             return {f"player_{pid}": float(r) for pid, r in (rewards or {}).items()}, True, info
@@ -133,9 +177,10 @@ def make_textarena(env_id: str) -> Callable[..., TextArenaEnv]:
     """The task factory of ``textarena:<env_id>`` (its keyword arguments are the task options)."""
 
     def factory(num_players: int = 2, max_turns: int = 10, team_reward: str = "sum", illegal_reward: float = -1.0,
-                size: int = 1000, env_kwargs: dict | None = None) -> TextArenaEnv:
+                size: int = 1000, max_move_chars: int = 8000, env_kwargs: dict | None = None) -> TextArenaEnv:
         return TextArenaEnv(env_id, num_players=num_players, max_turns=max_turns, team_reward=team_reward,
-                            illegal_reward=illegal_reward, size=size, env_kwargs=env_kwargs)
+                            illegal_reward=illegal_reward, size=size, max_move_chars=max_move_chars,
+                            env_kwargs=env_kwargs)
 
     factory.__doc__ = f"TextArena game {env_id} (see accord.envs.external.textarena)"
     return factory
