@@ -182,7 +182,11 @@ _NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEW
 # keyrings (a key outlives the run and is readable by later runs of the same uid), mount changes (old and
 # new mount API),
 # ptrace and reading other processes' memory, bpf, perf events, userfaultfd, io_uring (it bypasses
-# seccomp), AF_VSOCK sockets (vsock ignores network namespaces) and any syscall of another ABI.
+# seccomp), AF_VSOCK sockets (vsock ignores network namespaces) and any syscall of another ABI; and the ways
+# runs at the same time could talk through the read-only files they all see (the standard library, /usr): file
+# locks (flock; fcntl's record, open-file-description and lease commands, F_NOTIFY) and inotify/fanotify
+# watches. Through them a wrong program passed by reading a correct sibling's answers, and a run on the hidden
+# tests told the run on the examples their inputs, which the feedback then showed.
 _NEW_MOUNT_API = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
                   "mount_setattr": 442}  # the same numbers on every architecture
 _SYSCALLS = {
@@ -191,16 +195,23 @@ _SYSCALLS = {
                "deny": {"unshare": 272, "setns": 308, "add_key": 248, "request_key": 249, "keyctl": 250,
                         "mount": 165, "umount2": 166, "pivot_root": 155, "ptrace": 101, "process_vm_readv": 310,
                         "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
-                        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API},
-               "enosys": {"clone3": 435}},
+                        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API,
+                        "flock": 73, "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
+                        "fanotify_init": 300, "fanotify_mark": 301},
+               "fcntl": 72, "enosys": {"clone3": 435}},
     "aarch64": {"arch": 0xC00000B7, "pivot_root": 41, "socket": 198, "socketpair": 199, "clone": 220,
                 "mount_setattr": 442, "capset": 91,
                 "deny": {"unshare": 97, "setns": 268, "add_key": 217, "request_key": 218, "keyctl": 219,
                          "mount": 40, "umount2": 39, "pivot_root": 41, "ptrace": 117, "process_vm_readv": 270,
                          "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
-                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API},
-                "enosys": {"clone3": 435}},
+                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API,
+                         "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_init": 262,
+                         "fanotify_mark": 263},
+                "fcntl": 25, "enosys": {"clone3": 435}},
 }
+# fcntl's commands that lock, lease or watch a file (F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK,
+# F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY): refused, the file descriptor commands stay
+FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 DEVICES = ("null", "zero", "full", "random", "urandom")
 WORKDIR = "/sandbox"
 
@@ -362,6 +373,10 @@ def seccomp_program(machine):
                  (ld, 0, 0, 0)]
     prog += [(jeq, 0, 4, table["clone"]), (ld, 0, 0, 16), (jset, 0, 1, _NAMESPACE_FLAGS),
              (ret, 0, 0, errno | EPERM), (ld, 0, 0, 0)]
+    prog += [(jeq, 0, 2 * len(FCNTL_REFUSED) + 2, table["fcntl"]), (ld, 0, 0, 24)]   # args[1] (low half): the command
+    for cmd in FCNTL_REFUSED:
+        prog += [(jeq, 0, 1, cmd), (ret, 0, 0, errno | EPERM)]
+    prog.append((ld, 0, 0, 0))
     prog.append((ret, 0, 0, allow))
     return prog
 

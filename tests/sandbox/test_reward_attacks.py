@@ -308,6 +308,33 @@ def test_no_vsock_and_no_network(box):
     assert os.getpid() > 0
 
 
+def test_runs_at_the_same_time_have_no_lock_or_watch_to_talk_through(box):
+    """Every run sees the same read-only standard library: byte-range locks on os.py and inotify watches on it
+    carried one run's data to another at the same time (a wrong program passed with a correct sibling's answers;
+    the run on the hidden tests told the run on the examples their inputs, which the feedback showed). Refused."""
+    iso = probe_isolation()
+    if not iso.seccomp:
+        pytest.skip(f"no seccomp here: {iso.notes}")
+    code = ("import ctypes, errno, fcntl, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = os.open(os.__file__, os.O_RDONLY)\nout = []\n"
+            "for name, call in (('flock', lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),\n"
+            "                   ('setlk', lambda: fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
+            "                   ('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
+            "                   ('ofd', lambda: fcntl.fcntl(fd, 37, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
+            "                   ('notify', lambda: fcntl.fcntl(fd, 1026, 1)),\n"
+            "                   ('lease', lambda: fcntl.fcntl(fd, 1025))):\n"
+            "    try:\n        call()\n        out.append(name + ' ok')\n"
+            "    except OSError as e:\n        out.append(name + ' ' + errno.errorcode[e.errno])\n"
+            "for name in ('inotify_init1', 'fanotify_init'):\n"
+            "    r = getattr(libc, name)(0, 0) if name == 'fanotify_init' else libc.inotify_init1(0)\n"
+            "    out.append(name + ' ' + (errno.errorcode[ctypes.get_errno()] if r < 0 else 'ok'))\n"
+            "flags = fcntl.fcntl(fd, fcntl.F_GETFD)\nfcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)\n"
+            "out.append('fd commands ok')\nprint(','.join(out))\n")
+    result = box.run(code)
+    assert result.stdout.strip() == ("flock EPERM,setlk EPERM,getlk EPERM,ofd EPERM,notify EPERM,lease EPERM,"
+                                     "inotify_init1 EPERM,fanotify_init EPERM,fd commands ok"), result
+
+
 # --------------------------------------------------------------------------------------------------
 # Attacks on the trainer and on the run's status (found by red-teaming this sandbox)
 # --------------------------------------------------------------------------------------------------
