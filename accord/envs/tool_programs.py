@@ -2,16 +2,20 @@
 
 A tool program reads no input but the files it is given, so what it does depends on its text, those
 files and its limits only: results are cached per (program, files, timeout, memory) in one
-process-wide LRU, which makes AT-GRPO's branching on clones and repeated candidates cheap and keeps the
-answer to a given program the same within a run. Sandbox failures of ours (``sandbox_error``) are not
-cached and are named once in a warning. Nothing here raises on what a program does; deciding what its
-output is worth is the environment's business, in the trainer's process.
+process-wide LRU of at most :data:`CACHE_SIZE` results and :data:`CACHE_BYTES` of their texts (a program
+that fills its output cap with characters Python stores in 4 bytes each made a result half a megabyte:
+2 GiB of the trainer's memory at the count limit alone), which makes AT-GRPO's branching on clones and
+repeated candidates cheap and keeps the answer to a given program the same within a run. Sandbox
+failures of ours (``sandbox_error``) are not cached and are named once in a warning. Nothing here raises
+on what a program does; deciding what its output is worth is the environment's business, in the trainer's
+process.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from collections import OrderedDict
 
@@ -19,10 +23,13 @@ from accord.sandbox import ExecResult, Sandbox, SandboxConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CACHE_SIZE", "cached_runs", "clean_error", "run_program"]
+__all__ = ["CACHE_BYTES", "CACHE_SIZE", "cached_bytes", "cached_runs", "clean_error", "run_program"]
 
 CACHE_SIZE = 4096
-_cache: OrderedDict[tuple, ExecResult] = OrderedDict()
+CACHE_BYTES = 64 * 2**20
+"""The most memory the cached results' texts (program, files, output, errors) may hold."""
+_cache: OrderedDict[tuple, tuple[ExecResult, int]] = OrderedDict()
+_bytes = 0
 _lock = threading.Lock()
 _sandboxes: dict[tuple[float, int], Sandbox] = {}
 _warned: set[str] = set()
@@ -46,7 +53,7 @@ def run_program(code: str, *, timeout_s: float, memory_mb: int = 512, files: dic
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-            return hit
+            return hit[0]
     result = _sandbox(float(timeout_s), int(memory_mb)).run(code, files=files)
     if result.status == "sandbox_error":
         if what not in _warned:
@@ -55,10 +62,15 @@ def run_program(code: str, *, timeout_s: float, memory_mb: int = 512, files: dic
                            "accord.sandbox.probe_isolation() on this machine.", what,
                            clean_error(result.stderr, result.exception) or "no detail")
         return result
+    size = sum(sys.getsizeof(text) for text in (code, result.stdout, result.stderr, result.exception or "",
+                                                  *(x for item in key[3] for x in item)))
+    global _bytes
     with _lock:
-        _cache[key] = result
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        if key not in _cache and size <= CACHE_BYTES:
+            _cache[key] = (result, size)
+            _bytes += size
+        while _cache and (len(_cache) > CACHE_SIZE or _bytes > CACHE_BYTES):
+            _bytes -= _cache.popitem(last=False)[1][1]
     return result
 
 
@@ -66,6 +78,12 @@ def cached_runs() -> int:
     """How many program results the cache holds."""
     with _lock:
         return len(_cache)
+
+
+def cached_bytes() -> int:
+    """The memory the cached results' texts hold (``sys.getsizeof`` of each), at most :data:`CACHE_BYTES`."""
+    with _lock:
+        return _bytes
 
 
 _QUOTED_FILE = re.compile(r'File "([^"]*)"')  # each scan stops at the next quote: linear in the text

@@ -686,8 +686,9 @@ class ModelPolicy:
             saved = sum(len(group["params"]) for group in groups)
             if saved != len(self.params):
                 raise ConfigError(f"{directory}: the checkpoint's optimizer trained {saved} tensors of policy "
-                                  f"{self.name!r}, this run trains {len(self.params)}; resume with the trainable_layers "
-                                  f"the run was trained with (policies.{self.name}.trainable_layers in its config.yaml)")
+                                  f"{self.name!r}, this run trains {len(self.params)}; resume with the "
+                                  f"trainable_layers the run was trained with (policies.{self.name}.trainable_layers "
+                                  "in its config.yaml)")
         what = f"policy {self.name!r}"
         load_optimizer_state(self.optimizer, state["optimizer"], what)   # moves the moments to the parameters' device
         load_scheduler_state(self.scheduler, state["scheduler"], what)

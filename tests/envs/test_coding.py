@@ -113,6 +113,19 @@ def test_trivial_wrapper(src, trivial):
     assert is_trivial_wrapper(_func(src), "aux") is trivial
 
 
+def test_main_cannot_replace_the_helpers_aux_at_the_top_level(problems):
+    """A top-level `aux = ...` in main's code ran after the helper's code and replaced its aux: with a helper
+    that returned None the pair scored 4.5. Binding aux anywhere in main's code fails the format (0)."""
+    p = problems["HumanEval/13"]
+    helper = fenced("def aux(*args):\n    return None")
+    own = "aux = lambda a, b: a % b\n\n"
+    main = ("def greatest_common_divisor(a, b):\n    while b:\n        r = aux(a, b)\n        a, b = b, r\n"
+            "    return a")
+    assert not check_pair(helper, fenced(own + main), p).main_ok
+    assert not check_pair(helper, fenced("from operator import mod as aux\n\n" + main), p).main_ok
+    assert check_pair(helper, fenced(main), p).main_ok
+
+
 def test_binds_and_ignores_aux():
     assert binds_name(_func("def f(x):\n    def aux(y):\n        return y\n    return aux(x)"), "aux")
     assert binds_name(_func("def f(x):\n    aux = abs\n    return aux(x)"), "aux")
@@ -127,7 +140,8 @@ def test_split_tests_matches_the_sandbox_and_failures_report_values(problems):
     sources = case_sources(p["test"], p["entry_point"])
     assert sources == ["assert abs(candidate(1.33) - 0.33) < 1e-06", "assert abs(candidate(123.456) - 0.456) < 1e-06"]
     fib = problems["HumanEval/55"]
-    assert case_sources(fib["test"], fib["entry_point"]) == ["assert candidate(11) == 89", "assert candidate(12) == 144"]
+    assert case_sources(fib["test"], fib["entry_point"]) == ["assert candidate(11) == 89",
+                                                             "assert candidate(12) == 144"]
     runs = TestCache().run([("def truncate_number(x):\n    return x\n", suite_of(p)),
                             ("def fib(n):\n    return n\n", suite_of(fib))])
     assert runs[0].total == len(sources) and runs[0].passed == 0
@@ -189,8 +203,6 @@ def test_no_hidden_test_is_shown_and_a_lookup_of_the_examples_earns_no_bonus(pro
     """The prompt's examples are not hidden tests: MBPP's first test (shown as the example) and every HumanEval
     test of a docstring example's inputs leave the hidden suite. A pair that only looks up the example scored 4.17
     of 4.5 on MBPP (the example passed, unlocking the collaboration bonuses); now no hidden test passes."""
-    from accord.envs.coding.common import docstring_examples
-
     for p in problems.values():
         shown = set(docstring_examples(p["prompt"], p["entry_point"]))
         hidden = {src.replace("candidate(", p["entry_point"] + "(") for src in case_sources(p["test"], "candidate")}

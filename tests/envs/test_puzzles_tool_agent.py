@@ -2,6 +2,7 @@
 real sandbox), and the local rewards that independent learners (alpha = 0) train on."""
 
 import json
+import sys
 import time
 
 import pytest
@@ -118,6 +119,20 @@ def test_tool_results_are_cached_by_program_and_state():
     env.reset(b)   # another state: the program runs again
     env.step({"tool": program})
     assert tool_programs.cached_runs() == before + 2
+
+
+def test_the_tool_cache_is_bounded_in_bytes(monkeypatch):
+    """A program that fills its output cap with 4-byte characters made one cached result half a megabyte (2 GiB of
+    the trainer's memory at the count limit): the cache also keeps to CACHE_BYTES, dropping the oldest."""
+    monkeypatch.setattr(tool_programs, "CACHE_BYTES", 600_000)
+    monkeypatch.setattr(tool_programs, "_cache", type(tool_programs._cache)())
+    monkeypatch.setattr(tool_programs, "_bytes", 0)
+    program = "import sys\nsys.stdout.write('\\U0001F600' + 'x' * 60000)  # {}\n"   # one 4-byte character: 4 each
+    results = [tool_programs.run_program(program.format(i), timeout_s=10.0) for i in range(3)]
+    assert all(r.status == "ok" and r.stdout.startswith("\U0001F600") for r in results), results[0]
+    assert sys.getsizeof(results[0].stdout) > 200_000            # each result holds about 240 kB of text
+    assert tool_programs.cached_runs() == 2 and 0 < tool_programs.cached_bytes() <= 600_000
+    assert tool_programs.run_program(program.format(2), timeout_s=10.0) is results[2]   # the newest is kept
 
 
 def test_sudoku_tool_solver_and_planner_submission():

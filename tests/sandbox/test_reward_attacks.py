@@ -316,11 +316,12 @@ def test_runs_at_the_same_time_have_no_lock_or_watch_to_talk_through(box):
     if not iso.seccomp:
         pytest.skip(f"no seccomp here: {iso.notes}")
     code = ("import ctypes, errno, fcntl, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "lock = struct.pack('hhqqi', 0, 0, 5, 1, 0)\n"
             "fd = os.open(os.__file__, os.O_RDONLY)\nout = []\n"
             "for name, call in (('flock', lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),\n"
-            "                   ('setlk', lambda: fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
-            "                   ('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
-            "                   ('ofd', lambda: fcntl.fcntl(fd, 37, struct.pack('hhqqi', 0, 0, 5, 1, 0))),\n"
+            "                   ('setlk', lambda: fcntl.fcntl(fd, fcntl.F_SETLK, lock)),\n"
+            "                   ('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, lock)),\n"
+            "                   ('ofd', lambda: fcntl.fcntl(fd, 37, lock)),\n"
             "                   ('notify', lambda: fcntl.fcntl(fd, 1026, 1)),\n"
             "                   ('lease', lambda: fcntl.fcntl(fd, 1025))):\n"
             "    try:\n        call()\n        out.append(name + ' ok')\n"

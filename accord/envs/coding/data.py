@@ -13,9 +13,9 @@ Every loader returns *problems*: plain dicts with string values, one per problem
                       put in front of every candidate program (HumanEval/10's ``is_palindrome``, /32's ``poly``)
     test              hidden reference tests (trusted code): never one the prompt shows (:func:`drop_shown_tests`:
                       MBPP's example, HumanEval's tests of a docstring example's inputs); HumanEval-style
-                      ``assert True, "..."`` lines, which test nothing, are removed (``_drop_constant_asserts``). A record without a
-                      canonical solution is skipped, with a warning, when one of its tests can only be
-                      planned against one (:func:`accord.sandbox.harness.needs_reference`: calls of the
+                      ``assert True, "..."`` lines, which test nothing, are removed (``_drop_constant_asserts``).
+                      A record without a canonical solution is skipped, with a warning, when one of its tests
+                      can only be planned against one (:func:`accord.sandbox.harness.needs_reference`: calls of the
                       function in a loop, a condition or on its own results); tolerance checks such as
                       ``assert abs(candidate(x) - y) < 1e-6`` need none
     test_entry_point  the entry point when ``test`` is HumanEval-style ``def check(candidate)``, else ""

@@ -21,8 +21,9 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
 -----------------------------------------------------------------------------
 - **Format gate** -- else the total is 0: each output, normalised, has exactly one top-level
   ``def``, and that function has a ``return <value>`` in its own body (nested helpers inside it are
-  allowed). ``main`` must also not bind the name ``aux`` anywhere (nested ``def aux``, ``aux = ...``,
-  a parameter or import named ``aux``): "must not redefine it" is part of the format.
+  allowed). ``main`` must also not bind the name ``aux`` anywhere in its code, in its function or at the
+  top level (nested ``def aux``, ``aux = ...``, a parameter or import named ``aux``): "must not redefine
+  it" is part of the format.
 - **+0.4** the helper's function is named ``aux``; **+0.6** main's function is named after the entry
   point. Without the entry point nothing can be tested: the total stops here.
 - **+0.5** the combined program parses (else stop).
@@ -211,8 +212,11 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     c.helper_code, aux_def = _single_def(helper_text, c.messages["helper"])
     c.main_code, main_def = _single_def(main_text, c.messages["main"])
     c.helper_ok = aux_def is not None
-    if main_def is not None and binds_name(main_def, AUX):
-        c.messages["main"].append("Do not define or assign `aux` in your function: call your teammate's `aux`.")
+    # anywhere in main's code: a top-level `aux = ...` (or import as aux) ran after the helper's code and replaced
+    # its aux, so main's own aux earned the collaboration bonuses (4.5 with a helper that returned None)
+    main_tree = safe_parse(c.main_code) if main_def is not None else None
+    if main_def is not None and (main_tree is None or binds_name(main_tree, AUX)):
+        c.messages["main"].append("Do not define or assign `aux` in your code: call your teammate's `aux`.")
         main_def = None
     c.main_ok = main_def is not None
     c.aux_defined = aux_def is not None and aux_def.name == AUX
