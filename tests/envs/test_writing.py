@@ -615,3 +615,15 @@ def test_task_pins_the_auto_source_for_both_splits(monkeypatch):
     train = task.rows("train")
     assert task.source == "offline" and {r["source"] for r in train} == {"offline"}
     assert {r["source"] for r in task.rows("eval")} == {"offline"}
+
+
+@pytest.mark.parametrize("options, problem", [({"source": "hubb"}, r"source='hubb'; choose one of \['auto', 'hub', "
+                                                                    r"'offline'\]"),
+                                              ({"variant": "tldrr"}, r"variant='tldrr'; choose 'tldr' or 'arxiv'")])
+def test_a_wrong_source_or_variant_is_refused_when_the_task_is_built(options, problem):
+    """source was checked only when the rows were first read (a ValueError out of tasks(), deep in a run)."""
+    from accord.envs import make_task
+    from accord.envs.registry import TaskError
+
+    with pytest.raises(TaskError, match=problem):
+        make_task("writing", options)

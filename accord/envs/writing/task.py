@@ -23,7 +23,7 @@ from typing import Any
 from accord.envs.registry import Messages, TaskError, register_task
 import math
 
-from accord.envs.writing.core import (_INSTRUCTIONS, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
+from accord.envs.writing.core import (_INSTRUCTIONS, _SOURCES, ARXIV_AGENTS, TLDR_AGENTS, _as_text, load_writing_rows,
                                  writing_min_words, writing_prompt, writing_reward_parts)
 
 WRITER = "writer"
@@ -64,7 +64,9 @@ class WritingTask:
     def __init__(self, variant: str = "tldr", source: str = "auto", data_files: str | None = None,
                  single_agent: bool = False, faithfulness: float = 0.0):
         if variant not in ("tldr", "arxiv"):
-            raise ValueError(f"task.options.variant={variant!r}; choose 'tldr' or 'arxiv'")
+            raise TaskError(f"task.options.variant={variant!r}; choose 'tldr' or 'arxiv'")
+        if source not in _SOURCES:   # checked here, not when the rows are first read, deep in a run
+            raise TaskError(f"task.options.source={source!r}; choose one of {list(_SOURCES)}")
         if not isinstance(single_agent, bool):
             raise TaskError(f"task.options.single_agent={single_agent!r}: must be true or false")
         if isinstance(faithfulness, bool) or not isinstance(faithfulness, (int, float)) \
