@@ -41,7 +41,7 @@ from accord.generation.hf import first_occurrences
 from accord.devices import resolve_bf16
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, load_optimizer_state, load_scheduler_state,
-                                    lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan, read_learner_state,
+                                    lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan, read_saved_state,
                                     right_aligned)
 from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
@@ -279,7 +279,7 @@ class ScalarModel:
         directory = Path(directory)
         load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
         self.head.load_state_dict(load_file(str(directory / "head.safetensors"), device="cpu"))
-        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler"))
+        state = read_saved_state(directory / "optimizer.pt", ("optimizer", "scheduler"))
         load_optimizer_state(self.optimizer, state["optimizer"], f"{directory.name}'s optimizer")
         load_scheduler_state(self.scheduler, state["scheduler"], f"{directory.name}'s LR schedule")
 
@@ -498,7 +498,7 @@ def load_heads(policy, directory: Path) -> None:
                           f"those of this run's agents {sorted(policy.value_heads)}; resume with the config the "
                           "checkpoint was trained with")
     policy.value_heads.load_state_dict(tensors)
-    state = read_learner_state(directory / "heads_optimizer.pt", ("optimizer", "scheduler"))
+    state = read_saved_state(directory / "heads_optimizer.pt", ("optimizer", "scheduler"))
     load_optimizer_state(policy.head_optimizer, state["optimizer"], f"{directory.name}'s value heads")
     load_scheduler_state(policy.head_scheduler, state["scheduler"], f"{directory.name}'s value heads")
 

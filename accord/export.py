@@ -159,10 +159,12 @@ def export_run(run_dir: str | Path, *, step: int | None = None, out: str | Path 
         raise ConfigError(f"--step {step} is negative; pass a checkpoint's step")
     cfg = load_config(run_dir / "config.yaml")
     if out is not None:   # before the checkpoint is looked for: a wrong --out is told first
-        _check_out(Path(out))
+        out = Path(out)
+        _check_out(out)
     ckpt = checkpoint_of(run_dir, step, allow_unverified)
-    out = Path(out) if out is not None else run_dir / "export" / ckpt.name
-    _check_out(out)
+    if out is None:
+        out = run_dir / "export" / ckpt.name
+        _check_out(out)
     if in_checkpoints(out, run_dir):
         raise ConfigError(f"--out {out} lies in the run's checkpoints/, whose older checkpoints the run deletes as it "
                           f"goes on (run.keep_checkpoints), and the export with them; pass an --out outside it (the "

@@ -49,7 +49,7 @@ from accord.critics import (TARGET, VALUE, ScalarModel, attach_heads, ensure_ref
 from accord.data import DataFileError, json_lines
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
-from accord.policies.learner import read_learner_state
+from accord.policies.learner import read_saved_state
 from accord.rollout.sample import Sample, Sampling
 from accord.seeding import (critic_seed, pair_selection_seed, reward_model_pair_seed, reward_model_prompt_seed,
                              reward_model_seed)
@@ -401,7 +401,7 @@ class PairBuffer:
         torch.save(self.state(), Path(directory) / "pairs.pt")
 
     def load(self, directory: Path) -> None:
-        state = read_learner_state(Path(directory) / "pairs.pt", ("round_step", "samples", "pairs", "members", "ref"))
+        state = read_saved_state(Path(directory) / "pairs.pt", ("round_step", "samples", "pairs", "members", "ref"))
         try:
             samples = [Sample(**{**s, "sampling": Sampling(**s["sampling"]) if s.get("sampling") else None})
                        for s in state["samples"]]   # asdict made the nested Sampling a dict

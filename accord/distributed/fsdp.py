@@ -47,7 +47,7 @@ from safetensors.torch import save_model
 from accord.config import Config, ConfigError
 from accord.devices import policy_setting, restore_generator
 from accord.distributed.ranks import DataParallelPolicy, part
-from accord.policies.learner import check_optimizer_state, load_scheduler_state, micro_batches, read_learner_state
+from accord.policies.learner import check_optimizer_state, load_scheduler_state, micro_batches, read_saved_state
 from accord.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class FsdpPolicy(DataParallelPolicy):
                                       "saved from another model")
                 weights[n] = weights[twin]
         set_model_state_dict(self.model, weights, options=self._options())
-        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
+        state = read_saved_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
         order = self._param_names()
         saved = state["optimizer"]
         check_optimizer_state(self.optimizer, saved, f"policy {self.name!r}")

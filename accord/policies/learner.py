@@ -70,13 +70,14 @@ def scheduler_step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         scheduler.step()
 
 
-def read_learner_state(path, keys: tuple[str, ...]) -> dict:
-    """A learner's saved state (``optimizer.pt``: optimizer, schedule, random stream), read weights-only onto the
-    CPU and checked to be a dict holding ``keys``: a ValueError naming what is missing where it is not (a file of
-    another program, or of an older or damaged checkpoint, loaded unverified)."""
+def read_saved_state(path, keys: tuple[str, ...]) -> dict:
+    """A ``torch.save``'d dict of a checkpoint (a learner's ``optimizer.pt``: optimizer, schedule, random stream;
+    the preference buffer's ``pairs.pt``), read weights-only onto the CPU and checked to hold ``keys``: a
+    ValueError naming what is missing where it does not (a file of another program, or of an older or damaged
+    checkpoint, loaded unverified)."""
     state = torch.load(path, weights_only=True, map_location="cpu")
     if not isinstance(state, dict):
-        raise ValueError(f"{path.name} holds a {type(state).__name__}, not the dict of a learner's state")
+        raise ValueError(f"{path.name} holds a {type(state).__name__}, not the dict of names accord saves")
     missing = [k for k in keys if k not in state]
     if missing:
         raise ValueError(f"{path.name} holds no {', '.join(missing)}")

@@ -61,7 +61,7 @@ from accord.generation import Generation
 from accord.generation.backends import make_backend
 from accord.models import load_model_and_tokenizer
 from accord.policies.learner import (decoder_blocks, enable_gradient_checkpointing, load_optimizer_state,
-                                    load_scheduler_state, read_learner_state)
+                                    load_scheduler_state, read_saved_state)
 from accord.policies.model import ModelPolicy
 from accord.seeding import lora_adapter_seed, lora_group_stream_seed, policy_seed, seeded_torch
 
@@ -294,7 +294,7 @@ class LoraPolicy(ModelPolicy):
         with torch.no_grad():
             for k, p in self.named_params.items():
                 p.copy_(tensors[k])
-        state = read_learner_state(directory / "optimizer.pt",
+        state = read_saved_state(directory / "optimizer.pt",
                                    ("optimizer", "scheduler", "generator", "group_generator"))
         load_optimizer_state(self.optimizer, state["optimizer"], f"adapter {self.name!r}")
         load_scheduler_state(self.scheduler, state["scheduler"], f"adapter {self.name!r}")

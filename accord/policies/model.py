@@ -47,7 +47,7 @@ from accord.models import load_model_and_tokenizer
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing,
                                     load_optimizer_state, load_scheduler_state, lr_lambda, make_adamw, micro_batches,
-                                    optimizer_step, prefix_pass, prefix_plan, read_learner_state, right_aligned,
+                                    optimizer_step, prefix_pass, prefix_plan, read_saved_state, right_aligned,
                                     scheduler_step, select_cache_rows, train_last_layers)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
@@ -680,7 +680,7 @@ class ModelPolicy:
         """Restore from :meth:`save`'s files, whichever device wrote them: tensors are read onto the CPU
         and copied into the model and the optimizer state on this policy's device."""
         load_model(self.model, str(directory / "model.safetensors"), strict=True, device="cpu")
-        state = read_learner_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
+        state = read_saved_state(directory / "optimizer.pt", ("optimizer", "scheduler", "generator"))
         groups = state["optimizer"].get("param_groups") if isinstance(state["optimizer"], dict) else None
         if isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
             saved = sum(len(group["params"]) for group in groups)

@@ -185,8 +185,8 @@ _NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEW
 # seccomp), AF_VSOCK sockets (vsock ignores network namespaces) and any syscall of another ABI; and the ways
 # runs at the same time could talk through the read-only files they all see (the standard library, /usr): file
 # locks (flock; fcntl's record, open-file-description and lease commands, F_NOTIFY) and inotify/fanotify
-# watches. Through them a wrong program passed by reading a correct sibling's answers, and a run on the hidden
-# tests told the run on the examples their inputs, which the feedback then showed.
+# watches: through them a wrong program could read a correct sibling's answers, and a run on the hidden tests
+# could tell the run on the examples their inputs, which the feedback shows.
 _NEW_MOUNT_API = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
                   "mount_setattr": 442}  # the same numbers on every architecture
 _SYSCALLS = {

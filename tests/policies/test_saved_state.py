@@ -13,7 +13,7 @@ import torch
 from accord.checkpoint import CheckpointError, load_policy
 from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
 from accord.devices import restore_generator
-from accord.policies.learner import load_optimizer_state, load_scheduler_state, lr_lambda, read_learner_state
+from accord.policies.learner import load_optimizer_state, load_scheduler_state, lr_lambda, read_saved_state
 from accord.policies.model import ModelPolicy
 
 TINY = {"model": "tiny-qwen2", "model_kwargs": {"hidden_size": 64, "num_layers": 2}}
@@ -86,11 +86,11 @@ def test_a_random_stream_of_another_kind_is_named(state, device, problem):
 
 def test_a_file_that_is_not_a_dict_of_the_keys_is_named(tmp_path):
     torch.save([1, 2], tmp_path / "optimizer.pt")
-    with pytest.raises(ValueError, match=r"optimizer.pt holds a list, not the dict of a learner's state"):
-        read_learner_state(tmp_path / "optimizer.pt", ("optimizer",))
+    with pytest.raises(ValueError, match=r"optimizer.pt holds a list, not the dict of names accord saves"):
+        read_saved_state(tmp_path / "optimizer.pt", ("optimizer",))
     torch.save({"optimizer": {}}, tmp_path / "optimizer.pt")
     with pytest.raises(ValueError, match=r"optimizer.pt holds no scheduler, generator"):
-        read_learner_state(tmp_path / "optimizer.pt", ("optimizer", "scheduler", "generator"))
+        read_saved_state(tmp_path / "optimizer.pt", ("optimizer", "scheduler", "generator"))
 
 
 def test_a_policys_foreign_optimizer_file_is_one_line_and_its_own_loads(tmp_path):

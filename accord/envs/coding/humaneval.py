@@ -185,37 +185,36 @@ class PairCheck:
         return self.helper_ok and self.main_ok
 
 
-def _single_def(text: str, messages: list[str]) -> tuple[str, ast.FunctionDef | None]:
-    """(normalised code, its one function) of an output, or (code, None) with a message why not."""
+def _single_def(text: str, messages: list[str]) -> tuple[str, ast.FunctionDef | None, ast.Module | None]:
+    """(normalised code, its one function, its tree) of an output, or (code, None, tree) with a message why not."""
     code = extract_code(text)
     norm = normalise(code) if code else None
     if norm is None:
         messages.append("No Python code could be read from your answer (write it in one ```python block)."
                         if not code else "Your code does not parse.")
-        return "", None
+        return "", None, None
     source, tree = norm
     defs = function_defs(tree)
     if len(defs) != 1:
         names = ", ".join(f"`{d.name}`" for d in defs) or "none"
         messages.append(f"Write exactly one top-level function; found {len(defs)} ({names}).")
-        return source, None
+        return source, None, tree
     if not returns_value(defs[0]):
         messages.append(f"Your function `{defs[0].name}` has no `return <value>` statement.")
-        return source, None
-    return source, defs[0]
+        return source, None, tree
+    return source, defs[0], tree
 
 
 def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> PairCheck:
     """Everything about a pair that needs no execution: format gate, names, parse, aux usage."""
     entry = problem["entry_point"]
     c = PairCheck()
-    c.helper_code, aux_def = _single_def(helper_text, c.messages["helper"])
-    c.main_code, main_def = _single_def(main_text, c.messages["main"])
+    c.helper_code, aux_def, _ = _single_def(helper_text, c.messages["helper"])
+    c.main_code, main_def, main_tree = _single_def(main_text, c.messages["main"])
     c.helper_ok = aux_def is not None
     # anywhere in main's code: a top-level `aux = ...` (or import as aux) ran after the helper's code and replaced
     # its aux, so main's own aux earned the collaboration bonuses (4.5 with a helper that returned None)
-    main_tree = safe_parse(c.main_code) if main_def is not None else None
-    if main_def is not None and (main_tree is None or binds_name(main_tree, AUX)):
+    if main_def is not None and binds_name(main_tree, AUX):
         c.messages["main"].append("Do not define or assign `aux` in your code: call your teammate's `aux`.")
         main_def = None
     c.main_ok = main_def is not None
