@@ -1,6 +1,6 @@
 """Independent sampled episodes: the multi-turn rollout of iac, maac and madpo.
 
-Per task instance K episodes are played from the same start, with sampling and no branching (the
+Per task instance K episodes are played from the same start (reset with one seed), with sampling and no branching (the
 MAGRPO tree branches every node; an actor-critic learns from whole trajectories, and a preference pair
 compares two of them). Agents act as the environment orders them: turn-based agents one at a time,
 each seeing the earlier agents' actions; simultaneous agents together. Generation is batched per
@@ -40,7 +40,8 @@ def sample_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete:
     if reward_mode not in ("team", "local"):
         raise ValueError(f"unknown reward mode {reward_mode!r}")
     reps = [row for row in rows for _ in range(k)]
-    episodes = start_episodes(make_env, reps, seed)
+    # the K copies of an instance are reset with one seed: the same start, whatever the environment draws from it
+    episodes = start_episodes(make_env, reps, seed, [i for i in range(len(rows)) for _ in range(k)])
     env0 = episodes[0].env
     agents = env0.agents
     samples: list[Sample] = []

@@ -99,11 +99,14 @@ class Episode:
         self.done = bool(res.done)
 
 
-def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int) -> list[Episode]:
+def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int,
+                   positions: Sequence[int] | None = None) -> list[Episode]:
+    """An episode per row, reset with the seed of its position in the batch (``positions[b]`` for row ``b``:
+    copies of one instance given one position start from the same state)."""
     out = []
     for b, row in enumerate(rows):
         env = make_env()
-        obs = reset_env(env, row, episode_seed(seed, b))
+        obs = reset_env(env, row, episode_seed(seed, b if positions is None else positions[b]))
         out.append(Episode(env, obs, {a: [] for a in env.agents}))
     return out
 

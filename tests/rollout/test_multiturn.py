@@ -16,8 +16,10 @@ from accord.envs.centralized import CentralizedEnv, parse_roles
 from accord.envs.check import check_env
 from accord.envs.synthetic.relay import RelayEnv, _share
 from accord.config.rules import TreeTooLargeError, check_tree_size, tree_generations
+from accord.rollout.episodes import sample_episodes
 from accord.rollout.multiturn import atgrpo_rollout, magrpo_tree, play_episodes
 from accord.rollout.sample import Completion
+from accord.seeding import rollout_seed
 from accord.trainer import Trainer
 
 WORDS = ["eel tree", "oak zoo", "bee", "ox dog", "xyz", "see moon", "", "elope"]
@@ -324,6 +326,34 @@ def test_play_episodes_is_one_trajectory_per_task():
     assert all(ep.done for ep in eps)
     assert all(n == 1 for _, n in complete.calls)
     assert [len(r) for r, _ in complete.calls] == [3, 3, 3, 3]
+
+
+class SeededRelay(RelayEnv):
+    """Relay whose start depends on the reset seed, as the protocol allows (shown in every observation)."""
+
+    def reset(self, task, seed=0):
+        self.start = seed
+        return super().reset(task, seed)
+
+    def _observe(self, agent):
+        return f"start {self.start}. " + super()._observe(agent)
+
+
+def test_the_k_episodes_of_an_instance_start_alike_and_steps_do_not_share_starts():
+    k, n = 4, 3
+    starts = []
+    for step in range(2):
+        complete = Scripted()
+        samples, _ = sample_episodes(lambda: SeededRelay(max_turns=1), rows(n), complete,
+                                     agent_policy=POLICY, k=k, turns=1, seed=rollout_seed(0, step, n))
+        first = [s for s in samples if s.agent == "e"]
+        by_instance = {}
+        for s in first:
+            by_instance.setdefault(s.instance, set()).add(s.prompt_text.split(".")[0])
+        assert len(by_instance) == n and all(len(v) == 1 for v in by_instance.values())   # K copies, one start
+        starts.append({v.pop() for v in by_instance.values()})
+        assert len(starts[-1]) == n                                                         # instances apart
+    assert not starts[0] & starts[1]                                                        # steps apart
 
 
 @pytest.mark.parametrize("make", [lambda: RelayEnv(max_turns=1), lambda: RelayEnv(max_turns=1, simultaneous=True)],
