@@ -42,7 +42,7 @@ from accord.devices import resolve_bf16
 from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, load_optimizer_state, load_scheduler_state,
                                     lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan, read_saved_state,
-                                    right_aligned)
+                                    right_aligned, schedule_to_run_step)
 from accord.policies.protocol import TrainingError
 from accord.seeding import scalar_head_seed, value_head_seed
 
@@ -230,6 +230,7 @@ class ScalarModel:
         loss ``coef`` x the (clipped) value loss of :func:`accord.algorithms.actor_critic.value_loss`. Inputs
         repeated within a micro-batch run through the model once."""
         n = len(inputs)
+        schedule_to_run_step(self.scheduler, step, epochs * self.training.num_mini_batches)
         sums = {mn.VALUE_LOSS: 0.0, mn.CLIP_FRAC: 0.0}
         norms = []
         kept, self._kept = self._kept, None   # scores(keep=True) ran the first forward
@@ -394,6 +395,8 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
     clipped together, then both optimizers step."""
     _activate(policy)
     algo, tr, critic = policy.algo, policy.training, policy.critic_cfg
+    for scheduler in (policy.scheduler, policy.head_scheduler):
+        schedule_to_run_step(scheduler, step, algo.ppo_epochs * tr.num_mini_batches)
     fresh, n_mb, tis, stored_ok, spec, default, order = policy.update_setup(samples)
     params = policy.params + list(policy.value_heads.parameters())
     kl_in_loss = algo.kl_coef > 0 and algo.kl_estimator in KL_LOSS_ESTIMATORS
@@ -562,6 +565,7 @@ def weighted_logprob_update(policy, samples, weights: list[float], step: int) ->
     gradient), over micro-batches."""
     _activate(policy)
     tr = policy.training
+    schedule_to_run_step(policy.scheduler, step, policy.algo.ppo_epochs * tr.num_mini_batches)
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     by_id = {id(s): w for s, w in zip(samples, weights)}

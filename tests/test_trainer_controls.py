@@ -13,7 +13,7 @@ from accord.config import AlgorithmConfig, ConfigError, PolicyConfig, RolloutCon
 from accord.envs.registry import register_task
 from accord.envs.synthetic.letters import LettersTask
 from accord.generation import generate
-from accord.policies.learner import dropout_in_training
+from accord.policies.learner import dropout_in_training, lr_lambda
 from accord.policies.model import ModelPolicy
 from accord.rollout.sample import Sample, Sampling
 from accord.tracking import read_metrics
@@ -255,6 +255,23 @@ def test_alternation_trains_agents_in_turns_and_resumes_exactly(tiny_cfg, tmp_pa
     for p in ("pe", "po"):
         a, b = _weights(full, p), _weights(resumed, p)
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_policy_out_of_turn_keeps_to_the_runs_lr_schedule(tiny_cfg):
+    """With alternate_every each policy trains every other step, yet its LR follows the run's steps: warm-up and
+    decay span the run (the schedule had sized itself for every step while stepping only on the policy's turns,
+    so a cosine ended at half the LR)."""
+    training = {"schedule": "cosine", "warmup_steps": 1}
+    data = tiny_cfg(run={"steps": 4}, algorithm={"alternate_every": 1}, agents=_agents(),
+                    training={"lr": 1e-3, **training}, **SEPARATE)
+    trainer = Trainer(config_from_dict(data))
+    trainer.train()
+    f = lr_lambda(training["warmup_steps"], 4, training["schedule"])
+    recs = read_metrics(trainer.run_dir)
+    for step, (rec, policy) in enumerate(zip(recs, ["pe", "po", "pe", "po"])):   # the LR after the step's update
+        assert rec[f"loss/{policy}/lr"] == pytest.approx(1e-3 * f(step + 1), abs=1e-12)
+    assert trainer.policies["po"].scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)
 
 
 # --- per-agent advantage estimators ------------------------------------------------------------

@@ -262,7 +262,8 @@ class AlgorithmConfig:
                                 "docs/magrpo.md.")
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
                         "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
-    normalize_std: bool = _f(False, "Divide advantages by the group std (makes mean/rloo/max coincide up to scale).")
+    normalize_std: bool = _f(False, "The advantage is the group's z-score (r - mean) / (std + 1e-6), whatever "
+                             "`advantage` says (mean, rloo, max and raw then give the same numbers; a warning says so).")
     group_std: str = _f("population", "The std of normalize_std: 'population' (divide by K; the default, as accord "
                         "always did) or 'sample' (divide by K - 1, as TRL's GRPOTrainer and DeepSeekMath; larger by "
                         "sqrt(K / (K - 1)), so advantages are that much smaller).")
@@ -489,7 +490,9 @@ class TrainingConfig:
                            "lr * (s + 1) / warmup_steps). AdamW's first step moves every weight by lr times its "
                            "gradient's sign, from a gradient of a few samples; docs/quickstart.md gives the "
                            "default job's held-out gains with 2 and with 0. 0: none.")
-    schedule: str = _f("constant", "LR schedule after warm-up: constant, linear or cosine (to 0 at the end).")
+    schedule: str = _f("constant", "LR schedule after warm-up: constant, linear or cosine (to 0 at the end). It "
+                       "counts the run's optimizer steps (run.steps x ppo_epochs x num_mini_batches): a policy not "
+                       "trained in a step (alternate_every) catches up at its next update.")
     max_grad_norm: float | None = _f(1.0, "Clip the global gradient norm (null: no clipping).")
     skip_zero_grad: bool = _f(True, "Skip a policy's optimizer step in the policy-gradient update when its "
                               "gradient is exactly zero (every advantage of the mini-batch 0, no KL or entropy "

@@ -60,6 +60,18 @@ def optimizer_step(optimizer: torch.optim.Optimizer, grad_norm: float, skip_zero
     return True
 
 
+def schedule_to_run_step(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int, per_step: int) -> None:
+    """Move an LR schedule forward to the first optimizer step of run step ``step`` (``per_step`` of them a run
+    step: ``algorithm.ppo_epochs`` x ``training.num_mini_batches``). Every learner's schedule spans the run's
+    optimizer steps, so one that took fewer (not trained in some steps: ``algorithm.alternate_every``, fewer
+    samples or pairs than mini-batches) catches up here: warm-up and decay keep to the run's clock. Never moves
+    a schedule back."""
+    position = step * per_step
+    if scheduler.last_epoch < position:
+        scheduler.last_epoch = position - 1
+        scheduler_step(scheduler)
+
+
 def scheduler_step(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
     """Advance the LR schedule by one optimizer step, taken or skipped (:func:`optimizer_step`). torch warns
     when a schedule advances before its optimizer's first step, which is what a skipped first step is here, on

@@ -48,7 +48,8 @@ from accord.models.common import cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, enable_gradient_checkpointing,
                                     load_optimizer_state, load_scheduler_state, lr_lambda, make_adamw, micro_batches,
                                     optimizer_step, prefix_pass, prefix_plan, read_saved_state, right_aligned,
-                                    scheduler_step, select_cache_rows, train_last_layers)
+                                    schedule_to_run_step, scheduler_step, select_cache_rows,
+                                    train_last_layers)
 from accord.policies.protocol import PromptTooLongError, TrainingError
 from accord.rollout.sample import Sample, Sampling, rollout_sampling
 from accord.seeding import policy_seed, sampling_stream_seed
@@ -539,6 +540,7 @@ class ModelPolicy:
         or, with the correction on (or a backend that stores none), the learner's, computed once first.
         """
         algo, tr = self.algo, self.training
+        schedule_to_run_step(self.scheduler, step, algo.ppo_epochs * tr.num_mini_batches)
         fresh, n_mb, tis, stored_ok, spec, default, order = self.update_setup(samples)
         sums: dict[str, float] = {}
         tokens_total = 0

@@ -86,8 +86,9 @@ class Policy(Protocol):
 
     # --- learning ----------------------------------------------------------------------------------
     def update(self, samples: list[Sample], step: int) -> dict[str, float]:
-        """The optimizer steps of one training step over ``samples`` (with advantages); the update's metrics.
-        :class:`TrainingError` on a non-finite loss or gradient."""
+        """The optimizer steps of training step ``step`` (the run's, from 0; the LR schedule is moved forward to
+        it first) over ``samples`` (with advantages); the update's metrics. :class:`TrainingError` on a non-finite
+        loss or gradient."""
         ...
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -31,9 +31,9 @@ def weights(pol) -> list[torch.Tensor]:
 
 def signal_then_none(pol) -> tuple[list[torch.Tensor], list[torch.Tensor], dict, dict]:
     """An update with a signal (AdamW's momentum is now non-zero), then one whose advantages are all 0."""
-    first = pol.update(sampled(pol, [1.0, -1.0, 0.5, -0.5]), step=1)
+    first = pol.update(sampled(pol, [1.0, -1.0, 0.5, -0.5]), step=0)
     before = weights(pol)
-    second = pol.update(sampled(pol, [0.0] * 4), step=2)
+    second = pol.update(sampled(pol, [0.0] * 4), step=1)
     return before, weights(pol), first, second
 
 
@@ -85,6 +85,6 @@ def test_a_skipped_first_step_raises_no_schedule_order_warning(recwarn):
     """A first update with no signal skips the optimizer's first step on purpose; torch's warning that the schedule
     advanced before the optimizer stepped is not shown for it."""
     pol = model_policy(skip=True)
-    metrics = pol.update(sampled(pol, [0.0] * 4), step=1)
+    metrics = pol.update(sampled(pol, [0.0] * 4), step=0)
     assert metrics[mn.SKIPPED_STEPS] == 1.0 and pol.scheduler.last_epoch == 1
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
