@@ -5,7 +5,7 @@
     accord train --resume runs/writing-pydoc [run.steps=30]
     accord sft examples/sft_planpath.yaml                # warm start: writes runs/sft-planpath/sft/main
     accord train --overwrite examples/tiny.yaml   # start runs/tiny over (deletes the earlier run there)
-    accord eval runs/writing-pydoc --samples 8 --k 1 4   # base vs latest checkpoint, greedy + pass@k
+    accord eval runs/writing-pydoc --samples 8           # base vs latest checkpoint, greedy + sampled
     accord compare examples/compare/relay.yaml          # methods at an equal token budget, seeds, verdicts
     accord compare --merge s0/compare.json s1/compare.json --out merged   # seeds run apart, one comparison
     accord eval examples/magrpo_writing.yaml --pipeline discussion   # untrained agents, one round of discussion
@@ -480,8 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="sampling temperature (default: rollout.eval_temperature "
                    "if > 0, else rollout.temperature)")
     p.add_argument("--no-base", action="store_true", help="for a run directory, skip the base weights")
-    p.add_argument("--out", help="output directory, not in RUN_DIR/checkpoints (default RUN_DIR/eval, "
-                   "RUN_DIR/eval-PIPELINE with --pipeline)")
+    p.add_argument("--out", help="output directory, not in RUN_DIR/checkpoints (default RUN_DIR/eval for a run, "
+                   "run.output_dir/<run.name>-eval for a config; -PIPELINE appended with --pipeline)")
     p.add_argument("--pipeline", default="parallel", metavar="NAME", help="single-turn tasks: how the agents "
                    "collaborate without training: parallel (default: each answers alone), sequential (each sees the "
                    "earlier agents' answers), discussion (each revises once after seeing the others' answers)")

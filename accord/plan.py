@@ -430,7 +430,7 @@ def present_devices(gpu_memory_gb: float | None = None, gpus: int | None = None)
 def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | None = None) -> dict:
     """The plan of a config as plain data (what :func:`format_plan` prints). ``cuda``: whether the machine planned
     for has GPUs, where ``device: auto`` puts the policies (None: this machine; ``accord plan --gpus``: True)."""
-    from accord.build import build_env, check_run, prompt_room
+    from accord.build import build_env, check_run, prompt_room, split_data
     from accord.distributed.ray_backend import policy_resources
     from accord.envs.protocol import is_env
     from accord.envs.single_turn import SingleTurnEnv
@@ -439,6 +439,7 @@ def make_plan(cfg: Config, *, prompt_tokens: int | None = None, cuda: bool | Non
     env = build_env(cfg)   # imports the modules of ``imports:`` (their sinks registered)
     check_run(cfg, env)   # the rules a run is built with (as accord train), and the settings it would not read
     check_report_to(cfg.logging.report_to)
+    split_data(cfg, env)   # and the task's instances, as accord train checks them before any model loads
     task = env.task if isinstance(env, SingleTurnEnv) else env   # the task in the form it was written in
     multi = is_env(task)
     turns = (cfg.rollout.max_turns or task.max_turns) if multi else 1

@@ -301,6 +301,11 @@ def test_a_home_relative_output_dir_is_expanded():
     ("training.learning_rate=0.1", "did you mean 'training.lr'?"),
     ("rollout.max_completion_length=5", "did you mean 'rollout.max_new_tokens'?"),
     ("algorithm.beta=0.1", "did you mean 'algorithm.kl_coef'?"),
+    ("learning_rate=0.1", "did you mean 'training.lr'?"),                     # at the top level
+    ("max_completion_length=5", "did you mean 'rollout.max_new_tokens'?"),
+    ("training.beta=0.1", "did you mean 'algorithm.kl_coef'?"),               # not AdamW's betas
+    ("training.max_completion_length=5", "did you mean 'rollout.max_new_tokens'?"),   # in another section
+    ("sft.learning_rate=0.1", "did you mean 'sft.lr'?"),                      # the section's own
 ])
 def test_a_key_by_trls_name_is_given_accords(override, suggestion):
     with pytest.raises(ConfigError, match=suggestion):

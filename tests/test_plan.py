@@ -186,3 +186,25 @@ def test_plan_refuses_what_train_refuses_and_holds_prompts_to_the_context(tiny_c
     assert "rollout.max_prompt_tokens=100000 does not fit the 1024-token context" in caplog.text
     assert "set rollout.max_prompt_tokens to 1008 or less" in caplog.text
     assert prompt_room(cfg, {"main": None}) == {}   # an unknown context holds anything
+    with pytest.raises(ConfigError, match="rollout.batch_size=8 is more than the 4 training instances"):
+        make_plan(config_from_dict(tiny_cfg(rollout={"batch_size": 8}, task={"train_size": 4})))
+
+
+def test_a_vllm_config_planned_without_vllm_is_not_told_its_engine_settings_do_nothing(caplog):
+    """Where vLLM is not installed, accord plan builds a vLLM config with the hf backend; the vllm_* keys the real
+    run reads are not reported as having no effect."""
+    import importlib.util
+
+    from accord.config.ignored import ignored_settings
+    from accord.plan import load_plan_config
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the config is built with its own backend")
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    cfg = load_plan_config(str(tiny), ["rollout.generation_backend=vllm", "rollout.vllm_gpu_memory_utilization=0.25",
+                                       "rollout.vllm_kwargs={max_model_len: 512}"])
+    with caplog.at_level("WARNING"):
+        make_plan(cfg, cuda=True)
+    assert "vllm_" not in caplog.text and not ignored_settings(cfg)
+    cfg = load_plan_config(str(tiny), ["rollout.vllm_gpu_memory_utilization=0.25"])   # an hf run: no effect
+    assert [line.split(" has")[0] for line in ignored_settings(cfg)] == ["rollout.vllm_gpu_memory_utilization=0.25"]

@@ -74,18 +74,26 @@ here so that a config is checked before torch is imported)."""
 
 
 # keys by the names TRL's trainers (and Hugging Face's Trainer) give them, too far apart to be suggested by
-# spelling (learning_rate is not close to lr): the suggestion where the key is unknown in the same section
-OTHER_NAMES = {"learning_rate": "lr", "max_completion_length": "max_new_tokens", "max_prompt_length": "max_prompt_tokens",
-               "num_train_epochs": "epochs", "per_device_train_batch_size": "micro_batch_size", "beta": "kl_coef",
-               "lr_scheduler_type": "schedule"}
+# spelling (learning_rate is not close to lr): accord's name where the section has it (sft.learning_rate:
+# sft.lr), else the key TRL's name means in a policy-gradient run (beta: TRL's KL coefficient), in any section
+OTHER_NAMES = {"learning_rate": "training.lr", "max_completion_length": "rollout.max_new_tokens",
+               "max_prompt_length": "rollout.max_prompt_tokens", "num_train_epochs": "sft.epochs",
+               "per_device_train_batch_size": "training.micro_batch_size", "beta": "algorithm.kl_coef",
+               "lr_scheduler_type": "training.schedule"}
 
 
 def _unknown_key(path: str, key: str, valid: list[str],
                  nested_hint: Callable[[str, bool], str] | None = None) -> ConfigError:
     """The error of an unknown key at ``path`` with the closest valid one; at the top level ``nested_hint(key,
     exact)`` names the nested keys it may mean (:func:`accord.config.loading._nested_hint`)."""
-    close = [OTHER_NAMES[key]] if OTHER_NAMES.get(key) in valid else difflib.get_close_matches(key, valid, n=1)
-    hint = f"did you mean {(path + '.' if path else '') + close[0]!r}? " if close else ""
+    prefix = path + "." if path else ""
+    other = OTHER_NAMES.get(key)
+    if other is not None:
+        short = other.split(".")[-1]
+        close = [prefix + short if short in valid else other]
+    else:
+        close = [prefix + k for k in difflib.get_close_matches(key, valid, n=1)]
+    hint = f"did you mean {close[0]!r}? " if close else ""
     if not path and nested_hint is not None:  # a nested key at the top level (steps=5 for run.steps=5): exact first
         hint = nested_hint(key, True) or hint or nested_hint(key, False)
     where = path or "the top level"

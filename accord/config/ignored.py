@@ -243,10 +243,11 @@ RULES: tuple[Rule, ...] = (
          lambda cfg, _: None if cfg.specialization == "lora" else f"with specialization={cfg.specialization}",
          "the lora section configures the adapters of specialization=lora", "remove it or set specialization=lora"),
     # generation.backends builds the vLLM engine from them; devices.check_vllm_devices and plan read them only
-    # under generation_backend=vllm
+    # under generation_backend=vllm (``plan_vllm``: accord plan of a vLLM config where vLLM is not installed,
+    # built with the hf backend and planned as vLLM)
     Rule(("rollout.vllm_gpu_memory_utilization", "rollout.vllm_kwargs", "rollout.vllm_sleep"),
          "rollout.generation_backend is not vllm",
-         lambda cfg, _: None if cfg.rollout.generation_backend == "vllm"
+         lambda cfg, _: None if cfg.rollout.generation_backend == "vllm" or getattr(cfg, "plan_vllm", False)
          else f"with rollout.generation_backend={cfg.rollout.generation_backend}",
          "it configures the vLLM engine that generation_backend=vllm samples with",
          "remove it or set rollout.generation_backend=vllm"),

@@ -36,6 +36,14 @@ from accord.envs.protocol import Messages  # noqa: F401  (tasks import it from h
 
 
 class Task(Protocol):
+    """A single-turn task: role names ``agents``, instances ``rows(split, limit, seed)`` (dicts; train and eval
+    never overlap), each agent's chat messages ``prompt(agent, row)``, and a team reward ``reward(*, prompts,
+    completions, agents, **columns)`` with one value per joint action (TRL-style keywords: ``completions[agent][j]``
+    is joint action j's completion of that agent, ``columns[field][j]`` its instance's field). Optional:
+    ``reward_components`` (a dict of parts per joint action, ``total`` the reward) and ``success`` (the same
+    keywords, a truth value per joint action: success rates and pass@k). Register it with :func:`register_task` or
+    name it as ``module:Class`` in ``task.name``; docs/own-task.md."""
+
     name: str                   # optional in a task class: make_task names it by its registered name
     agents: tuple[str, ...]
 
