@@ -94,18 +94,23 @@ def _top_p_limit(flat: torch.Tensor, p: float | torch.Tensor, leading: torch.Siz
 def _top_p_ranked(flat: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The top-p boundary of each row of ``flat`` (rows, vocab) without sorting the whole vocabulary: the
     largest ``TOP_P_FIRST_K`` logits are ranked, and more only while some row's mass stays under its ``limit``
-    (rows, 1). Returns the ranked logits and their vocabulary ids (rows, k), and which of them top-p drops (the
-    mass ranked above a token reaches its row's limit). The probabilities are ``exp(logit - logsumexp)`` over
-    the whole vocabulary; tied logits at the boundary are ranked as ``topk`` returns them."""
+    (rows, 1). Returns the ranked logits and their vocabulary ids (rows, k), and which of them top-p drops: a
+    token whose logit is below the row's boundary, the smallest logit among the tokens kept in rank order (those
+    the mass ranked above does not reach the limit). The probabilities are ``exp(logit - logsumexp)`` over the whole
+    vocabulary. Tokens tied with the boundary are all kept, as top-k keeps every token tied with its k-th: which
+    of them ``topk`` ranks first depends on how many it ranks, which depends on the other rows, and the kept set
+    of a row must not (tied tokens have equal probabilities, so the boundary's value is the same in any order)."""
     vocab = flat.size(-1)
     lse = torch.logsumexp(flat, dim=-1, keepdim=True)
     k = min(TOP_P_FIRST_K, vocab)
     while True:
         values, index = torch.topk(flat, k, dim=-1)
         probs = (values - lse).exp()
-        drop_ranked = (probs.cumsum(-1) - probs) >= limit
-        # a row is decided once its boundary lies among the ranked tokens (its last one is dropped), or when
-        # every token is ranked
+        in_order = (probs.cumsum(-1) - probs) >= limit   # a prefix of the ranked tokens is kept, the first always
+        last_kept = (~in_order).sum(-1, keepdim=True).clamp(min=1) - 1
+        drop_ranked = values < values.gather(-1, last_kept)
+        # a row is decided once a ranked token lies below its boundary (every token tied with it is then ranked),
+        # or when every token is ranked
         if k == vocab or bool((drop_ranked[:, -1] | (limit >= 1.0).squeeze(1)).all()):
             return values, index, drop_ranked
         k = min(vocab, k * 8)

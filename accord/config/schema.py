@@ -411,7 +411,8 @@ class RolloutConfig:
                                 "none to leave out is an error.")
     temperature: float = _f(0.7, "Sampling temperature; training log-probs use the same temperature.")
     top_p: float | None = _f(None, "Nucleus sampling: draw from the most likely tokens whose probability mass reaches "
-                             "top_p; training log-probs renormalise over the same nucleus. null: the nucleus the "
+                             "top_p (and every token tied with the least likely of them); training log-probs "
+                             "renormalise over the same nucleus. null: the nucleus the "
                              "task declares (the writing task's 0.9, within MAGRPO's reference defaults of "
                              "0.6-0.9), else 1.0 (none).")
     top_k: int = _f(0, "Top-k sampling (0: off); training log-probs renormalise over the same k tokens.")

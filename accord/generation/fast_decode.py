@@ -12,7 +12,9 @@ rest goes to four things this module does differently:
   weights re-laid out once per generation call (``torch.ops.mkldnn._reorder_linear_weight``) and the
   q/k/v and gate/up projections fused into one product each; MKL's ``F.linear`` repacks the weight at
   every call and took 1.5x (projections) to 3x (the 49k-row output head) as long here. oneDNN's rows are
-  also independent of the batch (a row's logits do not depend on which rows decode beside it).
+  also independent of the batch (a row's products do not depend on which rows decode beside it; its
+  attention does in the last bits where the batch's longest prompt is longer than its own, over which the
+  scores are padded: up to 4e-7 on a tiny model's logits).
 - **attention over the prompt**: the K samples of one prompt attend to one copy of the prompt's keys and
   values (:class:`SharedPrefixCache`), read once per step for all K, instead of K copies; each row's own
   generated tokens are kept apart. The two parts are scored with plain matrix products and one softmax
@@ -223,7 +225,9 @@ class Projection:
         self.factors = self._lora_factors(modules, weights, scales, columns, adapters)
         self.packed = None
         if pack and self.weight.numel() >= PACK_MIN_WEIGHTS:
-            self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, rows), None
+            # laid out for at least two rows: for one, oneDNN picks another kernel, whose row differs in the last
+            # bits from the same row's in a larger batch (a one-row call would not give its row's batch result)
+            self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, max(rows, 2)), None
 
     @staticmethod
     def _lora_factors(modules, weights, scales, columns, adapters):

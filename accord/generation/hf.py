@@ -303,6 +303,12 @@ def _sampler(greedy: bool, temperature: float, top_k: int, top_p: float, max_new
 
 
 def _check_settings(prompts: list, max_new_tokens: int, min_new_tokens: int, row_sampling: list | None) -> None:
+    empty = next((i for i, p in enumerate(prompts) if len(p) == 0), None)
+    if empty is not None:
+        raise ValueError(f"prompt {empty} is empty; a completion continues at least one token (a chat template's "
+                         "or the tokenizer's BOS)")
+    if row_sampling is None and max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: give at least 1")
     if min_new_tokens < 0 or (row_sampling is None and 0 < max_new_tokens <= min_new_tokens):
         raise ValueError(f"min_new_tokens={min_new_tokens} must be >= 0 and below max_new_tokens={max_new_tokens}")
     if row_sampling is not None and len(row_sampling) != len(prompts):

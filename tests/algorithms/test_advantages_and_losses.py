@@ -145,6 +145,35 @@ def test_top_p_search_drops_what_a_full_sort_drops():
     assert torch.equal(losses._top_p_drop(three, p.view(2, 8, 1)), want.view(2, 8, vocab))
 
 
+def test_top_p_keeps_every_token_tied_with_its_boundary_whatever_the_rows_beside_it():
+    """Tokens of exactly equal logits across the nucleus' boundary (identical head rows: untrained or padded
+    vocabulary entries) are all kept, as top-k keeps its ties: which of them topk ranked first depended on how
+    many it ranked, that is on the other rows of the batch, so a row's token and the learner's log-prob of it
+    changed with the rows beside it."""
+    from accord.algorithms import losses
+
+    g = torch.Generator().manual_seed(3)
+    vocab = 3000
+    row = torch.randn(vocab, generator=g) - 4.0
+    row[100:243] = 1.0                                   # 143 tied logits above the rest
+    flat = torch.randn(vocab, generator=g) * 0.01        # a row whose nucleus makes the search rank thousands
+    for p in (0.6, 0.7, 0.8):
+        alone = losses._top_p_drop(row[None], p)[0]
+        beside = losses._top_p_drop(torch.stack([row, flat]), p)[0]
+        assert torch.equal(alone, beside)
+        assert not bool(alone[100:243].any()) and bool(alone[row < 1.0].all())   # every tie kept, nothing else
+        got, _ = losses.sampling_logits(torch.stack([row, flat]), 1.0, 0, p)
+        assert torch.equal(got[0].isinf(), alone)
+    # a boundary inside a tie among the 64 first ranked: the same
+    row2 = torch.randn(vocab, generator=g) - 4.0
+    row2[:3] = 5.0
+    row2[3:40] = 2.0
+    for p in (0.6, 0.75):
+        alone = losses._top_p_drop(row2[None], p)[0]
+        assert torch.equal(alone, losses._top_p_drop(torch.stack([row2, flat]), p)[0])
+        assert not bool(alone[:40].any())
+
+
 def test_sampling_logits_are_process_logits_and_their_support_draws_the_same_tokens():
     """The sampler's truncation: the same logits as process_logits bit for bit (temperature, per-row top-k, EOS
     blocked, per-row and single top-p), the support its kept tokens in ascending order, and the sampler's draw

@@ -672,6 +672,52 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
         same_logprobs(runs[0][name], runs[1][name], pack)
 
 
+@pytest.mark.parametrize("own_loop", [True, False], ids=["direct", "generate"])
+def test_an_empty_prompt_or_no_room_to_generate_is_one_line(own_loop, monkeypatch):
+    """The direct path failed with an IndexError on an empty prompt, and Hugging Face's generate decoded one from
+    padding alone; a cap of 0 tokens was refused by generate only."""
+    import accord.generation.hf as hf
+
+    if not own_loop:
+        monkeypatch.setattr(hf, "supports_own_loop", lambda model: False)
+    pol = ModelPolicy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 64, "num_layers": 2}),
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(max_new_tokens=4),
+                      total_optimizer_steps=1, seed=0)
+    prompt = pol.encode_chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="^prompt 1 is empty; a completion continues at least one token"):
+        generate(pol.model, pol.tokenizer, [prompt, []], max_new_tokens=4)
+    with pytest.raises(ValueError, match="^max_new_tokens=0: give at least 1$"):
+        generate(pol.model, pol.tokenizer, [prompt], max_new_tokens=0)
+
+
+def test_a_row_decoded_alone_is_the_row_decoded_in_a_batch(monkeypatch):
+    """oneDNN's rows do not depend on the batch, a call of one row included: weights laid out for one row ran
+    another kernel, whose results differed in the last bits from the same row's beside others (4.8e-7 in the
+    log-probs on the tiny model, a one-row job of generate_together against the same job's rows elsewhere)."""
+    import accord.generation.fast_decode as fast_decode
+    from accord.generation.fast_decode import Projection
+
+    if not fast_decode.onednn_linear_available():
+        pytest.skip("no oneDNN linear in this torch build")
+    monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 1024, bias=False)
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        for hint in (1, 2, 8):
+            proj = Projection([layer], hint, pack=True)
+            assert torch.equal(proj(x[:1]), proj(x)[:1]), hint
+    pol = ModelPolicy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 128, "num_layers": 2}),
+                      TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(max_new_tokens=10, temperature=1.0),
+                      total_optimizer_steps=1, seed=0)
+    prompts = [pol.encode_chat([{"role": "user", "content": f"count to {n}"}]) for n in (3, 4, 5)]
+    streams = lambda n: [torch.Generator().manual_seed(s) for s in range(n)]   # noqa: E731
+    batch = generate(pol.model, pol.tokenizer, prompts, temperature=1.0, max_new_tokens=10, row_generators=streams(3))
+    alone = generate(pol.model, pol.tokenizer, prompts[:1], temperature=1.0, max_new_tokens=10,
+                     row_generators=streams(1))
+    assert alone[0].ids == batch[0].ids and alone[0].logprobs == batch[0].logprobs
+
+
 def same_logprobs(got, want, exact: bool) -> None:
     for g, w in zip(got, want, strict=True):
         if exact:
