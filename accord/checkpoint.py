@@ -126,7 +126,30 @@ def disk_full_error(run_dir: Path, doing: str, err: BaseException) -> DiskFullEr
     left = f" ({free // 2**20} MiB free now)" if free is not None else ""
     detail = (str(err).splitlines() or [type(err).__name__])[0]
     what = f"disk full while {doing} ({type(err).__name__}: {detail}); {kept}; free space on the disk of {run_dir}{left}"
+    if not (Path(run_dir) / "config.yaml").is_file():   # not written yet: nothing a resume could read
+        return DiskFullError(f"{what} and run the same command again", what)
     return DiskFullError(f"{what} and continue with `accord train --resume {run_dir}`", what)
+
+
+def folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder ``path`` (None where nothing is there): a folder removed, or moved away and
+    replaced by another of the same name, has another identity or none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_run_dir_kept(run_dir: Path, identity: tuple[int, int] | None, found: str) -> None:
+    """A :class:`CheckpointError` when ``run_dir`` is no longer the folder of ``identity`` (removed, or moved away
+    and replaced) while a run writes there: its open metrics file and its lock went with it, so going on would
+    write the rest of the run where nothing can resume it. ``found``: when it was noticed, for the message."""
+    if identity is None or folder_identity(run_dir) == identity:
+        return
+    raise CheckpointError(f"run directory {run_dir} was removed or replaced while the run was going on ({found}); "
+                          "stopped without writing more. If it was moved, `accord train --resume` its new path "
+                          "continues from its last checkpoint; else run the same command again")
 
 
 def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, parts: dict | None = None) -> Path:

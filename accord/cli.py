@@ -79,6 +79,9 @@ def _one_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {err.filename}" if err.filename else ""
         return f"disk full{where} ({err.strerror}); free space on that disk and run the command again"
+    if isinstance(err, OSError) and err.errno == errno.EROFS and err.filename:
+        return (f"{err.filename}: {err.strerror}; write elsewhere (`--out DIR` of accord eval, report and export) or "
+                "on a writable copy of the run")
     if isinstance(err, OSError) and err.strerror and err.filename:
         return f"{err.filename}: {err.strerror}; check the path and its permissions"
     return " ".join(str(err).split("\n")) or type(err).__name__
@@ -204,6 +207,8 @@ def _after_interrupt(run_dir: Path) -> str:
     """How to go on after a run was stopped without a checkpoint of its last step."""
     from accord.checkpoint import checkpoints, completed_step
 
+    if not (run_dir / "config.yaml").is_file():   # never written, or deleted first by an --overwrite stopped midway
+        return "the run's config.yaml is not there, so it cannot be resumed; run the same command again to start over"
     if checkpoints(run_dir):
         return f"the steps after its last checkpoint are lost; continue with `accord train --resume {run_dir}`"
     if completed_step(run_dir):
@@ -424,6 +429,16 @@ def _config_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:   # before the command began (its parser, the logging) or after it ended
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise
+        sys.stderr.write("accord: stopped by Ctrl-C\n")
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="accord", description="Multi-agent RL for cooperating LLM agents.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")

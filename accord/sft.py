@@ -743,11 +743,14 @@ def _fine_tune(cfg: Config, part: Path, final: Path, train: list[Demo], evals: l
             nll = mn.sft_policy_key(name, mn.EVAL_NLL)
             if before.get(nll) is not None:
                 logger.info("sft: held-out NLL per token of %s: %.4f -> %.4f", name, before[nll], after[nll])
-        shutil.rmtree(part / "checkpoints", ignore_errors=True)
-        (part / "settings.json").unlink(missing_ok=True)
         if final.exists():   # an empty directory (checked above)
             final.rmdir()
+        # renamed first, then tidied: a process killed between the two leaves the finished warm start in place
+        # (with its checkpoints), where tidying first left a .partial without settings.json, which the next start
+        # took for an unfinished one and deleted, the trained models included
         os.replace(part, final)
+        shutil.rmtree(final / "checkpoints", ignore_errors=True)
+        (final / "settings.json").unlink(missing_ok=True)
         (final / LOCK_FILE).unlink(missing_ok=True)
     summary.update({"output_dir": str(final), "before": before, "after": after,
                     "overrides": rl_overrides(cfg, final)})

@@ -46,7 +46,8 @@ from accord.algorithms.shaping import overlong_penalty
 from accord.audit import audit_step
 from accord.build import Run, RunComplete, build_run
 from accord.callbacks import check_callbacks
-from accord.checkpoint import commit_checkpoint, disk_full_error, is_disk_full, write_checkpoint
+from accord.checkpoint import (CheckpointError, check_run_dir_kept, commit_checkpoint, disk_full_error, folder_identity,
+                               is_disk_full, write_checkpoint)
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
@@ -376,6 +377,7 @@ class Trainer:
         naming the last intact checkpoint.
         """
         cfg = self.cfg
+        self._run_dir_identity = folder_identity(self.run_dir)
         self.sinks = run_sinks(cfg, self.run_dir, start_step=self.start_step)
         last: dict[str, float] = {}
         end = cfg.run.steps if stop_after is None else min(stop_after, cfg.run.steps)
@@ -404,6 +406,8 @@ class Trainer:
                     raise self._interrupted(progress, stop.signal_name)
                 self._callback("on_train_end", dict(last))
         except OSError as err:
+            check_run_dir_kept(self.run_dir, self._run_dir_identity,
+                               f"a write of {progress['doing'] or 'the run'} failed: {type(err).__name__}")
             if not is_disk_full(err):
                 raise
             raise disk_full_error(self.run_dir, f"writing the logs of {progress['doing'] or 'the run'}", err) from err
@@ -418,6 +422,7 @@ class Trainer:
         cfg = self.cfg
         metrics, table = self.train_step(step)
         n = step + 1
+        check_run_dir_kept(self.run_dir, self._run_dir_identity, f"found before logging step {n}")
         halt = stop_when is not None and bool(stop_when(n, dict(metrics)))
         final = n == cfg.run.steps or halt
         if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
@@ -440,16 +445,23 @@ class Trainer:
         place, so that a checkpoint never exists without its step's metrics and a resume, which cuts
         metrics.jsonl back to the checkpoint it loads, logs every step once."""
         cfg = self.cfg
+        check_run_dir_kept(self.run_dir, getattr(self, "_run_dir_identity", None),
+                           f"found before the checkpoint of step {n}")
         t = time.perf_counter()
         state = {"data_position": n * cfg.rollout.batch_size}
         if self.schedule is not None:
             state["alternation"] = self.schedule.state()
-        tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
-        if metrics is not None:
-            metrics[mn.TIME_CHECKPOINT] = time.perf_counter() - t
-            self.sinks.log(n, metrics)
-        self.sinks.flush()
-        path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+        try:
+            tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
+            if metrics is not None:
+                metrics[mn.TIME_CHECKPOINT] = time.perf_counter() - t
+                self.sinks.log(n, metrics)
+            self.sinks.flush()
+            path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
+        except (OSError, RuntimeError, CheckpointError) as err:   # torch.save into a missing folder: RuntimeError
+            check_run_dir_kept(self.run_dir, getattr(self, "_run_dir_identity", None),
+                               f"writing the checkpoint of step {n} failed: {type(err).__name__}")
+            raise
         progress["saved"] = n
         self._callback("on_checkpoint", n, path)
 

@@ -111,3 +111,38 @@ def test_a_resume_keeps_its_name_and_says_what_its_overrides_change(tmp_path, ca
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"--resume changes rollout.batch_size from {recorded.rollout.batch_size} to 4 for the steps from "
                      "here on (the steps trained so far used the first; config.yaml will record the second)"], lines
+
+
+def test_the_advice_after_a_stop_without_a_checkpoint_is_one_that_works(tmp_path):
+    """A Ctrl-C while `--overwrite` deleted the earlier run (config.yaml goes first) left its checkpoints without a
+    config: `--resume`, which the line advised, cannot read such a run; running the command again can."""
+    from accord.cli import _after_interrupt
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000003").mkdir(parents=True)
+    assert _after_interrupt(run).endswith("cannot be resumed; run the same command again to start over")
+    (run / "config.yaml").write_text("run: {steps: 4}\n")
+    assert _after_interrupt(run).endswith(f"continue with `accord train --resume {run}`")
+
+
+def test_a_read_only_file_system_names_the_way_around_it():
+    import errno
+
+    from accord.cli import _one_line
+
+    line = _one_line(OSError(errno.EROFS, "Read-only file system", "/runs/a/eval"))
+    assert line.startswith("/runs/a/eval: Read-only file system; write elsewhere (`--out DIR`")
+    assert _one_line(OSError(errno.EACCES, "Permission denied", "/x")).endswith("check the path and its permissions")
+
+
+def test_a_config_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import accord.config.loading as loading
+    from accord.config import Config
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loading.os, "fsync", full)
+    with pytest.raises(OSError):
+        loading.save_config(Config(), tmp_path / "config.yaml")
+    assert list(tmp_path.iterdir()) == []

@@ -467,6 +467,22 @@ def test_a_ctrl_c_while_the_trainer_loads_stops_with_one_line(monkeypatch, caplo
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == ["stopped by Ctrl-C"]
 
 
+@pytest.mark.parametrize("where", ["_config_help", "configure_logging"])
+def test_a_ctrl_c_before_the_command_begins_is_one_line(monkeypatch, capsys, where):
+    """A Ctrl-C while the command line's parser was built (every config key's help) or the logging set up came
+    out as a traceback with exit status 1 or -2."""
+    import accord.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, where, interrupted)
+    assert cli.main(["report", str(TINY)]) == 130
+    assert capsys.readouterr().err == "accord: stopped by Ctrl-C\n"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["--debug", "report", str(TINY)])
+
+
 def test_a_checkpoint_rotated_away_while_read_names_the_running_run(tmp_path):
     import subprocess
     import sys

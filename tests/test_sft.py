@@ -445,6 +445,33 @@ def test_a_killed_or_interrupted_warm_start_resumes_to_the_same_models(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_warm_start_stopped_at_its_final_rename_is_not_trained_again(tmp_path, monkeypatch, caplog):
+    """Killed just before the finished warm start is renamed into place: the next start resumes it from its last
+    checkpoint (the tidying ran before the rename, so the .partial it found had no settings.json and was deleted,
+    the trained models with it, and trained again from step 0)."""
+    import accord.sft as sft
+    from accord.config import config_from_dict
+
+    cfg = config_from_dict(planpath_cfg(tmp_path, steps=4, checkpoint_every=2, eval_size=2, eval_success=False))
+    replace = os.replace
+
+    def killed(src, dst):
+        if str(src).endswith(".partial"):
+            raise KeyboardInterrupt   # where a SIGKILL would stop it
+        return replace(src, dst)
+
+    monkeypatch.setattr(sft.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        sft.run_sft(cfg)
+    monkeypatch.setattr(sft.os, "replace", replace)
+    with caplog.at_level("INFO", logger="accord.sft"):
+        summary = sft.run_sft(cfg)
+    assert "sft: resuming" in caplog.text
+    assert (Path(summary["output_dir"]) / "main" / "model.safetensors").is_file()
+    assert not (Path(summary["output_dir"]) / "checkpoints").exists()
+
+
+@pytest.mark.slow
 def test_a_failed_warm_start_does_not_block_a_run_of_other_settings(tmp_path):
     """A run that cannot finish (a non-finite loss) leaves no unfinished warm start behind: the same command with
     the fix its error names runs in its place. One of other settings without a checkpoint is started over."""

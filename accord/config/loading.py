@@ -353,11 +353,15 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """Write the resolved config atomically (temp file, fsync, rename): a crash never leaves half a file."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a full disk, Ctrl-C: no half-written temporary file left beside the config
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:

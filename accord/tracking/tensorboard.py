@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from accord.config import Config
 
 __all__ = ["TENSORBOARD_DIRNAME", "TensorBoardSink", "completions_markdown"]
+
+logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIRNAME = "tb"
 
@@ -90,6 +94,7 @@ class TensorBoardSink(_SinkBase):
             ) from err
         self.log_dir = Path(run_dir) / TENSORBOARD_DIRNAME
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        _quiet_writer_thread()
         self.max_rows = max_rows
         self._writer = SummaryWriter(
             log_dir=str(self.log_dir),
@@ -126,3 +131,27 @@ class TensorBoardSink(_SinkBase):
             self._writer.flush()
             self._writer.close()
             self._writer = None
+
+
+_QUIET: list = []   # the hook installed by _quiet_writer_thread, once per process
+
+
+def _quiet_writer_thread() -> None:
+    """Keep tensorboard's writer thread from printing its traceback when a write fails (a full disk, a removed run
+    directory): the thread keeps the error, and the writer raises it in the thread that logs next, where the run
+    reports it in one line; the thread re-raising it too printed 20-30 lines beside that line. Other threads'
+    errors go to the hook that was there before."""
+    if _QUIET:
+        return
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        thread = args.thread
+        if (type(thread).__name__ == "_AsyncWriterThread" and type(thread).__module__.startswith("tensorboard.")
+                and isinstance(args.exc_value, OSError)):
+            logger.debug("tensorboard's writer thread stopped: %s", args.exc_value)
+            return
+        previous(args)
+
+    threading.excepthook = hook
+    _QUIET.append(hook)

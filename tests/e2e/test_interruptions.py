@@ -102,6 +102,37 @@ def test_ctrl_c_finishes_the_step_checkpoints_it_and_the_resume_is_exact(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_run_directory_removed_or_replaced_mid_run_stops_the_run(tmp_path, how):
+    """The run's folder deleted (or moved away and a new one made in its place) while it trains: the run went on
+    and exited 0, its metrics written into the deleted file and its checkpoints into a folder it recreated, with
+    no config.yaml to resume from. Now it stops at the next step in one line; a moved run resumes from its new
+    path."""
+    run = tmp_path / "run"
+    proc = start("train", TINY, f"run.run_dir={run}", "run.steps=400", "run.checkpoint_every=2", *SMALL,
+                 "logging.report_to=[]", "logging.completions_every=0", "training.audit='off'",
+                 cwd=tmp_path, log=tmp_path / "train.log")
+    wait_for(lambda: (run / "checkpoints" / "step_000002").is_dir(), proc)
+    if how == "removed":   # (renamed first: rmtree alone can race the run's next checkpoint into the folder)
+        run.rename(tmp_path / "trash")
+        shutil.rmtree(tmp_path / "trash", ignore_errors=True)
+    else:
+        run.rename(tmp_path / "moved")
+        run.mkdir()
+    assert proc.wait(timeout=120) == 2
+    log = (tmp_path / "train.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    line = one_line(log, " ERROR ")
+    assert f"run directory {run} was removed or replaced while the run was going on" in line, line
+    assert how == "removed" and not run.exists() or not any(run.iterdir())   # nothing written after
+    if how == "replaced":
+        done = int(sorted((tmp_path / "moved" / "checkpoints").iterdir())[-1].name.split("_")[1])
+        resumed = accord("train", "--resume", tmp_path / "moved", f"run.steps={done + 1}", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert steps_of(tmp_path / "moved")[-1] == done + 1
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("first, second, name, code", [(signal.SIGINT, signal.SIGINT, "Ctrl-C", 130),
                                                        (signal.SIGTERM, signal.SIGTERM, "SIGTERM", 143)])
 def test_a_second_ctrl_c_stops_at_once(tmp_path, first, second, name, code):
@@ -176,6 +207,29 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_last_one_and_says_so(tmp_path
     again = accord("train", "--resume", run, "run.steps=4", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert steps_of(run) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_set_up_is_one_line_whose_advice_works(tmp_path, small_disk):
+    """Room for the config but not for TensorBoard's first events: one line (tensorboard's writer thread printed
+    its own traceback beside it), and its advice is to run the command again, which a --resume of a run without
+    its config.yaml could not do."""
+    for leave in (0, 8 * 1024):   # no room for the config; room for it but not for the events
+        run = small_disk / f"run{leave}"
+        filler = _fill(small_disk, leave=leave)
+        command = ["train", TINY, f"run.run_dir={run}", "run.steps=1", *SMALL, "logging.report_to=[tensorboard]"]
+        full = accord(*command, cwd=tmp_path)
+        assert full.returncode == 2, full.stderr[-3000:]
+        assert "Traceback" not in full.stderr and "Exception in thread" not in full.stderr, full.stderr[-3000:]
+        line = one_line(full.stderr, " ERROR ")
+        assert "disk full" in line, line
+        configured = (run / "config.yaml").is_file()
+        assert configured == (leave > 0)
+        assert line.endswith(f"`accord train --resume {run}`" if configured else "run the same command again"), line
+        filler.unlink()
+        again = accord(*(["train", "--resume", run] if configured else command), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert steps_of(run)[-1] == 1
 
 
 @pytest.mark.slow
