@@ -540,18 +540,33 @@ def _resume(part: Path, policies: dict, batches: dict, steps: dict[str, int]) ->
     for name, stream in batches.items():
         for _ in range(min(step, steps[name])):
             next(stream)
-    kept = []
-    for line in metrics.read_text(encoding="utf-8").splitlines() if metrics.is_file() else []:
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except ValueError:   # a line cut short by the kill
-            continue
+    kept = metrics_through(metrics, step, part)
     from accord.tracking.registry import _atomic_write_text
 
     _atomic_write_text(metrics, "".join(line + "\n" for line in kept))   # a kill here keeps the old file
     logger.info("sft: resuming %s after step %d", part, step)
     return step, state
+
+
+def metrics_through(metrics: Path, step: int, part: Path) -> list[str]:
+    """The lines of an unfinished warm start's ``metrics`` up to ``step`` (its checkpoint's); a last line cut
+    short by a kill is dropped, any other line that is not a metrics record is an error naming it."""
+    kept = []
+    lines = metrics.read_text(encoding="utf-8", errors="replace").splitlines() if metrics.is_file() else []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+            logged = record.get("step", 0) if isinstance(record, dict) else None
+        except ValueError:
+            logged = None
+        if not isinstance(logged, int) or isinstance(logged, bool):
+            if number == len(lines):
+                continue
+            raise ConfigError(f"{metrics}: line {number} is not a metrics record ({line[:60]!r}); remove that line "
+                              f"to resume, or delete {part} to start the warm start over")
+        if logged <= step:
+            kept.append(line)
+    return kept
 
 
 def unread_sft_settings(cfg: Config) -> list[str]:

@@ -480,6 +480,10 @@ class Trainer:
             return TrainingInterrupted(f"stopped by {name} before the first step completed: nothing to save; run "
                                        "the same command again to start over", 0, None, name)
         ckpt = self.run_dir / "checkpoints" / f"step_{saved:06d}"
+        if done == self.cfg.run.steps:   # the signal came during the last step, which was finished
+            return TrainingInterrupted(f"stopped by {name} after the last step, {done}/{done} (checkpoint {ckpt}): "
+                                       f"the run is complete; `accord train --resume {self.run_dir} run.steps=N` "
+                                       "trains it further", done, ckpt, name)
         return TrainingInterrupted(f"stopped by {name} after step {done}/{self.cfg.run.steps} (checkpoint {ckpt}); "
                                    f"continue with `accord train --resume {self.run_dir}`", done, ckpt, name)
 

@@ -578,3 +578,18 @@ def test_a_warm_start_refused_for_its_demonstrations_leaves_nothing_behind(tmp_p
     assert res.returncode == 2 and len(errors) == 1 and "the prompt of agent 'planner' has" in errors[0], res.stderr
     assert not (tmp_path / "runs" / "warm" / ".sft.partial").exists()
     assert not (tmp_path / "runs" / "warm" / "sft").exists()
+
+
+def test_resuming_keeps_the_metrics_through_the_checkpoint_and_names_a_damaged_line(tmp_path):
+    """A last line cut short by a kill is dropped; a damaged line before it was dropped silently too (a step's
+    metrics lost without a word), and a line of JSON that is not a record raised an AttributeError."""
+    from accord.config import ConfigError
+    from accord.sft import metrics_through
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"st')
+    assert metrics_through(metrics, 2, tmp_path) == ['{"step": 1}', '{"step": 2}']
+    for bad in ("garbage", "[1, 2]", '{"step": "2"}'):
+        metrics.write_text(f'{{"step": 1}}\n{bad}\n{{"step": 3}}\n')
+        with pytest.raises(ConfigError, match=r"metrics.jsonl: line 2 is not a metrics record .*remove that line"):
+            metrics_through(metrics, 2, tmp_path)

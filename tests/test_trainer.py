@@ -370,3 +370,25 @@ def test_a_warm_up_longer_than_the_run_is_named(tiny_cfg):
                     "training.lr=0.001; lower training.warmup_steps")
     assert note_short_warmup(config_from_dict(tiny_cfg(run={"steps": 1}, training={"warmup_steps": 2})), 1) is None
     assert note_short_warmup(config_from_dict(tiny_cfg(training={"warmup_steps": 0})), 1) is None
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_the_last_step_says_the_run_is_complete(tiny_cfg):
+    """The step in progress is finished and checkpointed; when it was the last, the line said to resume a run
+    that had nothing left to do."""
+    import os
+    import signal
+
+    from accord.callbacks import Callback
+    from accord.stopping import TrainingInterrupted
+    from accord.trainer import Trainer
+
+    class CtrlC(Callback):
+        def on_step_end(self, step, metrics):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 2})), callbacks=[CtrlC()])
+    with pytest.raises(TrainingInterrupted, match=r"after the last step, 2/2 .*: the run is complete") as stopped:
+        trainer.train()
+    assert stopped.value.step == 2 and (trainer.run_dir / "checkpoints" / "step_000002").is_dir()
