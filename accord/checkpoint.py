@@ -649,11 +649,19 @@ def run_in_use(run_dir: Path) -> str | None:
 
 
 def rotated_away(ckpt: Path, run_dir: Path, doing: str) -> CheckpointError | None:
-    """The error to give when ``ckpt`` went away while it was read because the run of ``run_dir`` goes on and
-    deletes its older checkpoints; None when the checkpoint is still there or no run holds the directory."""
-    owner = None if Path(ckpt).is_dir() else run_in_use(run_dir)
-    if owner is None:
+    """The error to give when ``ckpt`` went away while it was read because the run of ``run_dir`` goes on (or went
+    on meanwhile: a newer checkpoint is there) and deletes its older checkpoints; None when the checkpoint is still
+    there, or when no run holds the directory and none is newer."""
+    if Path(ckpt).is_dir():
         return None
+    owner = run_in_use(run_dir)
+    if owner is None:
+        newer = [c for c in checkpoints(run_dir) if checkpoint_step(c) > checkpoint_step(ckpt)]
+        if not newer:
+            return None
+        return CheckpointError(f"checkpoint {ckpt} was deleted while {doing}: the run of {run_dir} went on meanwhile "
+                               f"and kept only its newest checkpoints (now {newer[-1].name}); run the command again "
+                               "(it takes the newest)")
     return CheckpointError(f"checkpoint {ckpt} was deleted while {doing}: {run_dir} is in use by a running accord "
                            f"({owner}), which keeps only its newest checkpoints (run.keep_checkpoints); run the "
                            "command again (it takes the newest), or once the run has ended")

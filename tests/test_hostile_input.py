@@ -492,7 +492,11 @@ def test_a_checkpoint_rotated_away_while_read_names_the_running_run(tmp_path):
     run = tmp_path / "run"
     kept = _fake_checkpoint(run, "step_000002")
     gone = run / "checkpoints" / "step_000001"
-    assert run_in_use(run) is None and rotated_away(gone, run, "it was exported") is None   # no lock file
+    assert run_in_use(run) is None   # no lock file: the run ended, and a newer checkpoint says it went on meanwhile
+    assert str(rotated_away(gone, run, "it was exported")).startswith(
+        f"checkpoint {gone} was deleted while it was exported: the run of {run} went on meanwhile and kept only its "
+        "newest checkpoints (now step_000002); run the command again")
+    assert rotated_away(run / "checkpoints" / "step_000003", run, "it was exported") is None   # none newer
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\nfrom pathlib import Path\nfrom accord.checkpoint import hold_run_dir\n"
         f"hold_run_dir(Path({str(run)!r}))\nprint('held', flush=True)\ntime.sleep(60)\n")],
