@@ -467,6 +467,9 @@ def load_checkpoint(path: Path, policies: dict, parts: dict | None = None) -> di
         except ConfigError:
             raise
         except LOAD_ERRORS as err:
+            other = other_layout(err, path, repr(name))
+            if other is not None:
+                raise other from err
             raise CheckpointError(f"checkpoint {path}: {name!r} cannot be loaded ({_why(err)}); resume from an older "
                                   "checkpoint or start over") from err
     try:
@@ -509,10 +512,24 @@ def load_policy(policy, ckpt: Path, name: str, fix: str) -> None:
     except ConfigError:  # the checkpoint is intact but of another config (e.g. a LoRA base mismatch)
         raise
     except LOAD_ERRORS as err:
-        other = other_model(err, ckpt, name)
+        other = other_model(err, ckpt, name) or other_layout(err, ckpt, f"policy {name!r}")
         if other is not None:
             raise other from err
         raise CheckpointError(f"checkpoint {ckpt}: policy {name!r} cannot be loaded ({_why(err)}); {fix}") from err
+
+
+def other_layout(err: BaseException, ckpt: Path, what: str) -> ConfigError | None:
+    """The :class:`ConfigError` for a file that ``what`` of a checkpoint whose manifest verified (so none of its
+    files is missing) does not hold: it was saved by another kind of run (a whole model where this run's
+    ``specialization: lora`` reads an adapter, or the reverse; separate critics where a value head or a joint critic
+    is read), so the config differs from the run's; None for another error, or a checkpoint without a manifest."""
+    if not isinstance(err, FileNotFoundError) or not (Path(ckpt) / MANIFEST).is_file():
+        return None
+    named = getattr(err, "filename", None) or next(iter(re.findall(r"[\w.-]+\.(?:safetensors|pt|json)\b", str(err))), "")
+    missing = Path(named).name or "a file"
+    return ConfigError(f"checkpoint {ckpt}: {what} has no {missing}: it was saved by a run of other settings "
+                       "(specialization, algorithm.name or critic.mode) and its files are intact; resume with the "
+                       "config the run was trained with (its config.yaml), without overriding those")
 
 
 def _first_mismatch(err: BaseException) -> str:

@@ -118,6 +118,15 @@ CASES = [
      ["algorithm.name=maac", "training.micro_batch_tokens=512"], True),
     ("training.micro_batch_size=4", ATGRPO + ["training.micro_batch_tokens=512"], False,
      MARLHF + ["training.micro_batch_tokens=512"], True),
+    # a critic or reward model is built from these kwargs only when its own model is named
+    ("critic.model_kwargs={hidden_size: 32}", IAC + ["critic.mode=separate"], True,
+     IAC + ["critic.mode=separate", "critic.model=tiny-qwen2"], True),
+    ("critic.model_kwargs={hidden_size: 32}", ["algorithm.name=maac"], True,
+     ["algorithm.name=maac", "critic.model=tiny-qwen2"], True),
+    ("reward_model.model_kwargs={hidden_size: 32}", MARLHF, True, MARLHF + ["reward_model.model=tiny-qwen2"], True),
+    # the joint DPO step and a value head's joint update always step
+    ("training.skip_zero_grad=false", MADPO, True, [], True),
+    ("training.skip_zero_grad=false", IAC, True, IAC + ["critic.mode=separate"], True),
 ]
 
 

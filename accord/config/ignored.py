@@ -198,6 +198,13 @@ RULES: tuple[Rule, ...] = (
          "the critic section configures the critics of iac and maac",
          lambda cfg: "remove it or set reward_model.rl=iac or maac" if cfg.algorithm.name == "marlhf"
          else "remove it or set algorithm.name=iac or maac"),
+    # trainer_steps.Critics builds a critic model from critic.model_kwargs only when critic.model names one; else
+    # from its policy's model and that policy's model_kwargs (iac's heads sit on the policy itself)
+    Rule(("critic.model_kwargs",), "iac or maac with critic.model=null",
+         lambda cfg, _: "with critic.model=null" if _stage(cfg) in ACTOR_CRITIC and cfg.critic.model is None
+         else None,
+         "it sizes the critic model critic.model names; without one a critic is its policy's model, built with that "
+         "policy's model_kwargs", "remove it or set critic.model (with critic.mode=separate under iac)"),
     Rule(("critic.max_tokens",), "iac's value heads (critic.mode head or null)",
          lambda cfg, _: f"with critic.mode={cfg.critic.mode or 'null'}"
          if _stage(cfg) == "iac" and cfg.critic.mode in (None, "head") else None,
@@ -213,6 +220,14 @@ RULES: tuple[Rule, ...] = (
          and not (_stage(cfg) == "maac" or (_stage(cfg) == "iac" and cfg.critic.mode == "separate")) else None,
          "it sizes the update's micro-batches, which micro_batch_tokens packs by tokens instead; critic models "
          "and marlhf's reward model still read it", "remove it or set training.micro_batch_tokens=null"),
+    # policies.learner.optimizer_step reads it in ModelPolicy.update only: madpo's joint DPO step
+    # (critics.weighted_logprob_update) and iac's head update (critics.head_update) step unconditionally
+    Rule(("training.skip_zero_grad",), "madpo, or iac's value heads (critic.mode head or null)",
+         lambda cfg, _: _under(cfg) if cfg.algorithm.name == "madpo" else f"with critic.mode={cfg.critic.mode or 'null'}"
+         if _stage(cfg) == "iac" and cfg.critic.mode in (None, "head") else None,
+         "it skips the policy-gradient update's optimizer step on an exactly zero gradient; the joint DPO step and "
+         "a value head's joint update (whose value loss has a gradient) always step",
+         "remove it"),
     Rule(("preference",), "algorithm.name is not madpo or marlhf", _name_not("madpo", "marlhf"),
          "the preference section configures madpo's pairs and joint DPO loss, and the pairs marlhf's reward model "
          "learns from", "remove it or set algorithm.name=madpo"),
@@ -234,6 +249,12 @@ RULES: tuple[Rule, ...] = (
          else None,
          "it configures stage 1, which trains a reward model; reward_model.path loads a trained one instead",
          "remove it or set reward_model.path=null"),
+    # trainer_steps.RewardModel: reward_model.model_kwargs only with reward_model.model, else the first policy's
+    Rule(("reward_model.model_kwargs",), "marlhf with reward_model.model=null",
+         lambda cfg, _: "with reward_model.model=null" if cfg.algorithm.name == "marlhf" and not cfg.reward_model.path
+         and cfg.reward_model.model is None else None,
+         "it sizes the backbone reward_model.model names; without one the reward model is the first policy's model, "
+         "built with that policy's model_kwargs", "remove it or set reward_model.model"),
     Rule(("reward_model.prompts",), "marlhf with reward_model.preferences (and no path)",
          lambda cfg, _: "with reward_model.preferences set" if cfg.algorithm.name == "marlhf"
          and cfg.reward_model.preferences and not cfg.reward_model.path else None,

@@ -188,6 +188,11 @@ def _check_actor_critic_and_preference(cfg: _Config) -> None:
     if algo.name == "marlhf" and stage == "magrpo" and algo.num_generations < 2:
         raise ConfigError(f"algorithm.num_generations={algo.num_generations}: marlhf with reward_model.rl=magrpo "
                           "needs K >= 2 samples per group; set algorithm.num_generations=4, or reward_model.rl=iac")
+    if (algo.name == "marlhf" and algo.num_generations < 2 and not cfg.reward_model.path
+            and not cfg.reward_model.preferences):
+        raise ConfigError(f"algorithm.num_generations={algo.num_generations}: marlhf's stage 1 learns its reward "
+                          "model from pairs of a prompt's candidates, and one candidate makes no pair; set "
+                          "algorithm.num_generations >= 2, or give reward_model.preferences or reward_model.path")
     if algo.joint_mode == "cross":
         raise ConfigError(f"algorithm.joint_mode=cross does not apply to algorithm.name={algo.name} (its critics, "
                           "candidates and reward model see aligned joint actions, the j-th samples of all agents); "
@@ -244,25 +249,31 @@ def _check_actor_critic_and_preference(cfg: _Config) -> None:
                               "the learner's own log-probs: set algorithm.tis=auto")
 
 
+def _ac_under(cfg: _Config) -> str:
+    """``algorithm.name=X`` (with marlhf's stage)."""
+    name = cfg.algorithm.name
+    return f"algorithm.name={name}" + (f" with reward_model.rl={cfg.reward_model.rl}" if name == "marlhf" else "")
+
+
 def _check_actor_critic_and_preference_agents(cfg: _Config) -> None:
     """Per-agent settings iac, maac, madpo and marlhf's actor-critic stage do not apply (again once the task
     has filled ``agents``)."""
     algo = cfg.algorithm
     if algo.name not in ACTOR_CRITIC + PREFERENCE:
         return
+    if algo.name == "marlhf" and cfg.reward_model.rl == "magrpo":
+        return   # MAGRPO's update: per-agent estimators, frozen and alternating agents apply
     own = [a.name for a in cfg.agents if a.advantage]
     if own:
-        raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo); "
-                          f"algorithm.name={algo.name} takes its advantages from critics or preference pairs: "
-                          "drop agents[].advantage")
-    if algo.name == "marlhf" and cfg.reward_model.rl == "magrpo":
-        return   # MAGRPO's update: frozen and alternating agents apply
+        raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo, "
+                          f"marlhf with reward_model.rl=magrpo); {_ac_under(cfg)} takes its advantages from critics or "
+                          "preference pairs: drop agents[].advantage")
     frozen = [a.name for a in cfg.agents if not a.trainable]
     if frozen or algo.alternate_every:
         what = f"agents {frozen} set trainable=false" if frozen else f"algorithm.alternate_every={algo.alternate_every}"
-        raise ConfigError(f"{what}, but algorithm.name={algo.name} updates every agent each step (its value heads "
-                          "and DPO update run per policy); train all agents, or use magrpo, atgrpo or marlhf with "
-                          "reward_model.rl=magrpo")
+        raise ConfigError(f"{what}, but algorithm.name={algo.name} updates every agent each step (its critics, "
+                          "value heads or DPO update run per policy); train all agents, or use magrpo, atgrpo or "
+                          "marlhf with reward_model.rl=magrpo")
 
 
 # --- rollout: the config against the environment -------------------------------------------------------------

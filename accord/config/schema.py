@@ -252,8 +252,9 @@ class AlgorithmConfig:
                        "writing and humaneval one model writes both parts in one completion), "
                        "'centralized' (one model writes all roles in one completion) or 'independent' (each "
                        "agent trained on its local reward only).")
-    num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2; iac, maac and marlhf "
-                              "with an actor-critic stage: >= 1; madpo: the candidates per prompt).")
+    num_generations: int = _f(4, "K: completions sampled per agent per task instance (>= 2; iac, maac, and marlhf "
+                              "with an actor-critic stage and a given reward model (reward_model.path or "
+                              "preferences): >= 1; madpo: the candidates per prompt).")
     joint_mode: str | None = _f(None, "'aligned': the j-th samples of all agents form K joint actions; 'cross': all "
                                 "K^N combinations, each sample's return the mean over its K^(N-1) partners (no more "
                                 "generation, K^N reward calls); null: the mode the task declares (the writing task: "

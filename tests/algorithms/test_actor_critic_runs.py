@@ -179,6 +179,9 @@ def test_separate_critic_with_another_tokenizer_reads_the_prompt_text(tiny_cfg):
      "alternate_every=2, but algorithm.name=madpo"),
     ({"algorithm": {"name": "maac"}, "agents": [{"name": "e", "advantage": "rloo"}, {"name": "o"}]},
      r"agents \['e'\] set their own advantage estimator"),
+    # one candidate per prompt makes no preference pair for marlhf's reward model, whatever its RL stage
+    ({"algorithm": {"name": "marlhf", "num_generations": 1}, "reward_model": {"rl": "iac"}},
+     "marlhf's stage 1 learns its reward model from pairs of a prompt's candidates"),
 ])
 def test_combinations_that_do_not_apply_are_one_line_errors(tiny_cfg, overrides, match):
     with pytest.raises(ConfigError, match=match) as err:
@@ -325,3 +328,14 @@ def test_critic_hidden_states_with_a_shared_prefix_run_once_match_the_full_forwa
     assert len(g_shared) == len(g_full) > 0
     for a, b in zip(g_shared, g_full):   # to float rounding of the largest entry (a sum in another order)
         assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+def test_marlhf_with_a_magrpo_stage_takes_per_agent_advantage_estimators(tiny_cfg):
+    """Its stage 2 is MAGRPO's group-relative update, which reads agents[].advantage; it was refused as if marlhf
+    took its advantages from critics."""
+    cfg = config_from_dict(tiny_cfg(algorithm={"name": "marlhf", "num_generations": 2},
+                                    agents=[{"name": "e", "advantage": "rloo"}, {"name": "o"}]))
+    assert cfg.agents[0].advantage == "rloo"
+    with pytest.raises(ConfigError, match=r"algorithm.name=marlhf with reward_model.rl=iac takes its advantages"):
+        config_from_dict(tiny_cfg(algorithm={"name": "marlhf", "num_generations": 2}, reward_model={"rl": "iac"},
+                                  agents=[{"name": "e", "advantage": "rloo"}, {"name": "o"}]))

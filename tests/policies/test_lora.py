@@ -327,3 +327,25 @@ def test_heterogeneous_separate_policies_smollm2_and_tiny_qwen2(tiny_cfg):
     for n, pol in trainer.policies.items():
         assert any(not torch.equal(a, b) for a, b in zip(before[n], list(pol.model.parameters())[:3]))
     assert {r["agent"] for r in table} == {"e", "o"}
+
+
+@pytest.mark.slow
+def test_resuming_with_another_specialization_names_the_config_not_a_corruption(tiny_cfg, tmp_path):
+    """A run of whole models resumed with specialization=lora (or the reverse) met intact checkpoints whose files
+    are another kind's: each was called "incomplete or corrupted" and the last line advised --overwrite, which
+    deletes a healthy run. Now one line says the settings differ from the run's."""
+    separate = tiny_cfg(specialization="separate", policies={"pe": dict(TINY), "po": dict(TINY)},
+                        agents=[{"name": "e", "policy": "pe"}, {"name": "o", "policy": "po"}],
+                        run={"steps": 1, "run_dir": str(tmp_path / "whole"), "checkpoint_every": 1})
+    lora = lora_data(tiny_cfg, run={"steps": 1, "run_dir": str(tmp_path / "lora"), "checkpoint_every": 1})
+    for data, other in ((separate, "lora"), (lora, "separate")):
+        Trainer(config_from_dict(data)).train()
+        data = dict(data, specialization=other, run={**data["run"], "steps": 2})
+        if other == "lora":
+            data["lora"] = {"r": 4, "alpha": 8, "target_modules": FEW}
+        else:
+            data.pop("lora")
+        with pytest.raises(ConfigError, match=r"policy 'pe' has no (adapter|model)\.safetensors: it was saved by a "
+                           r"run of other settings .* resume with the config the run was trained with") as err:
+            Trainer(config_from_dict(data), resume=True)
+        assert "corrupted" not in str(err.value) and "--overwrite" not in str(err.value)
