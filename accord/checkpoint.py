@@ -525,7 +525,8 @@ def other_layout(err: BaseException, ckpt: Path, what: str) -> ConfigError | Non
     is read), so the config differs from the run's; None for another error, or a checkpoint without a manifest."""
     if not isinstance(err, FileNotFoundError) or not (Path(ckpt) / MANIFEST).is_file():
         return None
-    named = getattr(err, "filename", None) or next(iter(re.findall(r"[\w.-]+\.(?:safetensors|pt|json)\b", str(err))), "")
+    named = getattr(err, "filename", None) or next(
+        iter(re.findall(r"[\w.-]+\.(?:safetensors|pt|json)\b", str(err))), "")
     missing = Path(named).name or "a file"
     return ConfigError(f"checkpoint {ckpt}: {what} has no {missing}: it was saved by a run of other settings "
                        "(specialization, algorithm.name or critic.mode) and its files are intact; resume with the "

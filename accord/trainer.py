@@ -117,6 +117,7 @@ class Trainer:
         self.task, self.agents, self.agent_policy = run.env, run.agents, run.agent_policy
         self.policies, self.train_rows, self.eval_rows = run.policies, run.train_rows, run.eval_rows
         self.run_dir, self.start_step = run.run_dir, run.start_step
+        self._run_dir_identity = None   # the run directory's (device, inode) while train() writes there
         self._perm_epoch, self._perm = -1, []
         self.sinks = None
         self.trainable = [a.name for a in cfg.agents if a.trainable]
@@ -445,8 +446,7 @@ class Trainer:
         place, so that a checkpoint never exists without its step's metrics and a resume, which cuts
         metrics.jsonl back to the checkpoint it loads, logs every step once."""
         cfg = self.cfg
-        check_run_dir_kept(self.run_dir, getattr(self, "_run_dir_identity", None),
-                           f"found before the checkpoint of step {n}")
+        check_run_dir_kept(self.run_dir, self._run_dir_identity, f"found before the checkpoint of step {n}")
         t = time.perf_counter()
         state = {"data_position": n * cfg.rollout.batch_size}
         if self.schedule is not None:
@@ -459,7 +459,7 @@ class Trainer:
             self.sinks.flush()
             path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
         except (OSError, RuntimeError, CheckpointError) as err:   # torch.save into a missing folder: RuntimeError
-            check_run_dir_kept(self.run_dir, getattr(self, "_run_dir_identity", None),
+            check_run_dir_kept(self.run_dir, self._run_dir_identity,
                                f"writing the checkpoint of step {n} failed: {type(err).__name__}")
             raise
         progress["saved"] = n

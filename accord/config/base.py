@@ -73,6 +73,12 @@ BUILTIN_MODELS = ("smollm2-135m", "tiny-qwen2", "tiny-llama", "tiny-qwen3")
 here so that a config is checked before torch is imported)."""
 
 
+def algorithm_phrase(cfg) -> str:
+    """``algorithm.name=X``, with marlhf's RL stage (``reward_model.rl``), for messages about a config."""
+    name = cfg.algorithm.name
+    return f"algorithm.name={name}" + (f" with reward_model.rl={cfg.reward_model.rl}" if name == "marlhf" else "")
+
+
 # keys by the names TRL's trainers (and Hugging Face's Trainer) give them, too far apart to be suggested by
 # spelling (learning_rate is not close to lr): accord's name where the section has it (sft.learning_rate:
 # sft.lr), else the key TRL's name means in a policy-gradient run (beta: TRL's KL coefficient), in any section

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accord.config.base import ACTOR_CRITIC
+from accord.config.base import ACTOR_CRITIC, algorithm_phrase
 from accord.config.schema import Config
 
 logger = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ def _stage(cfg: Config) -> str:
 
 def _under(cfg: Config) -> str:
     """``under algorithm.name=X``, with marlhf's stage."""
-    name = cfg.algorithm.name
-    return f"under algorithm.name={name}" + (f" with reward_model.rl={cfg.reward_model.rl}" if name == "marlhf" else "")
+    return f"under {algorithm_phrase(cfg)}"
 
 
 def _single_turn(cfg: Config, single_turn: bool | None) -> bool:
@@ -223,8 +222,9 @@ RULES: tuple[Rule, ...] = (
     # policies.learner.optimizer_step reads it in ModelPolicy.update only: madpo's joint DPO step
     # (critics.weighted_logprob_update) and iac's head update (critics.head_update) step unconditionally
     Rule(("training.skip_zero_grad",), "madpo, or iac's value heads (critic.mode head or null)",
-         lambda cfg, _: _under(cfg) if cfg.algorithm.name == "madpo" else f"with critic.mode={cfg.critic.mode or 'null'}"
-         if _stage(cfg) == "iac" and cfg.critic.mode in (None, "head") else None,
+         lambda cfg, _: _under(cfg) if cfg.algorithm.name == "madpo" else (
+             f"with critic.mode={cfg.critic.mode or 'null'}"
+             if _stage(cfg) == "iac" and cfg.critic.mode in (None, "head") else None),
          "it skips the policy-gradient update's optimizer step on an exactly zero gradient; the joint DPO step and "
          "a value head's joint update (whose value loss has a gradient) always step",
          "remove it"),

@@ -60,7 +60,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from accord.config.base import ACTOR_CRITIC, PREFERENCE, ConfigError, check_device_setting
+from accord.config.base import ACTOR_CRITIC, PREFERENCE, ConfigError, algorithm_phrase, check_device_setting
 
 # An accord.config.schema.Config. Not imported, not even for type checkers: the schema imports this module
 # (Config.__post_init__ runs check_config), and an import back would close a cycle (tests/test_imports.py).
@@ -249,12 +249,6 @@ def _check_actor_critic_and_preference(cfg: _Config) -> None:
                               "the learner's own log-probs: set algorithm.tis=auto")
 
 
-def _ac_under(cfg: _Config) -> str:
-    """``algorithm.name=X`` (with marlhf's stage)."""
-    name = cfg.algorithm.name
-    return f"algorithm.name={name}" + (f" with reward_model.rl={cfg.reward_model.rl}" if name == "marlhf" else "")
-
-
 def _check_actor_critic_and_preference_agents(cfg: _Config) -> None:
     """Per-agent settings iac, maac, madpo and marlhf's actor-critic stage do not apply (again once the task
     has filled ``agents``)."""
@@ -266,8 +260,8 @@ def _check_actor_critic_and_preference_agents(cfg: _Config) -> None:
     own = [a.name for a in cfg.agents if a.advantage]
     if own:
         raise ConfigError(f"agents {own} set their own advantage estimator, a group-relative one (magrpo, atgrpo, "
-                          f"marlhf with reward_model.rl=magrpo); {_ac_under(cfg)} takes its advantages from critics or "
-                          "preference pairs: drop agents[].advantage")
+                          f"marlhf with reward_model.rl=magrpo); {algorithm_phrase(cfg)} takes its advantages from "
+                          "critics or preference pairs: drop agents[].advantage")
     frozen = [a.name for a in cfg.agents if not a.trainable]
     if frozen or algo.alternate_every:
         what = f"agents {frozen} set trainable=false" if frozen else f"algorithm.alternate_every={algo.alternate_every}"

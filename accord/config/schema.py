@@ -264,7 +264,8 @@ class AlgorithmConfig:
     advantage: str = _f("mean", f"Baseline of the group-relative advantage: built in {list(ADVANTAGES)}, or an "
                         "estimator registered with accord.algorithms.register_advantage (in a module under imports:).")
     normalize_std: bool = _f(False, "The advantage is the group's z-score (r - mean) / (std + 1e-6), whatever "
-                             "`advantage` says (mean, rloo, max and raw then give the same numbers; a warning says so).")
+                             "`advantage` says (mean, rloo, max and raw then give the same numbers; a warning "
+                             "says so).")
     group_std: str = _f("population", "The std of normalize_std: 'population' (divide by K; the default, as accord "
                         "always did) or 'sample' (divide by K - 1, as TRL's GRPOTrainer and DeepSeekMath; larger by "
                         "sqrt(K / (K - 1)), so advantages are that much smaller).")
