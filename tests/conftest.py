@@ -48,18 +48,24 @@ def ray_session():
 # modules whose tests start Ray clusters or torchrun (its fixed rendezvous port) besides those of ray_session
 # (test_gpu.py: its tests share the GPUs, so one worker runs them one after another)
 _RAY_MODULES = {"test_ray.py", "test_data_parallel.py", "test_fsdp.py", "test_gpu.py"}
+# modules whose tests time the sandbox's limits (a timeout, a CPU limit, the machine's response under a fork bomb)
+# and also start bombs: on one worker, so that a bomb never runs beside their own timed tests (a fork bomb on one
+# worker made the CPU-limit test on the other take 5.5 s and `true` 4 s, in one CI run of 2026-12-02)
+_TIMED_MODULES = {"test_sandbox.py"}
 
 
 def _xdist_group(item) -> str | None:
     """The worker group of a test under ``pytest -n N --dist loadgroup`` (scripts/test.sh): every test that
-    starts Ray or torchrun in one group ("ray": one cluster at a time, ray_session set up once per module), and
-    the tests of a module that share a module-scoped fixture in one group per module (built once); None: any
-    worker."""
+    starts Ray or torchrun in one group ("ray": one cluster at a time, ray_session set up once per module), the
+    sandbox's timed tests in one group, and the tests of a module that share a module-scoped fixture in one group
+    per module (built once); None: any worker."""
     params = getattr(item, "callspec", None)
     path = params.params.get("path") if params is not None else None  # an example's or a recipe's config
     if (item.path.name in _RAY_MODULES or any(f.startswith("ray_session") for f in item.fixturenames)
             or (isinstance(path, Path) and re.search(r"^\s*backend:\s*ray\b", path.read_text(), re.M))):
         return "ray"
+    if item.path.name in _TIMED_MODULES:
+        return item.path.name
     for name in item.fixturenames:
         defs = item._fixtureinfo.name2fixturedefs.get(name)
         if defs and defs[-1].scope in ("module", "class", "package"):
