@@ -186,7 +186,13 @@ _NAMESPACE_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEW
 # runs at the same time could talk through the read-only files they all see (the standard library, /usr): file
 # locks (flock; fcntl's record, open-file-description and lease commands, F_NOTIFY) and inotify/fanotify
 # watches: through them a wrong program could read a correct sibling's answers, and a run on the hidden tests
-# could tell the run on the examples their inputs, which the feedback shows.
+# could tell the run on the examples their inputs, which the feedback shows. For the same reason, what evicts
+# a shared file's pages from the page cache or tells whether they are there without reading them (fadvise,
+# readahead, mincore, cachestat, madvise's MADV_COLD and MADV_PAGEOUT, process_madvise; preadv2 and pwritev2
+# with ENOSYS, for RWF_NOWAIT, so that libc falls back to preadv): timed reads of pages one run evicted and
+# another brought back carried answers too. A page's first read is still slower than its next (see
+# docs/sandbox.md).
+_PAGE_CACHE = {"cachestat": 451, "process_madvise": 440}   # the same numbers on every architecture
 _NEW_MOUNT_API = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
                   "mount_setattr": 442}  # the same numbers on every architecture
 _SYSCALLS = {
@@ -197,8 +203,9 @@ _SYSCALLS = {
                         "process_vm_writev": 311, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323,
                         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API,
                         "flock": 73, "inotify_init": 253, "inotify_init1": 294, "inotify_add_watch": 254,
-                        "fanotify_init": 300, "fanotify_mark": 301},
-               "fcntl": 72, "enosys": {"clone3": 435}},
+                        "fanotify_init": 300, "fanotify_mark": 301, **_PAGE_CACHE,
+                        "fadvise64": 221, "readahead": 187, "mincore": 27},
+               "fcntl": 72, "madvise": 28, "enosys": {"clone3": 435, "preadv2": 327, "pwritev2": 328}},
     "aarch64": {"arch": 0xC00000B7, "pivot_root": 41, "socket": 198, "socketpair": 199, "clone": 220,
                 "mount_setattr": 442, "capset": 91,
                 "deny": {"unshare": 97, "setns": 268, "add_key": 217, "request_key": 218, "keyctl": 219,
@@ -206,12 +213,13 @@ _SYSCALLS = {
                          "process_vm_writev": 271, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
                          "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, **_NEW_MOUNT_API,
                          "flock": 32, "inotify_init1": 26, "inotify_add_watch": 27, "fanotify_init": 262,
-                         "fanotify_mark": 263},
-                "fcntl": 25, "enosys": {"clone3": 435}},
+                         "fanotify_mark": 263, **_PAGE_CACHE, "fadvise64": 223, "readahead": 213, "mincore": 232},
+                "fcntl": 25, "madvise": 233, "enosys": {"clone3": 435, "preadv2": 286, "pwritev2": 287}},
 }
 # fcntl's commands that lock, lease or watch a file (F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK,
 # F_OFD_SETLKW, F_SETLEASE, F_GETLEASE, F_NOTIFY): refused, the file descriptor commands stay
 FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
+MADVISE_REFUSED = (20, 21)   # MADV_COLD, MADV_PAGEOUT: they push a mapped file's pages out of memory
 DEVICES = ("null", "zero", "full", "random", "urandom")
 WORKDIR = "/sandbox"
 
@@ -376,6 +384,10 @@ def seccomp_program(machine):
     prog += [(jeq, 0, 2 * len(FCNTL_REFUSED) + 2, table["fcntl"]), (ld, 0, 0, 24)]   # args[1] (low half): the command
     for cmd in FCNTL_REFUSED:
         prog += [(jeq, 0, 1, cmd), (ret, 0, 0, errno | EPERM)]
+    prog.append((ld, 0, 0, 0))
+    prog += [(jeq, 0, 2 * len(MADVISE_REFUSED) + 2, table["madvise"]), (ld, 0, 0, 32)]   # args[2] (low half): advice
+    for advice in MADVISE_REFUSED:
+        prog += [(jeq, 0, 1, advice), (ret, 0, 0, errno | EPERM)]
     prog.append((ld, 0, 0, 0))
     prog.append((ret, 0, 0, allow))
     return prog

@@ -217,6 +217,39 @@ def test_no_hidden_test_is_shown_and_a_lookup_of_the_examples_earns_no_bonus(pro
     assert total <= 1.5, total   # format and parse only: no test passes, no bonus
 
 
+# Examples these prompts show in forms the doctest reader does not read, copied from the prompts' text
+LOOKUPS = {
+    "HumanEval/80": ("is_happy", {("a",): False, ("aa",): False, ("abcd",): True, ("aabb",): False, ("adb",): True,
+                                  ("xyy",): False}),   # is_happy(a) => False
+    "HumanEval/78": ("hex_key", {("AB",): 1, ("1077E",): 2, ("ABED1A33",): 4, ("123456789ABCDEF0",): 6,
+                                 ("2020",): 2}),   # For num = "AB" the output should be 1.
+    "HumanEval/94": ("skjkasdkd", {((0, 81, 12, 3, 1, 21),): 3, ((0, 8, 1, 2, 1, 7),): 7,
+                                   ((0, 724, 32, 71, 99, 32, 6, 0, 5, 91, 83, 0, 5, 6),): 11}),
+    "HumanEval/84": ("solve", {(1000,): "1", (150,): "110", (147,): "1100"}),   # For N = 1000, ... should be "1".
+    "HumanEval/68": ("pluck", {((4, 2, 3),): [2, 1], ((1, 2, 3),): [2, 1], ((),): [], ((5, 0, 3, 0, 4, 2),): [0, 1]}),
+    "HumanEval/156": ("int_to_mini_roman", {(19,): "xix", (152,): "clii", (426,): "cdxxvi"}),   # >>> f(19) == 'xix'
+    "HumanEval/67": ("fruit_distribution", {("5 apples and 6 oranges", 19): 8, ("0 apples and 1 oranges", 3): 2,
+                                            ("2 apples and 3 oranges", 100): 95, ("100 apples and 1 oranges", 120): 19}),
+    "HumanEval/144": ("simplify", {("1/5", "5/1"): True, ("1/6", "2/1"): False, ("7/10", "10/2"): False}),
+}
+
+
+def test_examples_in_prose_are_not_hidden_tests(problems):
+    """A lookup of the examples a prompt shows in prose (``For lst = [...] the output should be 10``, ``Input:`` /
+    ``Output:``, ``f(a) => False``) passes no more hidden tests than the same program without its table: those
+    tests leave the hidden suite as the doctests do. It passed up to 7 of 8 (4.375 of the pair's 4.5)."""
+    programs = []
+    for pid, (entry, table) in LOOKUPS.items():
+        assert all(str(v) in problems[pid]["prompt"] or repr(v) in problems[pid]["prompt"] for v in table.values())
+        for rows in (table, {}):
+            programs.append((f"T = {rows!r}\ndef {entry}(*args):\n"
+                             "    key = tuple(tuple(a) if isinstance(a, list) else a for a in args)\n"
+                             "    return T.get(key, 0)\n", suite_of(problems[pid])))
+    runs = TestCache().run(programs)
+    for pid, lookup, bare in zip(LOOKUPS, runs[::2], runs[1::2]):
+        assert lookup.total and (lookup.passed, lookup.total) == (bare.passed, bare.total), (pid, lookup, bare)
+
+
 def test_records_without_a_canonical_solution(tmp_path, caplog):
     """Tolerance checks need no reference (judged by replay, not failed for every program); a test that
     only a reference can plan is refused when the data is read, with the record's id."""
@@ -288,9 +321,9 @@ def _without_returns(program: str, entry: str) -> str:
 
 
 # Problems whose hidden tests legitimately pass on a function that returns None: they expect None for some
-# inputs (90, 128, 162) or assert `not candidate(...)` (52, 56, 61). Measured: passed/total.
-NONE_PASSES = {"HumanEval/52": (1, 4), "HumanEval/56": (6, 8), "HumanEval/61": (6, 8), "HumanEval/90": (1, 3),
-               "HumanEval/128": (1, 8), "HumanEval/162": (1, 4)}
+# inputs (90) or assert `not candidate(...)` (52, 56, 61). Measured: passed/total. (128's and 162's None cases are
+# examples their prompts show in prose: not hidden tests.)
+NONE_PASSES = {"HumanEval/52": (1, 4), "HumanEval/56": (4, 6), "HumanEval/61": (4, 6), "HumanEval/90": (1, 3)}
 
 
 @pytest.mark.slow

@@ -338,6 +338,32 @@ def test_runs_at_the_same_time_have_no_lock_or_watch_to_talk_through(box):
                                      "inotify_init1 EPERM,fanotify_init EPERM,fd commands ok"), result
 
 
+def test_runs_cannot_evict_or_probe_the_shared_files_page_cache(box):
+    """Every run reads the same standard library's pages: a run that evicted pages (fadvise DONTNEED) and a
+    sibling that timed their reads carried a correct program's answers to a wrong one, also when the runs came
+    one after another. What evicts a page or tells whether it is in memory without reading it is refused; plain
+    reads and maps still work."""
+    _skip_without_seccomp()
+    code = ("import ctypes, errno, mmap, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "fd = os.open(os.__file__, os.O_RDONLY)\nsize = os.fstat(fd).st_size\nout = []\n"
+            "def note(name, call):\n    try:\n        call()\n        out.append(name + ' ok')\n"
+            "    except OSError as e:\n        out.append(name + ' ' + errno.errorcode[e.errno])\n"
+            "note('fadvise', lambda: os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED))\n"
+            "note('preadv2', lambda: os.preadv(fd, [bytearray(64)], 0, os.RWF_NOWAIT))\n"
+            "m = mmap.mmap(fd, size, prot=mmap.PROT_READ)\n"
+            "for name, advice in (('cold', 20), ('pageout', 21)):\n"
+            "    note(name, lambda: m.madvise(advice))\n"
+            "note('willneed', lambda: m.madvise(mmap.MADV_WILLNEED))\n"
+            "for name, args in (('readahead', (187, fd, 0, 4096)), ('mincore', (27, 0, 4096, 0)),\n"
+            "                   ('cachestat', (451, fd, 0, 0, 0))):\n"
+            "    r = libc.syscall(*args)\n"
+            "    out.append(name + ' ' + (errno.errorcode[ctypes.get_errno()] if r < 0 else 'ok'))\n"
+            "out.append('read ' + str(len(os.pread(fd, 64, 0))) + ' map ' + str(len(m[:64])))\nprint(','.join(out))\n")
+    result = box.run(code)
+    assert result.stdout.strip() == ("fadvise EPERM,preadv2 ENOTSUP,cold EPERM,pageout EPERM,willneed ok,"
+                                     "readahead EPERM,mincore EPERM,cachestat EPERM,read 64 map 64"), result
+
+
 # --------------------------------------------------------------------------------------------------
 # Attacks on the trainer and on the run's status (found by red-teaming this sandbox)
 # --------------------------------------------------------------------------------------------------

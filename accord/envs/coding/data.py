@@ -181,16 +181,103 @@ def _calls_of(node: ast.AST, names: set[str]) -> list[ast.Call]:
             and n.func.id in names]
 
 
-def drop_shown_tests(test: str, entry_point: str, check: bool, shown: list[str]) -> tuple[str, int]:
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _literal_forms(node: ast.expr) -> set[str] | None:
+    """How a literal may be written in a problem's text, without whitespace: as in the test, as Python prints
+    it (either quote), a string also bare (``is_happy(abcd) => True``), a bool also in lower case; None when
+    ``node`` is not a literal."""
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    forms = {ast.unparse(node), repr(value), repr(value).replace("'", '"')}
+    if isinstance(value, str):
+        forms.add(value)
+    if isinstance(value, bool):
+        forms.add(repr(value).lower())
+    return {f for f in map(_squash, forms) if f}
+
+
+def _pattern(forms: set[str]) -> str:
+    """A regular expression for one of ``forms`` standing whole: a number or word not inside a longer one or a
+    quoted string (the ``2`` of ``"2,3"`` is not the number 2)."""
+    alternatives = []
+    for form in sorted(forms, key=len, reverse=True):
+        before = r"(?<![\w'\"])(?<!\d\.)" if re.match(r"[\w.]", form) else ""
+        after = r"(?![\w'\"])(?!\.\d)" if re.match(r"[\w.]", form[-1]) else ""   # a sentence's full stop may follow
+        alternatives.append(before + r"\s*".join(map(re.escape, form)) + after)   # "[4,2,3]" as "[4, 2, 3]" too
+    return "(?:" + "|".join(alternatives) + ")"
+
+
+def _example_of_assert(stmt: ast.stmt, names: set[str]) -> tuple[ast.Call, ast.expr | bool] | None:
+    """The call of the function under test and the value it must give, for ``assert CALL == VALUE`` (or
+    ``VALUE == CALL``, ``is``), ``assert CALL`` (True) and ``assert not CALL`` (False); None for other tests."""
+    if not isinstance(stmt, ast.Assert):
+        return None
+    test = stmt.test
+
+    def call(node: ast.expr) -> ast.Call | None:
+        return node if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names \
+            else None
+
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
+        left, right = test.left, test.comparators[0]
+        if call(left) is not None:
+            return left, right
+        if call(right) is not None:
+            return right, left
+        return None
+    if call(test) is not None:
+        return test, True
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and call(test.operand) is not None:
+        return test.operand, False
+    return None
+
+
+def shown_in_text(stmt: ast.stmt, names: set[str], windows: list[str]) -> bool:
+    """Whether an assert's literal arguments (in order) and then its expected value stand in one of ``windows``
+    (three lines of the problem's text): an example the text shows in a form
+    :func:`~accord.envs.coding.common.docstring_examples` does not read (``For lst = [1,2,3] the output should be
+    6``, ``Input: ...`` / ``Output: ...``, ``f("1/5", "5/1") = True``), which a lookup of the text would pass."""
+    found = _example_of_assert(stmt, names)
+    if found is None:
+        return False
+    call, expected = found
+    if not call.args or call.keywords:
+        return False
+    args = [_literal_forms(a) for a in call.args]
+    value = ({"True", "true"} if expected is True else {"False", "false"} if expected is False
+             else _literal_forms(expected))
+    if value is None or any(a is None for a in args):
+        return False
+    # the arguments in order, a few characters apart (", ", ", k = "), then the value within a sentence after them
+    pattern = re.compile(".{0,16}?".join(map(_pattern, args)) + ".{0,100}?" + _pattern(value), re.DOTALL)
+    return any(pattern.search(window) for window in windows)
+
+
+def text_windows(text: str, lines: int = 3) -> list[str]:
+    """``text``'s runs of ``lines`` consecutive lines, each on one line, its whitespace one space (for
+    :func:`shown_in_text`)."""
+    rows = [" ".join(line.split()) for line in text.splitlines()]
+    return [" ".join(rows[i:i + lines]) for i in range(len(rows))]
+
+
+def drop_shown_tests(test: str, entry_point: str, check: bool, shown: list[str], text: str = "") -> tuple[str, int]:
     """``test`` without the tests the prompt shows, and how many were dropped. ``shown``: the asserts the
     prompt holds as examples (MBPP's first test, HumanEval's docstring examples read by
-    :func:`~accord.envs.coding.common.docstring_examples`); ``check``: the tests are the statements of ``def
-    check(candidate)``, else the top-level ones. A test is shown when it is one of ``shown`` or when every call
-    it makes of the function under test has the literal arguments of a shown example: its expected value is in
-    the prompt, so a lookup of the examples would pass it. Hidden tests never reach a prompt."""
+    :func:`~accord.envs.coding.common.docstring_examples`); ``text``: the problem's text as the prompt shows it;
+    ``check``: the tests are the statements of ``def check(candidate)``, else the top-level ones. A test is shown
+    when it is one of ``shown``, when every call it makes of the function under test has the literal arguments
+    of a shown example (its expected value is in the prompt, so a lookup of the examples would pass it), or
+    when its arguments and expected value stand in three lines of ``text`` (:func:`shown_in_text`). Hidden tests
+    never reach a prompt."""
     tree = safe_parse(test)
-    if tree is None or not shown:
+    if tree is None or not (shown or text):
         return test, 0
+    windows = text_windows(text)
     names = {entry_point, "candidate"} if check else {entry_point}
     shown_trees = [t for t in (safe_parse(s) for s in shown) if t is not None]
     keys = {k for t in shown_trees for c in _calls_of(t, {entry_point}) if (k := _literal_key(c)) is not None}
@@ -203,7 +290,7 @@ def drop_shown_tests(test: str, entry_point: str, check: bool, shown: list[str])
     def is_shown(stmt: ast.stmt) -> bool:
         if not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
             return False
-        if ast.unparse(stmt) in sources:
+        if ast.unparse(stmt) in sources or shown_in_text(stmt, names, windows):
             return True
         calls = _calls_of(stmt, names)
         return bool(calls) and all(_literal_key(c) in keys for c in calls)
@@ -242,7 +329,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
         # the first test is shown as the example and leaves the hidden suite, with every test of the same inputs;
         # no example where that would leave no test to judge by
         example = tests[0].strip()
-        hidden, _ = drop_shown_tests(test, entry.name, False, [example])
+        hidden, _ = drop_shown_tests(test, entry.name, False, [example], description)
         if any(is_test for _, is_test in split_tests(hidden)):
             test = hidden
         else:
@@ -262,7 +349,7 @@ def problem_from_record(record: Mapping[str, Any], dataset: str, source: str) ->
             logger.warning("code data: skipping record %r: needs a prompt defining its entry_point and "
                            "a `def check(candidate)` test with asserts", rid)
             return None
-        test, _ = drop_shown_tests(test, entry_point, True, docstring_examples(prompt, entry_point))
+        test, _ = drop_shown_tests(test, entry_point, True, docstring_examples(prompt, entry_point), prompt)
         if not any(is_test for _, is_test in split_tests(test, entry_point)):
             logger.info("code data: leaving out record %r: every test of it is an example its prompt shows, so "
                         "none is left hidden to judge by", rid)
