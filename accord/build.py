@@ -27,7 +27,7 @@ from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolv
 from accord.audit import AuditRecorder, prune_after
 from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, last_logged_step,
                                prune_checkpoints, resume_checkpoint, verified_checkpoint)
-from accord.config import Config, ConfigError, save_config
+from accord.config import Config, ConfigError, layout_change, save_config
 from accord.config.rules import EnvInfo, check_rollout
 from accord.config.ignored import warn_ignored
 from accord.devices import policy_devices
@@ -409,6 +409,9 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
                               f"while writing it?); restore its checkpoints to resume, or start the run over with "
                               f"--overwrite (deletes its logs)")
         return None
+    changed = layout_change(run_dir, cfg)
+    if changed is not None:
+        raise ConfigError(changed)
     step = checkpoint_step(ckpt)
     if step > cfg.run.steps:
         raise ConfigError(f"run.steps={cfg.run.steps} is below step {step} of the checkpoint {ckpt}; resume with "

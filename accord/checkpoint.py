@@ -16,6 +16,7 @@ checkpoint whose manifest verifies (:func:`resume_checkpoint`), naming each one 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -616,10 +617,15 @@ def hold_run_dir(run_dir: Path):
             logger.debug("no lock on %s (%s): running unlocked", run_dir, err)
             fh.close()
             return lambda: None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
-        fh.flush()
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()}\n")
+            fh.flush()
+        except OSError as err:   # a full disk: the write names no file
+            with contextlib.suppress(OSError):   # the unwritten pid fails the close's flush too; the file is closed
+                fh.close()
+            raise OSError(err.errno, err.strerror, str(lock)) from err
         _HELD[key] = [fh, 1]
 
     def release() -> None:

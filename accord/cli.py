@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-from accord.config import ConfigError, describe, load_config
+from accord.config import ConfigError, describe, layout_change, load_config
 from accord.tracking.console import configure_logging, printable
 
 logger = logging.getLogger("accord")
@@ -77,8 +77,9 @@ def _out(text: str) -> None:
 
 def _one_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = f" writing {err.filename}" if err.filename else ""
-        return f"disk full{where} ({err.strerror}); free space on that disk and run the command again"
+        if err.filename:
+            return f"disk full writing {err.filename} ({err.strerror}); free space on its disk and run the command again"
+        return f"disk full ({err.strerror}); free space on the disk of the command's output and run the command again"
     if isinstance(err, OSError) and err.errno == errno.EROFS and err.filename:
         return (f"{err.filename}: {err.strerror}; write elsewhere (`--out DIR` of accord eval, report and export) or "
                 "on a writable copy of the run")
@@ -104,10 +105,10 @@ def _version() -> str:
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``train``/``eval``/``compare``/``sft``/``plan``: take ``key=value`` overrides out of argv wherever they
-    stand (after ``--k 1 4`` or ``--write-demos FILE`` too)."""
+    """``train``/``eval``/``compare``/``sft``/``plan``/``envs``: take ``key=value`` overrides out of argv wherever
+    they stand (after ``--k 1 4`` or ``--write-demos FILE`` too)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if cmd is None or argv[cmd] not in ("train", "eval", "compare", "sft", "plan"):
+    if cmd is None or argv[cmd] not in ("train", "eval", "compare", "sft", "plan", "envs"):
         return argv, []
     rest = argv[cmd + 1:]
     head = [a for a in rest if not _OVERRIDE.match(a)]
@@ -159,6 +160,9 @@ def _train(args: argparse.Namespace) -> int:
         if problem is not None:   # before the resume's changes are reported: there is nothing to resume
             raise ConfigError(problem)
         if positional:
+            changed = layout_change(run_dir, cfg)   # before the warnings that other changes apply from here on
+            if changed is not None:
+                raise ConfigError(changed)
             _say_resume_changes(load_config(run_dir / "config.yaml", [f"run.run_dir={run_dir}"]), cfg)
     else:
         cfg = load_config(config_path, positional)
@@ -340,6 +344,22 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _envs_options(overrides: list[str], checking: bool) -> dict:
+    """The ``task.options.KEY=VALUE`` overrides of ``accord envs --check``: the options every checked environment
+    is built with (as ``accord train`` builds its task)."""
+    from accord.config import apply_override
+
+    if overrides and not checking:
+        raise ConfigError(f"{overrides[0]}: options apply to the environments of --check; add --check NAME")
+    data: dict = {"task": {"options": {}}}
+    for item in overrides:
+        if not item.startswith("task.options."):
+            raise ConfigError(f"{item}: accord envs --check takes the environments' options only, as "
+                              "task.options.KEY=VALUE (e.g. task.options.render=my_module:render)")
+        apply_override(data, item)
+    return data["task"]["options"]
+
+
 def _envs(args: argparse.Namespace) -> int:
     from accord.envs.registry import TaskError  # imported lazily, like every command's heavy modules
 
@@ -347,6 +367,7 @@ def _envs(args: argparse.Namespace) -> int:
     from accord.envs.registry import entry_point_names, import_modules, task_factory
 
     import_modules(args.imports, "--import")
+    options = _envs_options(args.overrides, bool(args.check))
     if args.check:
         from accord.envs.check import check_env
 
@@ -354,8 +375,8 @@ def _envs(args: argparse.Namespace) -> int:
             task_factory(name)  # raises TaskError with the closest name, or why a module:attribute does not load
             # a single-turn task is checked as a one-turn environment; adapters of other libraries' games offer
             # example moves (legal ones, so that the checker gets past the first turn)
-            examples = getattr(make_env(name), "example_actions", ())
-            check_env(lambda: make_env(name), actions=examples)
+            examples = getattr(make_env(name, options), "example_actions", ())
+            check_env(lambda: make_env(name, options), actions=examples)
             _out(f"{name}: conforms to the environment protocol\n")
         return 0
     failed = {}
@@ -527,7 +548,7 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--check", nargs="+", metavar="NAME", help="run the conformance checker on these environments")
     p.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
                    help="import these modules first (their @register_task tasks are listed and checked)")
-    p.set_defaults(func=_envs)
+    p.set_defaults(func=_envs, overrides=[])   # task.options.KEY=VALUE: the options of the checked environments
     for p in sub.choices.values():   # also after the command: accord train --debug ...
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
     head, overrides = _split_overrides(list(sys.argv[1:] if argv is None else argv))

@@ -129,13 +129,13 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
                               "one task and baseline")
     warn_task_change(paths[0], cfg0, paths[0])
     out_dir = Path(out) if out else paths[0] / "crossplay"
-    with scratch_run(out_dir) as work:
+    with scratch_run(out_dir, "accord eval --crossplay") as work:
         cfg0.run = dataclasses.replace(cfg0.run, run_dir=str(work))
         report = _crossplay(cfg0, paths, loaded, samples=samples, temperature=temperature)
-    report.update(runs=[str(p) for p in paths], task=cfg0.task.name, task_options=cfg0.task.options,
-                  samples=samples, temperature=temperature)
-    _atomic_write_text(out_dir / "crossplay.json", json.dumps(report, indent=2))
-    _atomic_write_text(out_dir / "crossplay.md", markdown(report))
+        report.update(runs=[str(p) for p in paths], task=cfg0.task.name, task_options=cfg0.task.options,
+                      samples=samples, temperature=temperature)
+        _atomic_write_text(out_dir / "crossplay.json", json.dumps(report, indent=2))
+        _atomic_write_text(out_dir / "crossplay.md", markdown(report))
     return out_dir
 
 

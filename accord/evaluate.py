@@ -36,7 +36,7 @@ from accord.checkpoint import CheckpointError, in_checkpoints, load_policy, rota
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
-from accord.tracking.registry import _atomic_write_text, folder_problem
+from accord.tracking.registry import _atomic_write_text, folder_problem, hold_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -239,15 +239,15 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if (out_dir / "eval.json").exists() or (out_dir / "eval.md").exists():
         logger.warning("%s holds an eval.json or eval.md (an earlier evaluation): they are replaced when this one "
                        "ends; pass --out DIR to keep them", out_dir)
-    with scratch_run(out_dir) as work:
+    with scratch_run(out_dir, "accord eval") as work:
         cfg.run = replace(cfg.run, run_dir=str(work))
         variants = _evaluate_variants(cfg, run_dir, ckpt, out_dir, samples=samples, ks=ks, temperature=temperature,
                                       compare_base=compare_base, pipeline=pipeline)
-    report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
-              "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
-              "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
-    _atomic_write_text(out_dir / "eval.json", json.dumps(report, indent=2))
-    _atomic_write_text(out_dir / "eval.md", markdown_table(report))
+        report = {"target": str(target), "task": cfg.task.name, "task_options": cfg.task.options,
+                  "algorithm": cfg.algorithm.name, "baseline": cfg.algorithm.baseline, "samples": samples,
+                  "temperature": temperature, "ks": ks, "pipeline": pipeline, "variants": variants}
+        _atomic_write_text(out_dir / "eval.json", json.dumps(report, indent=2))
+        _atomic_write_text(out_dir / "eval.md", markdown_table(report))
     return out_dir
 
 
@@ -263,8 +263,9 @@ def _made_dirs(path: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def scratch_run(out_dir: Path) -> Iterator[Path]:
-    """Create ``out_dir`` (and its parents) and yield a scratch run directory in it for the run that evaluates
+def scratch_run(out_dir: Path, command: str) -> Iterator[Path]:
+    """Create ``out_dir`` (and its parents), hold it for ``command`` (:func:`hold_output_dir`: one command writes
+    its results there at a time) and yield a scratch run directory in it for the run that evaluates
     (:func:`scratch_run_dir`: its config.yaml and lock), removed when the block ends. When the block fails, the
     directories this made are removed too while still empty: a failed command leaves no empty ``--out``."""
     problem = folder_problem(out_dir)
@@ -272,13 +273,16 @@ def scratch_run(out_dir: Path) -> Iterator[Path]:
         raise ConfigError(f"output folder {out_dir}: {problem}; pass --out DIR, a folder that exists or can be made")
     made = _made_dirs(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = scratch_run_dir(out_dir)
     done = False
     try:
-        yield work
-        done = True
+        with hold_output_dir(out_dir, command):
+            work = scratch_run_dir(out_dir)
+            try:
+                yield work
+                done = True
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
         if not done:
             _remove_empty(made)
 

@@ -28,7 +28,10 @@ import datetime as _dt
 import json
 import logging as _logging
 import math
+import os
 import re
+import shutil
+import tempfile
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,7 +48,7 @@ from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, printable, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
-from accord.tracking.registry import _atomic_save, _atomic_write_text, folder_problem
+from accord.tracking.registry import _atomic_save, _atomic_write_text, _not_a_folder, folder_problem, hold_output_dir
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -781,20 +784,56 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         from accord.config import ConfigError
 
         raise ConfigError(f"report folder {out}: {problem}; give the report a folder with --out")
+    made = [d for d in (out, *out.parents) if not d.exists()]   # deepest first
     out.mkdir(parents=True, exist_ok=True)
-    images: list[Path] = []
-    plots = (_plot_rewards, _plot_success, _plot_components, _plot_losses,
-             lambda s, o: _plot_lengths(s, o, cap if isinstance(cap, int) else None), _plot_time)
-    for plot in plots:
-        path = plot(series, out)
-        if path is not None:
-            images.append(path)
-    for name in PLOT_FILES:
-        stale = out / name
-        if stale not in images and stale.is_file():
-            stale.unlink()
-
     report_path = out / REPORT_FILENAME
-    _atomic_write_text(report_path, _render_markdown(run_dir, rows, series, config, config_note, images))
+    done = False
+    try:
+        with hold_output_dir(out, "accord report"):
+            images = _write_staged(out, run_dir, rows, series, config, config_note, cap)
+        done = True
+    finally:
+        for folder in made if not done else ():   # a failed report leaves no empty --out behind
+            try:
+                folder.rmdir()
+            except OSError:   # not empty, or gone
+                break
     _logger.info("wrote report %s (%d plot(s))", report_path, len(images))
     return report_path
+
+
+STAGING_PREFIX = ".accord-report."
+
+
+def _write_staged(out: Path, run_dir: Path, rows, series, config, config_note, cap) -> list[Path]:
+    """Draw the plots and write report.md into a staging folder in ``out``, then move them into ``out``, the plots
+    first and report.md last, and delete the plots of groups this run no longer has: an interrupted or failed
+    report (Ctrl-C, a full disk) leaves the previous report as it was, not new plots beside an old report.md.
+    Staging folders a killed report left go first. Returns the plots' paths in ``out``."""
+    for leftover in out.glob(f"{STAGING_PREFIX}*"):
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
+    try:
+        drawn: list[Path] = []
+        plots = (_plot_rewards, _plot_success, _plot_components, _plot_losses,
+                 lambda s, o: _plot_lengths(s, o, cap if isinstance(cap, int) else None), _plot_time)
+        for plot in plots:
+            path = plot(series, stage)
+            if path is not None:
+                drawn.append(path)
+        images = [out / path.name for path in drawn]
+        _atomic_write_text(stage / REPORT_FILENAME, _render_markdown(run_dir, rows, series, config, config_note,
+                                                                     images))
+        for path in (*drawn, stage / REPORT_FILENAME):   # every place checked before anything moves
+            _not_a_folder(out / path.name)
+        for path in drawn:
+            os.replace(path, out / path.name)
+        for name in PLOT_FILES:
+            stale = out / name
+            if stale not in images and stale.is_file():
+                stale.unlink()
+        os.replace(stage / REPORT_FILENAME, out / REPORT_FILENAME)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return images

@@ -95,3 +95,33 @@ def test_eval_cli(tiny_cfg, tmp_path):
                               str(inside)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert refused.returncode == 2 and "lies in the run's checkpoints/" in refused.stderr, refused.stderr[-2000:]
     assert not inside.exists()
+
+
+def test_two_evaluations_into_one_folder_at_once_are_refused(tiny_cfg, tmp_path):
+    """While one accord eval writes into OUT, a second into the same OUT stops in one line (it would have cleared
+    the first's scratch run as a killed one's, and the later's results would have replaced the earlier's); the
+    first's scratch run is untouched, and once it ends the folder is free again."""
+    import yaml
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(tiny_cfg(task={"name": "letters", "eval_size": 2})))
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom pathlib import Path\nfrom accord.evaluate import scratch_run\n"
+        f"with scratch_run(Path({str(out)!r}), 'accord eval') as work:\n"
+        "    print(work, flush=True)\n    time.sleep(120)\n")], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        work = Path(holder.stdout.readline().strip())
+        assert work.is_dir()
+        second = subprocess.run([sys.executable, "-m", "accord.cli", "eval", str(cfg_path), "--samples", "0",
+                                 "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.strip().splitlines()[-1].endswith(
+            f" ERROR accord: {out} is in use by another accord command, writing its results there now; wait for it "
+            "to end, or pass this accord eval another folder with --out DIR")
+        assert work.is_dir() and not (out / "eval.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_eval(cfg_path, samples=0, out=out) == out and (out / "eval.json").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["eval.json", "eval.md"]   # the lock leaves no file

@@ -803,7 +803,7 @@ def test_an_output_folder_behind_a_dangling_link_or_a_file_is_one_line_before_th
         export_run(run, out=a_file / "x")
     with pytest.raises(ConfigError, match=r"output folder .*dangling/sub: .*dangling is a symbolic link that leads "
                                           r"nowhere .*pass --out DIR"):
-        with scratch_run(dangling / "sub"):
+        with scratch_run(dangling / "sub", "accord eval"):
             pass
     with pytest.raises(ConfigError, match=r"report folder .*dangling: .*leads nowhere .*--out"):
         write_report(run, out_dir=dangling)

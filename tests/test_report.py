@@ -105,6 +105,60 @@ def test_write_report_partial_data_and_out_dir(tmp_path):
     assert "loss.png" not in md
 
 
+def test_a_report_that_fails_leaves_the_previous_one_as_it_was(tmp_path):
+    """A report stopped part way (here by a folder where its loss plot goes; Ctrl-C or a full disk alike) leaves the
+    previous report's plots and report.md as they were, not new plots beside an old report.md, and no staging
+    folder; once the obstacle is gone the new report replaces the old one whole."""
+    run = tmp_path / "run"
+    _synthetic_run(run)
+    write_report(run)
+    out = run / "report"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run / "metrics.jsonl").write_text("".join(lines[:12]))   # a shorter run: every plot changes
+    (out / "loss.png").unlink()
+    (out / "loss.png").mkdir()
+    with pytest.raises(IsADirectoryError, match="loss.png"):
+        write_report(run)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert after == {name: data for name, data in before.items() if name != "loss.png"}
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["loss.png"]   # no staging folder left
+    (out / "loss.png").rmdir()
+    write_report(run)
+    assert "Steps logged:** 12 (step 0 to 11)" in (out / "report.md").read_text()
+    assert all((out / name).read_bytes() != data for name, data in before.items() if name.endswith(".png"))
+
+
+def test_two_reports_into_one_folder_at_once_are_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from accord.config import ConfigError
+    from accord.tracking.registry import hold_output_dir
+
+    run = tmp_path / "run"
+    _synthetic_run(run)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom pathlib import Path\nfrom accord.tracking.registry import hold_output_dir\n"
+        f"with hold_output_dir(Path({str(out)!r}), 'accord report'):\n"
+        "    print('held', flush=True)\n    time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=f"^{out} is in use by another accord command, writing its results "
+                                              "there now; wait for it to end, or pass this accord report another "
+                                              "folder with --out DIR$"):
+            write_report(run, out_dir=out)
+        assert not list(out.iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold_output_dir(out, "accord report"):   # the lock went with the process
+        pass
+    assert write_report(run, out_dir=out) == out / "report.md"
+
+
 def test_write_report_missing_metrics(tmp_path):
     (tmp_path / "empty_run").mkdir()
     with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl does not exist.*accord train"):

@@ -392,3 +392,38 @@ def test_a_ctrl_c_during_the_last_step_says_the_run_is_complete(tiny_cfg):
     with pytest.raises(TrainingInterrupted, match=r"after the last step, 2/2 .*: the run is complete") as stopped:
         trainer.train()
     assert stopped.value.step == 2 and (trainer.run_dir / "checkpoints" / "step_000002").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resume_that_lays_the_run_out_otherwise_is_refused(tiny_cfg, tmp_path):
+    """A resume whose overrides change the run's algorithm, specialization, policies or agents went on with a
+    warning: MAGRPO's checkpoint trained on under AT-GRPO, a shared policy split into copies. Now it is one line
+    naming the change, before any model loads (the command line says nothing of the change applying from here on);
+    other changes (the learning rate) still apply from the resume on."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from accord.config import ConfigError, layout_change
+
+    data = tiny_cfg(task={"name": "relay", "eval_size": 2}, algorithm={"name": "magrpo"},
+                    run={"run_dir": str(tmp_path / "run"), "steps": 1, "checkpoint_every": 1})
+    Trainer(config_from_dict(data)).train()
+    run = tmp_path / "run"
+    for key, value, was in (("algorithm", {**data["algorithm"], "name": "atgrpo"}, "'magrpo' to 'atgrpo'"),
+                            ("specialization", "separate", "'shared' to 'separate'")):
+        other = dict(data, run={**data["run"], "steps": 2}, **{key: value})
+        name = "algorithm.name" if key == "algorithm" else key
+        with pytest.raises(ConfigError, match=f"^--resume changes {name} from {was}, but the checkpoints of {run} "
+                                              "hold a run laid out by the first; resume without that change"):
+            Trainer(config_from_dict(other), resume=True)
+    assert layout_change(run, config_from_dict(dict(data, training={**data.get("training", {}), "lr": 0.5}))) is None
+    cli = subprocess.run([sys.executable, "-m", "accord.cli", "train", "--resume", str(run), "run.steps=2",
+                          "algorithm.name=atgrpo"], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert cli.returncode == 2 and "from here on" not in cli.stderr, cli.stderr[-2000:]
+    assert cli.stderr.strip().splitlines()[-1].endswith("--resume changes algorithm.name from 'magrpo' to 'atgrpo', "
+                                                        f"but the checkpoints of {run} hold a run laid out by the "
+                                                        "first; resume without that change, or train a new run from "
+                                                        f"this one's weights (accord export {run} --out DIR, then "
+                                                        "policies.<name>.model=DIR/<name>)")

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from accord.config.base import ConfigError, _coerce, _unknown_key
+from accord.config.base import ACTOR_CRITIC, ConfigError, _coerce, _unknown_key
 from accord.config.schema import DEFAULT_POLICIES, AgentConfig, Config, PolicyConfig, _to_plain
 
 _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
@@ -380,3 +380,40 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]
         if cls is Config:
             out.extend(describe(item, name))
     return out
+
+
+def layout_of(data: dict) -> dict[str, object]:
+    """What a run's checkpoints are laid out by, from its config as plain data: its specialization, its
+    algorithm (marlhf's online stage too), its critic's mode where the run has a critic, its policies and which
+    agent each one serves."""
+    algorithm = data.get("algorithm") or {}
+    rl = (data.get("reward_model") or {}).get("rl") if algorithm.get("name") == "marlhf" else None
+    layout = {"specialization": data.get("specialization"), "algorithm.name": algorithm.get("name"),
+              "reward_model.rl": rl, "policies": sorted(data.get("policies") or {}),
+              "agents": [(a.get("name"), a.get("policy")) for a in data.get("agents") or [] if isinstance(a, dict)]}
+    if algorithm.get("name") in ACTOR_CRITIC or rl in ACTOR_CRITIC:
+        layout["critic.mode"] = (data.get("critic") or {}).get("mode")
+    return layout
+
+
+def layout_change(run_dir: Path, cfg: Config) -> str | None:
+    """The error for a resume whose config lays the run out otherwise than the run's recorded ``config.yaml``
+    (:func:`layout_of`: another specialization, algorithm, critic mode, policies or agents): the checkpoints hold
+    the first layout, and a run that went on with the other would train something else under the same name
+    (shared weights split into copies, MAGRPO's policies under AT-GRPO's updates). None when they agree, or when
+    the recorded config cannot be read (the load that follows says why)."""
+    try:
+        recorded = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    before, after = layout_of(recorded), layout_of(cfg.to_dict())
+    if not after["agents"] or not before["agents"]:   # none listed: the task's own, made the same way
+        after["agents"] = before["agents"]
+    for key, was in before.items():
+        if after.get(key) != was:
+            return (f"--resume changes {key} from {was!r} to {after.get(key)!r}, but the checkpoints of {run_dir} "
+                    f"hold a run laid out by the first; resume without that change, or train a new run from this "
+                    f"one's weights (accord export {run_dir} --out DIR, then policies.<name>.model=DIR/<name>)")
+    return None

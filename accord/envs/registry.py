@@ -303,12 +303,18 @@ def _check_task(name: str, task: Any) -> None:
     lacks = [a for a in ("agents",) if not hasattr(task, a)]
     if is_env(task):
         lacks += [m for m in _ENV_METHODS if not callable(getattr(task, m, None))]
-    else:
-        lacks += [m for m in _TASK_METHODS if not callable(getattr(task, m, None))]
+    else:   # reward_components (the parts, total among them) stands for reward: it is called instead
+        lacks += [m for m in _TASK_METHODS if not callable(getattr(task, m, None))
+                  and not (m == "reward" and callable(getattr(task, "reward_components", None)))]
     if lacks:
         raise TaskError(f"task {name!r} built a {type(task).__name__}, which is not a task: it lacks {lacks}; a "
                         "single-turn task needs agents, rows(), prompt() and reward(), a multi-turn environment "
                         "the protocol of accord/envs/protocol.py (see docs/own-task.md)")
+    turns = getattr(task, "max_turns", None)
+    if is_env(task) and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        raise TaskError(f"task {name!r} ({type(task).__name__}) has " + ("no max_turns" if turns is None else
+                        f"max_turns={turns!r}") + "; a multi-turn environment declares the most turns an episode "
+                        "takes (rounds over its agents) as a positive int, e.g. max_turns = 4 in __init__")
     agents = task.agents
     if isinstance(agents, (str, bytes)) or not isinstance(agents, (tuple, list)) or not agents \
             or not all(isinstance(a, str) and a for a in agents):

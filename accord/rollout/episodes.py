@@ -28,7 +28,7 @@ from accord import metric_names as mn
 from accord.config import ConfigError
 from accord.envs.protocol import Env, is_env, step_env
 from accord.rollout.base import Generate, Phase, RolloutResult, register_rollout
-from accord.rollout.multiturn import CompleteFn, _EpisodeRollout, _sample, start_episodes
+from accord.rollout.multiturn import CompleteFn, _EpisodeRollout, _sample, drop_unreported_success, start_episodes
 from accord.rollout.sample import Sample
 
 
@@ -86,6 +86,7 @@ def sample_episodes(make_env: Callable[[], Env], rows: Sequence[dict], complete:
         metrics.setdefault(mn.TEAM_RETURN, []).append(ep.team_return)
         metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(ep.success))
         metrics.setdefault(mn.EPISODE_TURNS, []).append(max(len(h) for h in ep.history.values()))
+    drop_unreported_success(metrics, any(ep.success_reported for ep in episodes))
     for s in samples:
         s.ret = s.reward
         s.extra["episode_return"] = episodes[s.extra["episode"]].team_return

@@ -72,10 +72,11 @@ class Episode:
     team_return: float = 0.0
     success: bool = False
     local_return: dict[str, float] = field(default_factory=dict)
+    success_reported: bool = False   # a step's info held "success": the environment has a success check
 
     def copy_with(self, env: Env) -> "Episode":
         return Episode(env, dict(self.obs), {a: list(h) for a, h in self.history.items()}, self.turn, self.done,
-                       self.team_return, self.success, dict(self.local_return))
+                       self.team_return, self.success, dict(self.local_return), self.success_reported)
 
     def messages(self, agent: str, history_turns: int | None) -> Messages:
         msgs: Messages = [{"role": "system", "content": self.env.instructions(agent)}]
@@ -95,8 +96,17 @@ class Episode:
         self.team_return += float(res.team_reward)
         for a, v in res.local_rewards.items():
             self.local_return[a] = self.local_return.get(a, 0.0) + float(v)
-        self.success = bool(res.info.get("success", self.success))
+        if "success" in res.info:
+            self.success, self.success_reported = bool(res.info["success"]), True
         self.done = bool(res.done)
+
+
+def drop_unreported_success(metrics: dict[str, list], reported: bool) -> None:
+    """No ``team/success`` where no episode's environment said whether it succeeded (no step's info held
+    ``success``: a game of PettingZoo's, an environment without a success check): 0 would read as failure. Where
+    one episode said so, the others' count as not succeeded (an environment may say it only on success)."""
+    if not reported:
+        metrics.pop(mn.TEAM_SUCCESS, None)
 
 
 def start_episodes(make_env: Callable[[], Env], rows: Sequence[dict], seed: int,
@@ -154,6 +164,7 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
     metrics: dict[str, list[float]] = {}
     frontier = roots
     all_nodes: list[_Node] = []
+    reported = False   # an episode's environment said whether it succeeded
     for t in range(turns):
         if not frontier:
             break
@@ -171,12 +182,14 @@ def magrpo_tree(make_env: Callable[[], Env], rows: Sequence[dict], complete: Com
                 if child is None or child.ep.done or stop or t + 1 >= turns:
                     node.children[j] = None
                     if child is not None:
+                        reported |= child.ep.success_reported
                         metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(child.ep.success))
                         metrics.setdefault(mn.TEAM_RETURN, []).append(child.ep.team_return)
                         metrics.setdefault(mn.EPISODE_TURNS, []).append(t + 1)
                 else:
                     nxt.append(child)
         frontier = nxt
+    drop_unreported_success(metrics, reported)
     if credit_orderings is not None:
         for key, values in _tree_credit(all_nodes, agents, k, simultaneous, rows, credit_orderings,
                                         credit_rng or random.Random(seed)).items():
@@ -410,6 +423,7 @@ def atgrpo_rollout(make_env: Callable[[], Env], rows: Sequence[dict], complete: 
         metrics.setdefault(mn.TEAM_RETURN, []).append(ep.team_return)
         metrics.setdefault(mn.TEAM_SUCCESS, []).append(float(ep.success))
         metrics.setdefault(mn.EPISODE_TURNS, []).append(sum(len(h) for h in ep.history.values()) / len(agents))
+    drop_unreported_success(metrics, any(ep.success_reported for ep in episodes))
     return samples, metrics, episodes
 
 
@@ -455,10 +469,11 @@ class _EpisodeRollout(Rollout):
         episodes = play_episodes(self.make_env, reps, generate, turns=self.turns,
                                  history_turns=self.cfg.rollout.history_turns, seed=seed, greedy=greedy)
         results = []
+        reported = any(ep.success_reported for ep in episodes)
         for b in range(len(rows)):
             per = []
             for ep in episodes[b * n:(b + 1) * n]:
-                rec = {"team": ep.team_return, "success": float(ep.success),
+                rec = {"team": ep.team_return, **({"success": float(ep.success)} if reported else {}),
                        "turns": max(len(h) for h in ep.history.values())}
                 for a in self.agents:
                     rec[mn.agent_key(a, mn.AGENT_LOCAL_RETURN)] = ep.local_return.get(a, 0.0)

@@ -42,15 +42,18 @@ import contextlib
 import errno
 import importlib.util
 import json
+import logging
 import numbers
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from accord.config import ConfigError
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["SINKS", "MetricsSink", "MultiSink", "check_packages", "register_sink"]
 
@@ -217,6 +220,36 @@ def _not_a_folder(path: Path) -> None:
         raise IsADirectoryError(errno.EISDIR, "a folder, where this file is written", str(path))
 
 
+@contextlib.contextmanager
+def hold_output_dir(out_dir: Path, command: str) -> Iterator[None]:
+    """Hold ``out_dir`` (an exclusive ``flock`` on the folder itself: no file is left in it) while ``command``
+    (accord eval, its --crossplay, accord report) writes its results there: a second command writing into the
+    same folder at once is a :class:`ConfigError` (the later would replace the earlier's results, and clear its
+    scratch files as a killed command's). The kernel lets go when the process ends, however it ends. Where the
+    file system has no locks the command goes on unlocked."""
+    import fcntl
+
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{out_dir} is in use by another accord command, writing its results there now; wait "
+                              f"for it to end, or pass this {command} another folder with --out DIR") from None
+        except OSError as err:
+            _logger.debug("no lock on %s (%s): writing unlocked", out_dir, err)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
+
+
+def _raise_named(err: BaseException, path: Path) -> None:
+    """Raise ``err`` again naming ``path`` where it is an OSError that names no file (a write that hit a full disk
+    says only "No space left on device"): the one-line error then says which disk to free."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is None:
+        raise OSError(err.errno, err.strerror, str(path)) from err
+
+
 def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
     """``save(tmp)`` into a temporary file beside ``path`` (same suffix: a plot's format follows it), then renamed
     onto ``path``: a full disk or a kill never leaves a truncated file where a good one was."""
@@ -227,9 +260,10 @@ def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
     try:
         save(Path(tmp_name))
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        _raise_named(err, path)
         raise
 
 
@@ -244,9 +278,10 @@ def _atomic_write_text(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        _raise_named(err, path)
         raise
 
 

@@ -288,6 +288,19 @@ def test_a_full_disk_during_export_is_one_line_and_leaves_nothing(trained, tmp_p
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["eval", "report"])
+def test_a_full_disk_in_eval_or_report_names_the_file_it_was_writing(trained, tmp_path, small_disk, command):
+    out = small_disk / "out"
+    _fill(small_disk, leave=0)
+    extra = ["--samples", "0", "--no-base"] if command == "eval" else []
+    full = accord(command, trained, "--out", out, *extra, cwd=tmp_path)
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
+    line = one_line(full.stderr, " ERROR ")
+    assert f"disk full writing {out}/" in line and "free space on its disk and run the command again" in line, line
+    assert not [p for p in out.rglob("*") if p.is_file()]   # no half-written file left behind
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trained")

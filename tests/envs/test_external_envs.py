@@ -2,6 +2,8 @@
 ``gymnasium:<id>``): conformance, rewards, clones by seed + replay, the one-line errors, and training runs of
 a tiny model on a classic PettingZoo game and a TextArena game."""
 
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +190,12 @@ def test_envs_check_cli_one_line_errors():
     assert ok.returncode == 0 and "conforms to the environment protocol" in ok.stdout
     bad = run("--check", "pettingzoo:test_external_envs:make_array_env")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "not text" in bad.stderr
+    # the fix the error names works on the command line that checks: the environment built with that option
+    rendered = run("--check", "pettingzoo:test_external_envs:make_array_env",
+                   "task.options.render=test_external_envs:render_array")
+    assert rendered.returncode == 0 and "conforms to the environment protocol" in rendered.stdout, rendered.stderr
+    other = run("--check", "relay", "rollout.max_turns=3")
+    assert other.returncode == 2 and "takes the environments' options only, as task.options.KEY=VALUE" in other.stderr
 
 
 def _tiny(tmp_path, task, algorithm, **extra):
@@ -228,3 +236,51 @@ def test_train_two_steps(tmp_path, task, algorithm):
     finally:
         trainer.close()
     assert last["audit/violations"] == 0 and "team/reward" in last
+
+
+@pytest.mark.slow
+def test_an_own_pettingzoo_factory_is_found_in_the_current_directory(tmp_path):
+    """``pettingzoo:module:function`` imports its module with the current directory on the path, as a task's
+    module (``task.name=module:Class``) is: through the installed ``accord`` script (no ``python -m``, whose
+    current directory is on the path anyway) it was a ModuleNotFoundError naming ``task.options.name``."""
+    import os
+    import shutil
+
+    (tmp_path / "my_local_pz.py").write_text("def tictactoe_v3():   # named as the game: its built-in renderer\n"
+                                             "    from pettingzoo.classic import tictactoe_v3\n"
+                                             "    return tictactoe_v3.env()\n")
+    script = shutil.which("accord", path=os.path.dirname(sys.executable)) or shutil.which("accord")
+    if script is None:
+        pytest.skip("no accord script installed beside this Python")
+    ok = subprocess.run([script, "envs", "--check", "pettingzoo:my_local_pz:tictactoe_v3"], capture_output=True, text=True,
+                        timeout=300, cwd=tmp_path)
+    assert ok.returncode == 0 and "conforms to the environment protocol" in ok.stdout, ok.stderr[-2000:]
+    bad = subprocess.run([script, "envs", "--check", "pettingzoo:no_such_local_pz:make"], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "task.name=pettingzoo:no_such_local_pz:make: module 'no_such_local_pz' does not import (ModuleNotFoundError: "
+        "No module named 'no_such_local_pz'); run accord from the directory that contains 'no_such_local_pz', add "
+        "that directory to PYTHONPATH, or pip install the package that provides it"), bad.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,algorithm,has_success", [("pettingzoo:tictactoe_v3", "magrpo", False),
+                                                        ("pettingzoo:tictactoe_v3", "atgrpo", False),
+                                                        ("gymnasium:FrozenLake-v1", "atgrpo", True)])
+def test_success_is_logged_only_for_an_environment_that_says_it(tmp_path, task, algorithm, has_success):
+    """A PettingZoo game says nothing of success (its adapter sets no info["success"]): its runs logged
+    team/success and eval success 0.0, read as "never succeeds", and the end of a run printed a held-out success
+    rate of 0 -> 0. Now neither is logged; Gymnasium's adapter, which says it, logs both."""
+    from accord import metric_names as mn
+
+    cfg = _tiny(tmp_path, task, {"name": algorithm})
+    cfg.run = dataclasses.replace(cfg.run, eval_after=True, steps=1)
+    cfg.task = dataclasses.replace(cfg.task, eval_size=2)
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    keys = set().union(*(json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()))
+    success = {mn.TEAM_SUCCESS, mn.played_eval_key("success")}
+    assert (success <= keys) if has_success else not (success & keys), sorted(keys)

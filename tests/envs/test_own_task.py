@@ -358,6 +358,65 @@ def test_a_tasks_agents_are_distinct_role_names(monkeypatch, agents, match):
         make_task("odd")
 
 
+@pytest.mark.parametrize("max_turns, said", [(None, "has no max_turns"), (0, "has max_turns=0"),
+                                             ("4", "has max_turns='4'"), (True, "has max_turns=True")])
+def test_an_environment_without_a_positive_max_turns_is_refused_when_built(monkeypatch, max_turns, said):
+    """An environment that declares no max_turns (or not a positive int) is one line when it is built: it
+    trained to the end of its first step and then failed with an AttributeError inside the rollout."""
+    from accord.envs import make_task, register_task
+    from accord.envs.registry import TASKS, TaskError
+    from accord.envs.synthetic.relay import RelayEnv
+
+    monkeypatch.setattr("accord.envs.registry.TASKS", dict(TASKS))
+
+    class Turnless(RelayEnv):
+        def __init__(self):
+            super().__init__()
+            if max_turns is None:
+                del self.max_turns
+            else:
+                self.max_turns = max_turns
+
+    register_task("turnless", "max_turns under test")(Turnless)
+    with pytest.raises(TaskError, match=f"^task 'turnless' \\(Turnless\\) {said}; a multi-turn environment declares "
+                                        "the most turns an episode takes"):
+        make_task("turnless")
+
+
+def test_a_task_with_reward_components_and_no_reward_trains(monkeypatch, tiny_cfg, tmp_path):
+    """reward_components is called instead of reward, so a task need not define both: one with only the parts
+    was refused as lacking reward()."""
+    from accord.config import config_from_dict
+    from accord.envs import make_task, register_task
+    from accord.envs.registry import TASKS
+    from accord.trainer import Trainer
+
+    monkeypatch.setattr("accord.envs.registry.TASKS", dict(TASKS))
+
+    @register_task("parts_only", "reward_components and no reward")
+    class PartsOnly:
+        agents = ("a", "b")
+
+        def rows(self, split, limit=None, seed=0):
+            return [{"id": f"{split}{i}", "word": w} for i, w in enumerate(("sun", "moon", "star", "sky")[:limit])]
+
+        def prompt(self, agent, row):
+            return [{"role": "user", "content": f"{agent}: say {row['word']}"}]
+
+        def reward_components(self, *, prompts, completions, agents, word, **columns):
+            return [{"total": float(w in completions["a"][j]) + float(w in completions["b"][j]),
+                     "a_says": float(w in completions["a"][j])} for j, w in enumerate(word)]
+
+    assert make_task("parts_only").agents == ("a", "b")
+    data = tiny_cfg(task={"name": "parts_only", "eval_size": 2}, run={"steps": 1, "run_dir": str(tmp_path / "run")})
+    trainer = Trainer(config_from_dict(data))
+    try:
+        metrics = trainer.train()
+    finally:
+        trainer.close()
+    assert "reward/a_says" in metrics and "team/reward" in metrics
+
+
 def test_a_module_that_fails_at_import_is_one_line(tmp_path, monkeypatch):
     from accord.envs.registry import TaskError, import_modules
 

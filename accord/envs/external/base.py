@@ -58,6 +58,7 @@ class ReplayEnv:
 
     name = "external"
     simultaneous = False
+    success_check = False   # whether the adapter says in info["success"] whether an episode succeeded
 
     def __init__(self, *, max_turns: int, team_reward: str, illegal_reward: float, size: int):
         if max_turns < 1:
@@ -103,7 +104,7 @@ class ReplayEnv:
             local = {a: (self.illegal_reward if a in illegal else 0.0) for a in self.agents}
             self._done = True
             return StepResult(dict(self._obs), self._team(local), local, True,
-                              {"illegal": illegal[0], "success": False})
+                              {"illegal": illegal[0], **({"success": False} if self.success_check else {})})
         move = parsed if self.simultaneous else parsed[acting[0]]
         rewards, done, info = self._apply(move)
         self._actions.append(move)

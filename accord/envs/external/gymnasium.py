@@ -38,6 +38,7 @@ class GymnasiumEnv(ReplayEnv):
     """A single-agent Gymnasium environment (see the module docstring)."""
 
     agents = ("agent",)
+    success_check = True
 
     def __init__(self, env_id: str, *, render: str | None = None, parse: str | None = None, max_turns: int = 20,
                  illegal_reward: float = -1.0, size: int = 1000, env_kwargs: dict | None = None):

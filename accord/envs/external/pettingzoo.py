@@ -37,7 +37,7 @@ import pkgutil
 from typing import Any, Callable
 
 from accord.envs.external.base import ReplayEnv, TextObservationError, first_int
-from accord.envs.registry import TaskError
+from accord.envs.registry import TaskError, _import_module
 
 FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
 RPS = ("rock", "paper", "scissors")
@@ -100,16 +100,20 @@ def _discrete(text: str, space) -> int | None:
 
 
 def _callable(ref: str, key: str) -> Callable:
+    """The function ``ref`` (module:function) names, its module imported with the current directory on the path
+    as a task's module is; ``key``: the option that gives it (``task.options.KEY``), or ``name`` for the
+    environment's own factory (``task.name=pettingzoo:module:function``)."""
+    what = f"task.name=pettingzoo:{ref}" if key == "name" else f"task.options.{key}={ref!r}"
     module, _, attr = ref.partition(":")
     if not module or not attr:
-        raise TaskError(f"task.options.{key}={ref!r} must be module:function")
+        raise TaskError(f"{what} must be module:function")
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise TaskError(f"task.options.{key}={ref!r} does not load ({type(err).__name__}: {err}); point it at a "
-                        "function of an importable module") from err
+        fn = getattr(_import_module(module, what), attr)
+    except AttributeError as err:
+        raise TaskError(f"{what}: module {module!r} has no {attr!r} ({err}); point it at a function of that "
+                        "module") from err
     if not callable(fn):
-        raise TaskError(f"task.options.{key}={ref!r} is not callable")
+        raise TaskError(f"{what} is not callable")
     return fn
 
 
@@ -133,7 +137,7 @@ def resolve(env_id: str, parallel: bool, env_kwargs: dict) -> tuple[Callable[[],
     except ImportError as err:
         raise TaskError("task pettingzoo:... needs the `pettingzoo` package: pip install 'accord[envs]'") from err
     if ":" in env_id:
-        fn = _callable(env_id, "name (pettingzoo:module:function)")
+        fn = _callable(env_id, "name")
         return (lambda: fn(**env_kwargs)), env_id.rsplit(":", 1)[1]
     family, _, name = env_id.rpartition(".")
     candidates = [f"pettingzoo.{family}.{name}"] if family else [f"pettingzoo.{f}.{name}" for f in FAMILIES]

@@ -156,7 +156,7 @@ class TextArenaEnv(ReplayEnv):
                 logger.warning("%s raised on player %d's move (%s: %s); counted as an invalid move (this message "
                                "shows once per game and error)", self.name, mover, type(err).__name__,
                                " ".join(str(err).split())[:200])
-            info.update(illegal=f"player_{mover}", success=False)
+            info.update(illegal=f"player_{mover}")
             return {f"player_{mover}": self.illegal_reward}, True, info
         self._drain()
         if done:
@@ -164,7 +164,7 @@ class TextArenaEnv(ReplayEnv):
             return {f"player_{pid}": float(r) for pid, r in (rewards or {}).items()}, True, info
         nxt = state.current_player_id
         if self.num_players > 1 and nxt == mover:   # the game asks for a retry: an invalid move
-            info.update(illegal=f"player_{mover}", success=False)
+            info.update(illegal=f"player_{mover}")
             return {f"player_{mover}": self.illegal_reward}, True, info
         if nxt != (mover + 1) % self.num_players:
             raise TaskError(f"{self.name}: player {nxt} acts after player {mover}, but accord's turn-based "
