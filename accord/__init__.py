@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "Trainer": "accord.trainer",
     "train": "accord.trainer",
     "TrainingInterrupted": "accord.stopping",
+    "RunComplete": "accord.build",
     "Callback": "accord.callbacks",
     "run_sft": "accord.sft",
     "run_compare": "accord.compare",

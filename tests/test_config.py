@@ -266,3 +266,16 @@ def test_a_null_section_a_repeated_override_and_policy_errors_are_named(override
         own_model = any(o.startswith(("policies.main.model=", "policies.main=")) for o in overrides)
         load_config(None, ([] if own_model else ["policies.main.model=tiny-qwen2"]) + overrides)
     assert "\n" not in str(info.value)
+
+
+def test_lora_target_modules_takes_peft_all_linear():
+    """PEFT's `all-linear` is every linear projection but the head, accord's null: it was refused later as a module
+    the model lacks. Beside other names it is ambiguous and refused in one line."""
+    cfg = config_from_dict({"specialization": "lora", "lora": {"target_modules": "all-linear"}})
+    assert cfg.lora.target_modules is None
+    with pytest.raises(ConfigError, match=r"lists all-linear beside other names; give all-linear alone"):
+        config_from_dict({"specialization": "lora", "lora": {"target_modules": ["all-linear", "q_proj"]}})
+    with pytest.raises(ConfigError, match=r"lora.target_modules='q_proj' is one name where a list is expected"):
+        config_from_dict({"specialization": "lora", "lora": {"target_modules": "q_proj"}})
+    assert config_from_dict({"specialization": "lora", "lora": {"target_modules": ["q_proj"]}}).lora.target_modules \
+        == ["q_proj"]

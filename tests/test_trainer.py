@@ -418,6 +418,9 @@ def test_a_resume_that_lays_the_run_out_otherwise_is_refused(tiny_cfg, tmp_path)
                                               "hold a run laid out by the first; resume without that change"):
             Trainer(config_from_dict(other), resume=True)
     assert layout_change(run, config_from_dict(dict(data, training={**data.get("training", {}), "lr": 0.5}))) is None
+    import accord   # a run with no step left is accord.RunComplete, catchable without reaching into accord.build
+    with pytest.raises(accord.RunComplete, match=f"^{run} already reached run.steps=1 "):
+        Trainer(config_from_dict(data), resume=True, stop_if_finished=True)
     cli = subprocess.run([sys.executable, "-m", "accord.cli", "train", "--resume", str(run), "run.steps=2",
                           "algorithm.name=atgrpo"], capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])

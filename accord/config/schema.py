@@ -556,9 +556,10 @@ class LoraConfig:
     r: int = _f(8, "specialization=lora: rank of every adapter.")
     alpha: float = _f(16.0, "LoRA scaling numerator: adapters add (alpha / r) * B A x.")
     dropout: float = _f(0.0, "Dropout on the adapters' input during the update (not during generation).")
-    target_modules: list | None = _f(None, "Module names (last name component, e.g. [q_proj, v_proj]) that get "
-                                     "adapters; null: every linear projection of the decoder (attention and MLP), "
-                                     "not the output head.")
+    target_modules: list | str | None = _f(None, "Module names (last name component, e.g. [q_proj, v_proj]) that get "
+                                     "adapters; null (or PEFT's `all-linear`, which means the same and is stored as "
+                                     "null): every linear projection of the decoder (attention and MLP), not the "
+                                     "output head.")
     mixed_generation: bool = _f(True, "Generate all adapters' prompts in one batched call with mixed adapters "
                                 "(PEFT adapter_names); false: one generate call per adapter.")
 
@@ -569,8 +570,16 @@ class LoraConfig:
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"lora.dropout={self.dropout} must be in [0, 1)")
         if self.target_modules is not None:
+            if self.target_modules == "all-linear":
+                self.target_modules = None
+                return
             if isinstance(self.target_modules, str):
-                self.target_modules = [self.target_modules]
+                raise ConfigError(f"lora.target_modules={self.target_modules!r} is one name where a list is expected "
+                                  f"(PEFT would read it as a regular expression); give [{self.target_modules}], a "
+                                  "list of module names, all-linear or null")
+            if "all-linear" in self.target_modules:
+                raise ConfigError(f"lora.target_modules={self.target_modules} lists all-linear beside other names; "
+                                  "give all-linear alone (every linear projection) or only module names")
             self.target_modules = list(self.target_modules)
             if not self.target_modules or not all(isinstance(t, str) and t for t in self.target_modules):
                 raise ConfigError(f"lora.target_modules={self.target_modules} must be a non-empty list of module "
