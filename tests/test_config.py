@@ -279,3 +279,21 @@ def test_lora_target_modules_takes_peft_all_linear():
         config_from_dict({"specialization": "lora", "lora": {"target_modules": "q_proj"}})
     assert config_from_dict({"specialization": "lora", "lora": {"target_modules": ["q_proj"]}}).lora.target_modules \
         == ["q_proj"]
+
+
+def test_a_resume_that_lists_no_agents_has_the_layout_its_run_recorded(tmp_path):
+    """A separate or LoRA run without `agents` records the policies the build made (one per agent, named after
+    it); its resume config, with the one policy it was given, lays the run out the same way and is not refused
+    (it was, as changing `policies` from [e, o] to [main]). Another specialization still is."""
+    from accord.config import layout_change, save_config
+
+    def config(**extra):
+        return config_from_dict({"specialization": "separate", "task": {"name": "relay"}, **extra})
+
+    recorded = config()
+    recorded.resolve_agents(("e", "o"))
+    save_config(recorded, tmp_path / "config.yaml")
+    assert sorted(recorded.policies) == ["e", "o"]
+    assert layout_change(tmp_path, config()) is None
+    assert "--resume changes specialization from 'separate' to 'lora'" in layout_change(
+        tmp_path, config(specialization="lora"))
