@@ -36,7 +36,7 @@ from accord.checkpoint import CheckpointError, in_checkpoints, load_policy, rota
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MAX_GENERATIONS, MIN_TEMPERATURE
 from accord.seeding import eval_seed, eval_stream_seed, seeded_torch
-from accord.tracking.registry import _atomic_write_text, folder_problem, hold_output_dir
+from accord.tracking.registry import _atomic_write_text, folder_problem, hold_output_dir, made_dirs, remove_empty
 
 logger = logging.getLogger(__name__)
 
@@ -251,17 +251,6 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     return out_dir
 
 
-def _made_dirs(path: Path) -> list[Path]:
-    """The directories ``path.mkdir(parents=True)`` is about to create, deepest first."""
-    made = []
-    while not path.exists():
-        made.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    return made
-
-
 @contextlib.contextmanager
 def scratch_run(out_dir: Path, command: str) -> Iterator[Path]:
     """Create ``out_dir`` (and its parents), hold it for ``command`` (:func:`hold_output_dir`: one command writes
@@ -271,7 +260,7 @@ def scratch_run(out_dir: Path, command: str) -> Iterator[Path]:
     problem = folder_problem(out_dir)
     if problem is not None:
         raise ConfigError(f"output folder {out_dir}: {problem}; pass --out DIR, a folder that exists or can be made")
-    made = _made_dirs(out_dir)
+    made = made_dirs(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = False
     try:
@@ -284,16 +273,7 @@ def scratch_run(out_dir: Path, command: str) -> Iterator[Path]:
                 shutil.rmtree(work, ignore_errors=True)
     finally:
         if not done:
-            _remove_empty(made)
-
-
-def _remove_empty(dirs: list[Path]) -> None:
-    """Remove ``dirs`` (deepest first) while they are empty."""
-    for path in dirs:
-        try:
-            path.rmdir()
-        except OSError:   # not empty (the evaluation wrote there, or something else did) or gone: keep it
-            return
+            remove_empty(made)
 
 
 SCRATCH_PREFIX = ".accord-work."

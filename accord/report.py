@@ -48,7 +48,8 @@ from accord import metric_names as mn
 from accord.tracking.console import held_out_summary, printable, training_summary
 from accord.tracking.eval_completions import EVAL_COMPLETIONS_DIRNAME
 from accord.tracking.jsonl import COMPLETIONS_DIRNAME, METRICS_FILENAME, MetricsFileError, read_metrics
-from accord.tracking.registry import _atomic_save, _atomic_write_text, _not_a_folder, folder_problem, hold_output_dir
+from accord.tracking.registry import (_atomic_save, _atomic_write_text, _not_a_folder, folder_problem, hold_output_dir,
+                                      made_dirs, remove_empty)
 
 __all__ = ["PLOT_FILES", "write_report"]
 
@@ -784,20 +785,15 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         from accord.config import ConfigError
 
         raise ConfigError(f"report folder {out}: {problem}; give the report a folder with --out")
-    made = [d for d in (out, *out.parents) if not d.exists()]   # deepest first
+    made = made_dirs(out)
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / REPORT_FILENAME
-    done = False
     try:
         with hold_output_dir(out, "accord report"):
             images = _write_staged(out, run_dir, rows, series, config, config_note, cap)
-        done = True
-    finally:
-        for folder in made if not done else ():   # a failed report leaves no empty --out behind
-            try:
-                folder.rmdir()
-            except OSError:   # not empty, or gone
-                break
+    except BaseException:
+        remove_empty(made)   # a failed report leaves no empty --out behind
+        raise
     _logger.info("wrote report %s (%d plot(s))", report_path, len(images))
     return report_path
 

@@ -411,15 +411,15 @@ def layout_change(run_dir: Path, cfg: Config) -> str | None:
     before = layout_of(recorded)
     if not cfg.agents and before["agents"]:
         # none listed: the task's agents (the recorded run's, which resolved them) get their policies as the build
-        # will give them (separate and per-role runs: a copy of the policy for each agent, named after it)
+        # will give them (separate and lora runs: a copy of the policy for each agent, named after it)
         cfg = copy.deepcopy(cfg)
         try:
             cfg.resolve_agents(tuple(name for name, _ in before["agents"]))
         except ConfigError:   # the build says why
             return None
     after = layout_of(cfg.to_dict())
-    if not after["agents"] or not before["agents"]:
-        after["agents"] = before["agents"]
+    if not before["agents"]:   # a recorded config without agents: theirs is not known, the build checks them
+        after["agents"] = []
     for key, was in before.items():
         if after.get(key) != was:
             return (f"--resume changes {key} from {was!r} to {after.get(key)!r}, but the checkpoints of {run_dir} "

@@ -569,10 +569,9 @@ class LoraConfig:
             raise ConfigError(f"lora.alpha={self.alpha} must be > 0 (the usual choice is 2 * r)")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"lora.dropout={self.dropout} must be in [0, 1)")
-        if self.target_modules is not None:
-            if self.target_modules == "all-linear":
-                self.target_modules = None
-                return
+        if self.target_modules == "all-linear":
+            self.target_modules = None
+        elif self.target_modules is not None:
             if isinstance(self.target_modules, str):
                 raise ConfigError(f"lora.target_modules={self.target_modules!r} is one name where a list is expected "
                                   f"(PEFT would read it as a regular expression); give [{self.target_modules}], a "

@@ -381,14 +381,13 @@ def seccomp_program(machine):
                  (ld, 0, 0, 0)]
     prog += [(jeq, 0, 4, table["clone"]), (ld, 0, 0, 16), (jset, 0, 1, _NAMESPACE_FLAGS),
              (ret, 0, 0, errno | EPERM), (ld, 0, 0, 0)]
-    prog += [(jeq, 0, 2 * len(FCNTL_REFUSED) + 2, table["fcntl"]), (ld, 0, 0, 24)]   # args[1] (low half): the command
-    for cmd in FCNTL_REFUSED:
-        prog += [(jeq, 0, 1, cmd), (ret, 0, 0, errno | EPERM)]
-    prog.append((ld, 0, 0, 0))
-    prog += [(jeq, 0, 2 * len(MADVISE_REFUSED) + 2, table["madvise"]), (ld, 0, 0, 32)]   # args[2] (low half): advice
-    for advice in MADVISE_REFUSED:
-        prog += [(jeq, 0, 1, advice), (ret, 0, 0, errno | EPERM)]
-    prog.append((ld, 0, 0, 0))
+    # fcntl's commands (args[1], its low half at offset 24) and madvise's advice (args[2], at 32) that are refused:
+    # past the syscall's number, the argument is loaded, compared with each value, and the number loaded again
+    for name, offset, refused in (("fcntl", 24, FCNTL_REFUSED), ("madvise", 32, MADVISE_REFUSED)):
+        prog += [(jeq, 0, 2 * len(refused) + 2, table[name]), (ld, 0, 0, offset)]
+        for value in refused:
+            prog += [(jeq, 0, 1, value), (ret, 0, 0, errno | EPERM)]
+        prog.append((ld, 0, 0, 0))
     prog.append((ret, 0, 0, allow))
     return prog
 

@@ -243,6 +243,26 @@ def hold_output_dir(out_dir: Path, command: str) -> Iterator[None]:
         os.close(fd)   # releases the lock
 
 
+def made_dirs(path: Path) -> list[Path]:
+    """The directories ``path.mkdir(parents=True)`` is about to create, deepest first."""
+    made = []
+    while not path.exists():
+        made.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    return made
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """Remove ``dirs`` (deepest first) while they are empty: what a failed command made for its ``--out``."""
+    for path in dirs:
+        try:
+            path.rmdir()
+        except OSError:   # not empty (the command wrote there, or something else did) or gone: keep it
+            return
+
+
 def _raise_named(err: BaseException, path: Path) -> None:
     """Raise ``err`` again naming ``path`` where it is an OSError that names no file (a write that hit a full disk
     says only "No space left on device"): the one-line error then says which disk to free."""
