@@ -12,11 +12,12 @@ huge pages for torch's blocks (``THP_MEM_ALLOC_ENABLE=1``) neither.
 
 Serving large blocks from the heap has a cost: a freed block is reused only by a request it can hold, and
 torch's 64-byte-aligned requests need a little more than the block they freed, so a program that allocates
-one large size again and again, with a small block kept alive after each, grows the heap by that size every
-time (``tests/test_allocator.py`` builds that case). :func:`bound_retained_memory`, called after every policy
-update, gives free pages back (glibc's ``malloc_trim``) when the resident size has grown by more than
-``GROWTH`` over that of its first few calls (the run's steady state), so the resident size stays near it. On
-other C libraries (musl, macOS, Windows) nothing changes.
+one large size again and again, with a small block kept alive after each, can grow the heap by that size each
+time (``tests/test_allocator.py`` builds the case with blocks that grow by 1 MiB, where it happens every time).
+:func:`bound_retained_memory`, called after every policy update, gives free pages back (glibc's
+``malloc_trim``) when the resident size has grown by more than ``GROWTH`` over that of its first few calls (the
+run's steady state), so the resident size stays near it. On other C libraries (musl, macOS, Windows) nothing
+changes.
 """
 
 from __future__ import annotations

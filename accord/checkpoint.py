@@ -153,6 +153,10 @@ def check_run_dir_kept(run_dir: Path, identity: tuple[int, int] | None, found: s
                           "continues from its last checkpoint; else run the same command again")
 
 
+# what a checkpoint's write raises where a file cannot be written (torch.save: RuntimeError; safetensors' own)
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
 def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, parts: dict | None = None) -> Path:
     """Write the checkpoint of ``step`` into a temporary directory (fsynced, manifest last); return it.
     ``parts``: further state of the run (critics, pair buffer, reward model: objects with ``save(directory)``
@@ -163,11 +167,11 @@ def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, part
     fails removes the partial directory (freeing the space it took); a full disk is a :class:`DiskFullError`
     naming the last checkpoint, which nothing here touched."""
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(exist_ok=True)   # not its parents: a run directory removed meanwhile is not made again
     tmp = root / f".tmp_step_{step:06d}_{os.getpid()}"
     try:
         return _write_into(tmp, step, policies, state, parts)
-    except (OSError, RuntimeError, SafetensorError) as err:
+    except WRITE_ERRORS as err:
         full = is_disk_full(err, root)  # before the partial files are removed and free their space
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
@@ -182,6 +186,12 @@ def _write_into(tmp: Path, step: int, policies: dict, state: dict, parts: dict |
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    # each folder made on its own, below the one before (saves make only their own): where the run directory is
+    # removed or moved away meanwhile, a write fails instead of making the path again
+    (tmp / "policies").mkdir()
+    if parts:
+        (tmp / "extras").mkdir()
+    _hook("policies")
     for name, policy in policies.items():
         policy.save(tmp / "policies" / name)
     for name, part in (parts or {}).items():
@@ -251,10 +261,12 @@ def _sha256(path: Path) -> str:
 
 
 def _hook(point: str) -> None:
-    """Crash-test hook: ``ACCORD_TEST_CRASH_DELAY=<point>:<seconds>[,...]`` sleeps at ``point`` (``manifest``:
-    files written, manifest not yet; ``commit``: manifest and the step's metrics written, not yet renamed;
-    ``discard``: a pruned checkpoint renamed to ``.trash_*``, not yet deleted) so that a test's SIGKILL lands
-    inside that window (tests/e2e/test_sigkill_resume.py). Unset: does nothing."""
+    """Crash-test hook: ``ACCORD_TEST_CRASH_DELAY=<point>:<seconds>[,...]`` sleeps at ``point`` (``policies``: the
+    temporary folder made, nothing saved in it yet; ``manifest``: files written, manifest not yet; ``commit``:
+    manifest and the step's metrics written, not yet renamed; ``discard``: a pruned checkpoint renamed to
+    ``.trash_*``, not yet deleted) so that a test's SIGKILL lands inside that window
+    (tests/e2e/test_sigkill_resume.py), or a run's folder is removed there (tests/e2e/test_interruptions.py).
+    Unset: does nothing."""
     spec = os.environ.get("ACCORD_TEST_CRASH_DELAY")
     if spec:
         import time
@@ -751,7 +763,8 @@ def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):
         elif held and completed_step(run_dir):
             raise ConfigError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with "
                               f"`accord train --resume {run_dir}`, start it over with --overwrite (deletes the old "
-                              "run), or choose another run.name")
+                              "run), or choose another run.name (from Python: accord.train(cfg, resume=True), or "
+                              "overwrite=True)")
         elif held:
             logger.warning("%s holds a run that stopped before completing a step (%s): starting it over", run_dir,
                            ", ".join(held))

@@ -270,7 +270,7 @@ class ScalarModel:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         save_model(self.model, str(directory / "model.safetensors"))
         save_file({k: v.detach().contiguous() for k, v in self.head.state_dict().items()},
                   str(directory / "head.safetensors"))
@@ -486,7 +486,7 @@ def head_update(policy, samples, step: int) -> dict[str, float]:
 def save_heads(policy, directory: Path) -> None:
     """The value heads of ``policy`` and their optimizer and schedule, under ``directory``."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in policy.value_heads.state_dict().items()},
               str(directory / "heads.safetensors"))
     torch.save({"optimizer": policy.head_optimizer.state_dict(), "scheduler": policy.head_scheduler.state_dict()},

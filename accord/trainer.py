@@ -46,8 +46,8 @@ from accord.algorithms.shaping import overlong_penalty
 from accord.audit import audit_step
 from accord.build import Run, RunComplete, build_run
 from accord.callbacks import check_callbacks
-from accord.checkpoint import (CheckpointError, check_run_dir_kept, commit_checkpoint, disk_full_error, folder_identity,
-                               is_disk_full, write_checkpoint)
+from accord.checkpoint import (WRITE_ERRORS, CheckpointError, check_run_dir_kept, commit_checkpoint, disk_full_error,
+                               folder_identity, is_disk_full, write_checkpoint)
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
@@ -458,7 +458,7 @@ class Trainer:
                 self.sinks.log(n, metrics)
             self.sinks.flush()
             path = commit_checkpoint(self.run_dir, tmp, n, cfg.run.keep_checkpoints)
-        except (OSError, RuntimeError, CheckpointError) as err:   # torch.save into a missing folder: RuntimeError
+        except (*WRITE_ERRORS, CheckpointError) as err:
             check_run_dir_kept(self.run_dir, self._run_dir_identity,
                                f"writing the checkpoint of step {n} failed: {type(err).__name__}")
             raise

@@ -237,6 +237,7 @@ class Critics:
             acc.add(mn.critic_key(name, mn.GRAD_NORM), stats[mn.GRAD_NORM])
 
     def save(self, directory: Path) -> None:
+        Path(directory).mkdir(exist_ok=True)
         if self.kind == "head":
             gather([submit(pol, "run", save_heads, Path(directory) / name) for name, pol in self.run.policies.items()])
         for name, model in self.models.items():
@@ -397,7 +398,7 @@ class PairBuffer:
                 "members": [[list(k), v] for k, v in self.members.items()], "ref": self.ref}
 
     def save(self, directory: Path) -> None:
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory).mkdir(exist_ok=True)
         torch.save(self.state(), Path(directory) / "pairs.pt")
 
     def load(self, directory: Path) -> None:
@@ -706,7 +707,7 @@ class RewardModel:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         from safetensors.torch import save_file, save_model
 
         save_model(self.model.model, str(directory / "model.safetensors"))

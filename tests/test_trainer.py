@@ -430,3 +430,17 @@ def test_a_resume_that_lays_the_run_out_otherwise_is_refused(tiny_cfg, tmp_path)
                                                         "first; resume without that change, or train a new run from "
                                                         f"this one's weights (accord export {run} --out DIR, then "
                                                         "policies.<name>.model=DIR/<name>)")
+
+
+def test_a_second_run_in_a_held_folder_says_how_to_go_on_from_python_too(tiny_cfg):
+    """The same script run twice: the refusal names the command line's flags and the Python API's arguments."""
+    import accord
+    from accord.config import ConfigError
+
+    cfg = config_from_dict(tiny_cfg(run={"steps": 1}))
+    Trainer(cfg).train()
+    with pytest.raises(ConfigError, match="already holds a run") as err:
+        Trainer(cfg)
+    assert "--resume" in str(err.value) and "accord.train(cfg, resume=True)" in str(err.value)
+    assert "overwrite=True" in str(err.value)
+    assert accord.train(cfg, overwrite=True) == cfg.run_dir

@@ -234,7 +234,7 @@ class FsdpPolicy(DataParallelPolicy):
         index = {n: i for i, n in enumerate(self._param_names())}
         optim = {"state": {index[n]: s for n, s in optim["state"].items()},
                  "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]]}
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         save_model(plain, str(directory / "model.safetensors"))
         torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(), "generator_device": self.device.type},

@@ -270,7 +270,7 @@ class LoraPolicy(ModelPolicy):
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         save_file({k: v.detach().contiguous() for k, v in self.named_params.items()},
                   str(directory / "adapter.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

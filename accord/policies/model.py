@@ -672,7 +672,7 @@ class ModelPolicy:
 
     # --- state -----------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(exist_ok=True)
         save_model(self.model, str(directory / "model.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(), "generator_device": self.device.type},

@@ -97,7 +97,8 @@ class Policy(Protocol):
 
     # --- state -------------------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
-        """Write weights (or the adapter), optimizer, schedule and random streams: what resuming needs."""
+        """Write weights (or the adapter), optimizer, schedule and random streams: what resuming needs. The
+        checkpoint writer makes ``directory``'s parent; a save makes ``directory`` only (not its parents)."""
         ...
 
     def load(self, directory: Path) -> None:

@@ -133,6 +133,55 @@ def test_a_run_directory_removed_or_replaced_mid_run_stops_the_run(tmp_path, how
 
 
 @pytest.mark.slow
+def test_a_run_directory_removed_while_a_checkpoint_is_written_stops_the_run(tmp_path):
+    """Removed while the checkpoint of step 4 is being written (held for 5 s before its policies are saved): the
+    policy's save made its folder with its parents, so the run directory came back with a checkpoint written into
+    it. Now the save fails on the missing folder and the run stops in one line, with nothing made again."""
+    run = tmp_path / "run"
+    proc = start("train", TINY, f"run.run_dir={run}", "run.steps=6", "run.checkpoint_every=2", *SMALL,
+                 "logging.report_to=[]", "logging.completions_every=0", "training.audit='off'",
+                 cwd=tmp_path, log=tmp_path / "train.log", ACCORD_TEST_CRASH_DELAY="policies:5")
+    wait_for(lambda: (run / "checkpoints" / "step_000002").is_dir(), proc)
+    wait_for(lambda: any((run / "checkpoints").glob(".tmp_step_000004_*")), proc)
+    run.rename(tmp_path / "trash")
+    shutil.rmtree(tmp_path / "trash")
+    assert proc.wait(timeout=120) == 2
+    log = (tmp_path / "train.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    line = one_line(log, " ERROR ")
+    assert f"run directory {run} was removed or replaced while the run was going on" in line, line
+    assert "writing the checkpoint of step 4 failed" in line, line
+    assert not run.exists()
+
+
+def test_a_run_directory_removed_inside_a_policys_save_stops_the_run(tiny_cfg, tmp_path, monkeypatch):
+    """Removed after a policy's save made its folder, before the weights are written: safetensors' own error
+    (not an OSError) went past the run's check and ended the run with a traceback. Now it is the same one line."""
+    import accord.policies.model as model_module
+    from accord.checkpoint import CheckpointError
+    from accord.config import config_from_dict
+    from accord.trainer import Trainer
+
+    run = tmp_path / "run"
+    real = model_module.save_model
+    calls = []
+
+    def remove_then_save(model, filename):
+        calls.append(filename)
+        if len(calls) == 2:   # the checkpoint of step 2
+            run.rename(tmp_path / "trash")
+            shutil.rmtree(tmp_path / "trash")
+        return real(model, filename)
+
+    monkeypatch.setattr(model_module, "save_model", remove_then_save)
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 3, "checkpoint_every": 1})))
+    with pytest.raises(CheckpointError, match="was removed or replaced while the run was going on") as err:
+        trainer.train()
+    assert "writing the checkpoint of step 2 failed: SafetensorError" in str(err.value)
+    assert len(calls) == 2 and not run.exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("first, second, name, code", [(signal.SIGINT, signal.SIGINT, "Ctrl-C", 130),
                                                        (signal.SIGTERM, signal.SIGTERM, "SIGTERM", 143)])
 def test_a_second_ctrl_c_stops_at_once(tmp_path, first, second, name, code):

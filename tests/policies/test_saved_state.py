@@ -97,6 +97,7 @@ def test_a_policys_foreign_optimizer_file_is_one_line_and_its_own_loads(tmp_path
     """Through the loader every command uses (resume, eval, export, cross-play): a CheckpointError with the fix."""
     pol = ModelPolicy("main", PolicyConfig(**TINY), TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(),
                       total_optimizer_steps=1, seed=3)
+    (tmp_path / "policies").mkdir()
     pol.save(tmp_path / "policies" / "main")
     path = tmp_path / "policies" / "main" / "optimizer.pt"
     good = torch.load(path, weights_only=True)
