@@ -111,7 +111,10 @@ def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, 
         @register_advantage("centred_rank")
         def centred_rank(returns, stats):
             CALLS["adv"] += 1
-            return returns.argsort().argsort().to(returns.dtype) - (stats.size - 1) / 2
+            same = stats.index[:, None] == stats.index[None, :]
+            below = (same & (returns[None, :] < returns[:, None])).sum(1)
+            ties = (same & (returns[None, :] == returns[:, None])).sum(1) - 1
+            return below + ties / 2 - (stats.size - 1) / 2
 
         @register_loss("plain_pg")
         def plain_pg(x):
