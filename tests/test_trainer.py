@@ -97,6 +97,8 @@ class _BadReward(LettersTask):
             out = out[:-1]
         elif self.mode == "text":
             out = [str(v) for v in out]
+        elif self.mode == "bool":
+            out = [v > 0.5 for v in out]
         elif self.mode == "huge":
             out[3] = 1e300
         else:
@@ -114,7 +116,10 @@ def _make_bad(mode: str = "nan"):
 @pytest.mark.parametrize("mode,text", [("nan", "is nan for joint action 3"), ("short", "returned 7 values for 8"),
                                        ("raise", "raised KeyError"),
                                        # float('0.5') would read it: text is refused, not converted
-                                       ("text", "returned str '.*' for joint action 0; return a list of floats")])
+                                       ("text", "returned str '.*' for joint action 0; return a list of floats"),
+                                       # float(True) would read it: a bool is refused, as a step's reward is
+                                       ("bool", r"returned bool (True|False) for joint action 0; return a list of "
+                                                r"floats \(float\(passed\) for a pass/fail reward\)$")])
 def test_bad_rewards_are_named_errors(tiny_cfg, mode, text):
     trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "bad-reward-test", "options": {"mode": mode},
                                                       "eval_size": 0})))

@@ -143,11 +143,11 @@ def check_step_result(env: Any, res: Any) -> Any:
     if not isinstance(res, StepResult):
         raise EnvOutputError(f"environment {name!r}: step() must return a StepResult, got {type(res).__name__}")
     problem = None
-    if not _number(res.team_reward):
+    if not finite_number(res.team_reward):
         problem = f"team_reward must be a finite number, got {res.team_reward!r:.60}"
     elif not isinstance(res.local_rewards, dict) or set(res.local_rewards) != set(env.agents):
         problem = f"local_rewards must hold a reward for each agent {list(env.agents)}, got {res.local_rewards!r:.120}"
-    elif not all(_number(v) for v in res.local_rewards.values()):
+    elif not all(finite_number(v) for v in res.local_rewards.values()):
         problem = f"every local reward must be a finite number, got {res.local_rewards!r:.120}"
     elif not isinstance(res.done, bool):
         problem = f"done must be a bool, got {res.done!r:.60}"
@@ -214,7 +214,8 @@ def reset_env(env: Any, task: Mapping[str, Any], seed: int) -> dict[str, str]:
     return dict(obs)
 
 
-def _number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a reward: a finite number, neither text (``float('0.5')`` would read it) nor a bool."""
     try:
         return not isinstance(value, (str, bytes, bool)) and math.isfinite(value)
     except TypeError:

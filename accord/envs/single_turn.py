@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from accord.envs.protocol import Messages, StepResult, check_messages, check_step_actions
+from accord.envs.protocol import Messages, StepResult, check_messages, check_step_actions, finite_number
 
 
 class RewardError(ValueError):
@@ -44,11 +44,14 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
     n = len(row_ids)
     out = _invoke(reward_fn, "reward", task_name=task_name, agents=agents, prompts=prompts, completions=completions,
                   columns=columns, row_ids=row_ids)
-    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, (str, bytes))), None) \
+    # float('0.5') and float(True) would pass: a reward is a number, not text that reads as one nor a bool (a
+    # success check given as the reward?), as environments' step rewards are
+    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, (str, bytes, bool))), None) \
         if isinstance(out, (list, tuple)) else None
-    if text is not None:   # float('0.5') would pass: a reward is a number, not text that reads as one
+    if text is not None:
+        fix = " (float(passed) for a pass/fail reward)" if isinstance(text[1], bool) else ""
         raise RewardError(f"the reward of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "
-                          f"action {text[0]}; return a list of floats")
+                          f"action {text[0]}; return a list of floats{fix}")
     try:
         values = [float(v) for v in out]
     except (TypeError, ValueError) as err:
@@ -97,8 +100,7 @@ def call_reward_components(components_fn: Callable, *, task_name: str, agents: t
                               f"{sorted(keys)} for joint action 0; give every joint action the same parts")
         clean = {}
         for key, value in entry.items():
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
+            if not isinstance(key, str) or not finite_number(value):   # the rule of call_reward and of step rewards
                 raise RewardError(f"the reward_components of task {task_name!r} gave {key!r}: {value!r} for {where}; "
                                   "every part must be a finite float named by a str")
             clean[key] = float(value)

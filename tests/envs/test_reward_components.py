@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from accord.envs import make_task
 from accord.envs.registry import TaskError
@@ -136,6 +137,8 @@ class _Parts:
     ([{"x": 1.0}, {"total": 1.0}], "the key 'total'"),
     ([{"total": 1.0, "x": 1.0}, {"total": 1.0, "y": 1.0}], "give every joint action the same parts"),
     ([{"total": 1.0, "x": float("inf")}, {"total": 1.0, "x": 1.0}], "finite float"),
+    ([{"total": 1.0, "x": True}, {"total": 1.0, "x": 1.0}], "'x': True for joint action 0 .*finite float"),
+    ([{"total": 1.0, "x": "0.5"}, {"total": 1.0, "x": 1.0}], "'x': '0.5' for joint action 0 .*finite float"),
     ([{"total": 1.0}], "returned 1 values for 2 joint actions"),
     (5, "returned int for 2 joint actions"),
 ])
@@ -144,6 +147,20 @@ def test_bad_components_are_errors_naming_the_joint_action(components, message):
     texts = {"a": [["x", "y"]], "b": [["x", "y"]]}
     with pytest.raises(RewardError, match=message):
         score_joint_actions(_Parts(components), ("a", "b"), rows, texts, {"a": ["t"], "b": ["t"]}, 2, "aligned")
+
+
+def test_components_take_the_numbers_a_reward_takes():
+    """A part or total given as a numpy scalar or a 0-d tensor counts as its float, as in a task's reward (they
+    were refused as not finite floats)."""
+    import numpy as np
+
+    rows = [{"id": "r0", "text": "t"}]
+    texts = {"a": [["x", "y"]], "b": [["x", "y"]]}
+    batch = score_joint_actions(_Parts([{"total": np.float32(2.0), "p": torch.tensor(0.5)},
+                                        {"total": 0, "p": np.int64(1)}]), ("a", "b"), rows, texts,
+                                {"a": ["t"], "b": ["t"]}, 2, "aligned")
+    assert batch.rewards == [2.0, 0.0] and batch.components == [{"p": 0.5}, {"p": 1.0}]
+    assert all(type(v) is float for v in batch.rewards + [c["p"] for c in batch.components])
 
 
 def test_components_are_used_instead_of_the_reward():

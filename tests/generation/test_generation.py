@@ -294,6 +294,45 @@ def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
         assert cache.length == steps
 
 
+def test_shared_prefix_cache_attends_as_each_row_over_its_own_sequence():
+    """SharedPrefixCache's attention (the prompt part in the prompts' slot layout, each row's own tokens apart) is,
+    row by row, plain softmax attention over the row's prompt and its own tokens: prompts with uneven numbers of
+    rows, one with none, padding past a shorter prompt, and rows leaving midway (a prompt losing its last row, the
+    slots per prompt shrinking)."""
+    from accord.generation.fast_decode import SharedPrefixCache
+
+    torch.manual_seed(0)
+    kv_heads, group, head_dim, steps = 2, 3, 8, 7
+    lengths = [5, 3, 4, 2]   # prompt 3 has no row
+    keys, values = torch.randn(2, 4, kv_heads, 5, head_dim).unbind(0)
+    for u, n in enumerate(lengths):   # the prefill's right padding
+        keys[u, :, n:] = 0
+        values[u, :, n:] = 0
+    row_prompt = torch.tensor([0, 0, 0, 1, 2, 2])
+    cache = SharedPrefixCache([(keys, values)], torch.tensor(lengths), row_prompt, steps)
+    rows = list(range(6))
+    own = {r: ([], []) for r in rows}   # each row's generated keys and values so far
+    for t in range(steps):
+        if t in (2, 4):   # rows 1 and 3 leave, then rows 4 and 0 (prompt 1 keeps none, prompt 0 one row)
+            gone = {2: (1, 3), 4: (4, 0)}[t]
+            keep = torch.tensor([r not in gone for r in rows])
+            cache.keep(keep)
+            rows = [r for r in rows if r not in gone]
+        q = torch.randn(len(rows), kv_heads, group, head_dim)
+        k, v = torch.randn(2, len(rows), kv_heads, head_dim).unbind(0)
+        got = cache.attend(0, q, k, v)
+        cache.advance()
+        for i, r in enumerate(rows):
+            own[r][0].append(k[i])
+            own[r][1].append(v[i])
+            u = int(row_prompt[r])
+            seq_k = torch.cat([keys[u, :, :lengths[u]], torch.stack(own[r][0], 1)], 1)   # (kv_heads, n, dim)
+            seq_v = torch.cat([values[u, :, :lengths[u]], torch.stack(own[r][1], 1)], 1)
+            want = torch.softmax(q[i] @ seq_k.transpose(1, 2), -1) @ seq_v
+            assert torch.allclose(got[i], want, atol=1e-6), (t, r, (got[i] - want).abs().max())
+    assert cache.per_prompt == 1 and cache.length == steps
+
+
 def test_direct_prefill_in_short_passes_and_without_gqa_attention_is_the_same(monkeypatch):
     """The prefill split into passes of a few tokens, and with the key/value heads copied per query head (torch
     before 2.5 has no enable_gqa), gives the logits and keys and values of one pass, to rounding."""
