@@ -39,14 +39,16 @@ def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...],
 
 
 def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
-                columns: dict[str, list], row_ids: list[str]) -> list[float]:
-    """Call a team reward once for a batch and check its output, naming the row and agent on error."""
+                columns: dict[str, list], row_ids: list[str], success: bool = False) -> list[float]:
+    """Call a team reward once for a batch and check its output, naming the row and agent on error; ``success``:
+    ``reward_fn`` is the task's success check, whose bools are read as 1.0 and 0.0."""
     n = len(row_ids)
-    out = _invoke(reward_fn, "reward", task_name=task_name, agents=agents, prompts=prompts, completions=completions,
-                  columns=columns, row_ids=row_ids)
+    out = _invoke(reward_fn, "success" if success else "reward", task_name=task_name, agents=agents, prompts=prompts,
+                  completions=completions, columns=columns, row_ids=row_ids)
     # float('0.5') and float(True) would pass: a reward is a number, not text that reads as one nor a bool (a
     # success check given as the reward?), as environments' step rewards are
-    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, (str, bytes, bool))), None) \
+    refused = (str, bytes) if success else (str, bytes, bool)
+    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, refused)), None) \
         if isinstance(out, (list, tuple)) else None
     if text is not None:
         fix = " (float(passed) for a pass/fail reward)" if isinstance(text[1], bool) else ""
@@ -160,7 +162,7 @@ class SingleTurnEnv:
             return None
         ids = row_ids or [str(row.get("id", j)) for j, row in enumerate(rows)]
         values = call_reward(self.task.success, task_name=self.name, agents=tuple(agents or self.agents), prompts=prompts,
-                             completions=completions, columns=_columns(rows), row_ids=ids)
+                             completions=completions, columns=_columns(rows), row_ids=ids, success=True)
         return [v > 0.5 for v in values]
 
     # --- the environment protocol --------------------------------------------------------------------

@@ -163,6 +163,27 @@ def test_components_take_the_numbers_a_reward_takes():
     assert all(type(v) is float for v in batch.rewards + [c["p"] for c in batch.components])
 
 
+def test_a_success_check_gives_bools_where_a_reward_may_not():
+    """A task's success check returns one bool per joint action (accord eval's pass@k); the same bools from its
+    reward stop the run."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    class Checked(_Parts):
+        reward_components = None   # scored by its reward
+
+        def success(self, *, prompts, completions, agents, **columns):
+            return [c == "x" for c in completions["a"]]
+
+        def reward(self, *, prompts, completions, agents, **columns):
+            return self.success(prompts=prompts, completions=completions, agents=agents)
+
+    env, rows = SingleTurnEnv(Checked(None)), [{"id": "r0", "text": "t"}] * 2
+    texts, prompts = {"a": ["x", "y"], "b": ["x", "y"]}, {"a": ["t", "t"], "b": ["t", "t"]}
+    assert env.success(rows, prompts, texts) == [True, False]
+    with pytest.raises(RewardError, match=r"returned bool True for joint action 0; .*float\(passed\)"):
+        env.score(rows, prompts, texts)
+
+
 def test_components_are_used_instead_of_the_reward():
     rows = [{"id": "r0", "text": "t"}]
     texts = {"a": [["x", "y"]], "b": [["x", "y"]]}
