@@ -45,8 +45,8 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
     n = len(row_ids)
     out = _invoke(reward_fn, "success" if success else "reward", task_name=task_name, agents=agents, prompts=prompts,
                   completions=completions, columns=columns, row_ids=row_ids)
-    # float('0.5') and float(True) would pass: a reward is a number, not text that reads as one nor a bool (a
-    # success check given as the reward?), as environments' step rewards are
+    # float('0.5') and float(True) would pass: a reward is a number, neither text that reads as one nor a bool (the
+    # rule of environments' step rewards); a success check's bools are its answer
     refused = (str, bytes) if success else (str, bytes, bool)
     text = next(((j, v) for j, v in enumerate(out) if isinstance(v, refused)), None) \
         if isinstance(out, (list, tuple)) else None
