@@ -43,8 +43,9 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
     """Call a team reward once for a batch and check its output, naming the row and agent on error; ``success``:
     ``reward_fn`` is the task's success check, whose bools are read as 1.0 and 0.0."""
     n = len(row_ids)
-    out = _invoke(reward_fn, "success" if success else "reward", task_name=task_name, agents=agents, prompts=prompts,
-                  completions=completions, columns=columns, row_ids=row_ids)
+    what, kind = ("success check", "bools") if success else ("reward", "floats")
+    out = _invoke(reward_fn, what, task_name=task_name, agents=agents, prompts=prompts, completions=completions,
+                  columns=columns, row_ids=row_ids)
     # float('0.5') and float(True) would pass: a reward is a number, neither text that reads as one nor a bool (the
     # rule of environments' step rewards); a success check's bools are its answer
     refused = (str, bytes) if success else (str, bytes, bool)
@@ -52,24 +53,24 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
         if isinstance(out, (list, tuple)) else None
     if text is not None:
         fix = " (float(passed) for a pass/fail reward)" if isinstance(text[1], bool) else ""
-        raise RewardError(f"the reward of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "
-                          f"action {text[0]}; return a list of floats{fix}")
+        raise RewardError(f"the {what} of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "
+                          f"action {text[0]}; return a list of {kind}{fix}")
     try:
         values = [float(v) for v in out]
     except (TypeError, ValueError) as err:
-        raise RewardError(f"the reward of task {task_name!r} must return a list of floats, got {type(out).__name__}: "
+        raise RewardError(f"the {what} of task {task_name!r} must return a list of {kind}, got {type(out).__name__}: "
                           f"{err}") from err
     if len(values) != n:
         raise RewardError(
-            f"the reward of task {task_name!r} returned {len(values)} values for {n} joint actions; return one "
-            "float per joint action (entry j of every completions list)"
+            f"the {what} of task {task_name!r} returned {len(values)} values for {n} joint actions; return one "
+            f"{kind[:-1]} per joint action (entry j of every completions list)"
         )
     for j, v in enumerate(values):
         if not math.isfinite(v):
             parts = ", ".join(f"{a}: {completions[a][j][:60]!r}" for a in agents)
             raise RewardError(
-                f"the reward of task {task_name!r} is {v} for joint action {j} (row {row_ids[j]!r}; {parts}); "
-                "return a finite float for every joint action"
+                f"the {what} of task {task_name!r} is {v} for joint action {j} (row {row_ids[j]!r}; {parts}); "
+                f"return {'a bool' if success else 'a finite float'} for every joint action"
             )
     return values
 

@@ -184,6 +184,25 @@ def test_a_success_check_gives_bools_where_a_reward_may_not():
         env.score(rows, prompts, texts)
 
 
+@pytest.mark.parametrize("answer, message", [
+    (["yes", "no"], r"the success check of task 'parts' returned str 'yes' for joint action 0; return a list of bools$"),
+    ([True], r"the success check of task 'parts' returned 1 values for 2 joint actions; return one bool per joint"),
+    ([True, float("nan")], r"the success check of task 'parts' is nan for joint action 1 .*; return a bool for every"),
+    (None, r"the success check of task 'parts' must return a list of bools, got NoneType"),
+])
+def test_a_bad_success_check_is_named_as_such(answer, message):
+    """The errors of a success check name the check and ask for bools, not the reward's floats."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    class Checked(_Parts):
+        def success(self, *, prompts, completions, agents, **columns):
+            return answer
+
+    env, rows = SingleTurnEnv(Checked(None)), [{"id": "r0", "text": "t"}] * 2
+    with pytest.raises(RewardError, match=message):
+        env.success(rows, {"a": ["t", "t"], "b": ["t", "t"]}, {"a": ["x", "y"], "b": ["x", "y"]})
+
+
 def test_components_are_used_instead_of_the_reward():
     rows = [{"id": "r0", "text": "t"}]
     texts = {"a": [["x", "y"]], "b": [["x", "y"]]}
