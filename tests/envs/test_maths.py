@@ -105,6 +105,21 @@ def test_answers_equal(a, b, expected):
     assert answers_equal(b, a) is expected  # symmetric
 
 
+def test_distinct_letters_are_never_equal():
+    """Each variable gets a value of its own at every point: a letter never passes for another (x once matched C:
+    both got the values of their character codes mod 53), also inside expressions, while identities still hold."""
+    import string
+    letters = [c for c in string.ascii_letters if c not in "ei"] + ["e", "i"]
+    for a in letters:
+        for b in letters:
+            assert answers_equal(a, b) is (a == b), (a, b)
+    assert not answers_equal("2x+1", "2C+1") and not answers_equal("(x)", "(C)") and not answers_equal("x+y", "2x")
+    assert answers_equal("x+y", "y+x") and answers_equal("(a+b)^2", "a^2+2ab+b^2") is False  # ab: a word
+    assert answers_equal("(a+b)^2", "a^2+2a b+b^2") and answers_equal("x y - y x + z", "z")
+    assert check_answer(extract_answer(r"The correct option is \boxed{(C)}."), "C")
+    assert not check_answer(extract_answer(r"The correct option is \boxed{x}."), "C")
+
+
 def test_equivalence_table_is_large_and_balanced():
     assert len(EQUIVALENCE) >= 40
     assert sum(e for *_, e in EQUIVALENCE) >= 20 and sum(not e for *_, e in EQUIVALENCE) >= 20

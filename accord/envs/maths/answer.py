@@ -64,8 +64,9 @@ Equivalence (:func:`answers_equal`)
   brackets, same length, items equal in order; unions ``A \cup B`` in order.
 - **sets and bare lists**: ``\{1, 2\}`` and ``1, 2`` are compared as multisets (order-free); a
   one-element set equals its element.
-- **anything else** (words, multiple-choice letters): whitespace-free, case-insensitive string
-  equality after normalisation; ``(C)``, ``\text{(C)}`` and ``C`` are the same letter.
+- **anything else** (words): whitespace-free, case-insensitive string equality after normalisation.
+  A multiple-choice letter is a single letter, so a variable: ``(C)``, ``\text{(C)}`` and ``C`` are the same
+  letter, ``c`` is another.
 
 Safety limits (every check of model text is bounded here; :mod:`.timebox` adds a hard deadline on top):
 answers longer than 400 characters are compared as strings; numbers longer than 200 characters or with
@@ -710,8 +711,10 @@ _BASES = (0.6180339887, 1.4142135623, -0.5772156649)
 
 
 def _point(p: int, names: frozenset[str]) -> dict[str, float]:
-    """Assignment ``p`` of every variable: distinct, irrational-looking values, the same for both sides."""
-    return {v: _BASES[p] * (1.0 + 0.1371 * (ord(v) % 53)) + 0.0731 * p for v in names}
+    """Assignment ``p`` of the variables of both sides (``names``): irrational-looking values, the same for both
+    sides and distinct for distinct names (each value follows the name's rank among ``names``, so two letters never
+    share one, as ``x`` and ``C`` did when the value followed the letter's code)."""
+    return {v: _BASES[p] * (1.0 + 0.1371 * math.sqrt(2 + rank)) + 0.0731 * p for rank, v in enumerate(sorted(names))}
 
 
 # ---------------------------------------------------------------------------------------------------
