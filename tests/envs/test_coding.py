@@ -30,6 +30,7 @@ from accord.envs.coding.common import (
     ignored_calls,
     is_trivial_wrapper,
     normalise,
+    reaches_names,
     split_tests,
 )
 from accord.envs.coding.data import CodeDataUnavailable, humaneval_problems, load_problems, suite_of
@@ -401,6 +402,24 @@ def test_reward_levels(task, problems):
                                            "        return int(x)\n    return number - aux(number)"), 0.0),
         "no return: gate": ("def aux(x):\n    print(x)", right, 0.0),
         "wrong answer calling aux": (aux, "def truncate_number(number):\n    return aux(number)", 1.5),
+        # a complete aux forwarded to with a no-op around it: aux alone passes what main passes
+        "wrapper plus zero": ("def aux(x):\n    return x % 1.0",
+                              "def truncate_number(number):\n    return aux(number) + 0", 3.5),
+        "wrapper through float()": ("def aux(x):\n    return x % 1.0", "def truncate_number(number):\n"
+                                    "    r = aux(*[number])\n    r = r\n    return float(r)", 3.5),
+        # main swaps a useless aux for its own at run time: its calls of aux do not count (capped as solo)
+        "main swaps aux through globals()": ("def aux(x):\n    return None", (
+            "def truncate_number(number):\n    globals()['aux'] = lambda x: int(x)\n"
+            "    return number - aux(number)"),
+            2.0),
+        "main swaps aux at the top level": ("def aux(x):\n    return None", (
+            "_ = globals().update(aux=lambda x: int(x))\n\n"
+            "def truncate_number(number):\n    return number - aux(number)"),
+            2.0),
+        "main rewrites aux's code": ("def aux(x):\n    return None", (
+            "def truncate_number(number):\n    aux.__code__ = (lambda x: int(x)).__code__\n"
+            "    return number - aux(number)"),
+            2.0),
     }
     levels = task.score([fenced(h) for h, _, _ in cases.values()], [fenced(m) for _, m, _ in cases.values()],
                         [p] * len(cases))
@@ -408,6 +427,31 @@ def test_reward_levels(task, problems):
     assert got == {name: want for name, (_, _, want) in cases.items()}
     wrapper = dict(zip(cases, levels))["trivial wrapper"]
     assert wrapper["aux_called"] == 1.0 and wrapper["not_wrapper"] == 0.0
+    swapped = check_pair(fenced(cases["main swaps aux through globals()"][0]),
+                         fenced(cases["main swaps aux through globals()"][1]), p)
+    assert not swapped.aux_called and any("`globals`" in m for m in swapped.messages["main"])
+
+
+@pytest.mark.parametrize("src, found", [
+    ("def f(x):\n    return globals()['aux'](x)", "globals"),
+    ("def f(x):\n    import sys\n    return x", "import sys"),
+    ("from inspect import stack\ndef f(x):\n    return x", "from inspect import"),
+    ("def f(x):\n    return getattr(x, 'real')", "getattr"),
+    ("def f(x):\n    return f.__globals__", ".__globals__"),
+    ("def f(x):\n    return __builtins__", "__builtins__"),
+    ("import math\ndef f(x):\n    return sorted(x, key=lambda v: math.floor(v))[0]", None),
+])
+def test_code_that_reaches_the_programs_names_is_found(src, found):
+    assert reaches_names(ast.parse(src)) == found
+
+
+def test_a_wrapper_is_judged_by_what_aux_alone_passes_in_the_multi_turn_env(problems):
+    env = HelperMainEnv(max_turns=2)
+    env.reset(problems["HumanEval/2"])
+    step = env.step({"helper": fenced("def aux(x):\n    return x % 1.0"),
+                     "main": fenced("def truncate_number(number):\n    return aux(number) * 1")})
+    assert step.info["success"] and step.info["score"] == pytest.approx(3.5)
+    assert "`aux` alone passes every test your function passes" in step.observations["main"]
 
 
 def test_bad_code_gets_its_status_and_no_test_reward(task, problems):

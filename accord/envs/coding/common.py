@@ -52,6 +52,7 @@ __all__ = [
     "is_trivial_wrapper",
     "normalise",
     "own_scope",
+    "reaches_names",
     "repair",
     "returns_value",
     "safe_parse",
@@ -204,6 +205,33 @@ def binds_name(func: ast.AST, name: str) -> bool:
         if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
             return True
     return False
+
+
+# Builtins and modules through which code reads or rebinds a program's names, or changes a function's insides, at
+# run time (``globals()['aux'] = f``, ``aux.__code__ = ...``, ``sys.modules[...]``): what no reading of the source's
+# own bindings and calls sees.
+_REACHING_BUILTINS = frozenset({"globals", "locals", "vars", "exec", "eval", "compile", "getattr", "setattr",
+                                "delattr", "breakpoint"})
+_REACHING_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "gc", "ctypes", "types", "operator",
+                               "__main__"})
+
+
+def reaches_names(tree: ast.AST) -> str | None:
+    """The first construct in ``tree`` through which its code can reach the program's names or a function's insides
+    at run time (one of :data:`_REACHING_BUILTINS`, a dunder name or attribute such as ``__globals__``, an import of
+    one of :data:`_REACHING_MODULES`), as source text; None when there is none."""
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and (n.id in _REACHING_BUILTINS or n.id.startswith("__")):
+            return n.id
+        if isinstance(n, ast.Attribute) and n.attr.startswith("__"):
+            return f".{n.attr}"
+        if isinstance(n, ast.Import):
+            found = next((a.name for a in n.names if a.name.split(".")[0] in _REACHING_MODULES), None)
+            if found is not None:
+                return f"import {found}"
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in _REACHING_MODULES:
+            return f"from {n.module} import"
+    return None
 
 
 def ignored_calls(node: ast.AST, name: str) -> list[ast.Call]:

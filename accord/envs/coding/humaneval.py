@@ -40,8 +40,15 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
   ``aux(...)`` anywhere in main's body, static); **+1.0** main is not a trivial wrapper
   (:func:`~accord.envs.coding.common.is_trivial_wrapper`: main's body, docstring removed, is only
   ``return aux(ARGS)`` or ``r = aux(ARGS); return r`` with every argument a bare parameter of main or a
-  constant); **-0.5** aux's return value is ignored (some call ``aux(...)`` is a whole expression
-  statement, its value thrown away).
+  constant; and :func:`judge_wrapper`: the helper's ``aux`` run as the entry point itself, in the same
+  sandbox call, passes every reference test that main's program passes, so ``return aux(x) + 0`` or
+  ``int(aux(x))`` is a wrapper too); **-0.5** aux's return value is ignored (some call ``aux(...)`` is a
+  whole expression statement, its value thrown away). Calls of ``aux`` do not count when either agent's
+  code can reach the program's names at run time
+  (:func:`~accord.envs.coding.common.reaches_names`: ``globals``, ``eval``, ``exec``, ``getattr``,
+  ``setattr``, a dunder name or attribute such as ``__code__``, an import of ``sys``, ``inspect``,
+  ``builtins``...): with them main could swap the helper's ``aux`` for its own (``globals()['aux'] = f``)
+  and aux could tell whether main called it.
 - **Cap 2.0** whenever main does not call a defined ``aux`` -- applied whatever the pass rate (the
   reference states it for passing tests; applying it always keeps a partly passing solo ``main`` from
   out-earning a fully passing one). So a correct solution that ignores the helper earns 2.0 and a
@@ -127,6 +134,7 @@ from accord.envs.coding.common import (
     ignored_calls,
     is_trivial_wrapper,
     normalise,
+    reaches_names,
     returns_value,
     safe_parse,
     shorten,
@@ -146,6 +154,7 @@ __all__ = [
     "HelperMainTask",
     "PairCheck",
     "check_pair",
+    "judge_wrapper",
     "make_humaneval",
     "pair_levels",
 ]
@@ -175,6 +184,7 @@ class PairCheck:
     main_defined: bool = False
     parses: bool = False
     program: str | None = None
+    alone: str | None = None     # the helper's aux run as the entry point itself (see judge_wrapper)
     aux_called: bool = False
     aux_ignored: bool = False
     trivial_wrapper: bool = False
@@ -209,7 +219,7 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     """Everything about a pair that needs no execution: format gate, names, parse, aux usage."""
     entry = problem["entry_point"]
     c = PairCheck()
-    c.helper_code, aux_def, _ = _single_def(helper_text, c.messages["helper"])
+    c.helper_code, aux_def, helper_tree = _single_def(helper_text, c.messages["helper"])
     c.main_code, main_def, main_tree = _single_def(main_text, c.messages["main"])
     c.helper_ok = aux_def is not None
     # anywhere in main's code: a top-level `aux = ...` (or import as aux) ran after the helper's code and replaced
@@ -233,7 +243,19 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     c.program = program
     c.aux_called = bool(calls_to(main_def, AUX))
     c.aux_ignored = bool(ignored_calls(main_def, AUX))
+    # code that can reach the program's names at run time could swap aux for another function (globals()['aux'])
+    # or rewrite it (aux.__code__), or let aux tell whether main called it: its calls of aux are not counted
+    reaching = {a: reaches_names(tree) for a, tree in (("helper", helper_tree), ("main", main_tree))}
+    for a, found in reaching.items():
+        if found is not None and c.aux_called:
+            c.messages[a].append(f"Do not use `{found}`: code that reaches the program's names at run time does not "
+                                 "count as calling `aux`.")
+    if any(found is not None for found in reaching.values()):
+        c.aux_called = c.aux_ignored = False
     c.trivial_wrapper = c.aux_called and is_trivial_wrapper(main_def, AUX)
+    if c.aux_called and c.aux_defined and not c.trivial_wrapper:
+        parts = (problem.get("preamble") or "", c.helper_code, f"{entry} = {AUX}")
+        c.alone = "\n\n".join(p for p in parts if p) + "\n"
     if not c.aux_called:
         for a in AGENTS:
             c.messages[a].append("`main` does not call `aux`: the team earns at most 2.0 without it.")
@@ -242,6 +264,17 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     if c.trivial_wrapper:
         c.messages["main"].append("Your function only forwards to `aux`; do part of the work in it.")
     return c
+
+
+def judge_wrapper(c: PairCheck, run: CodeRun | None, alone: CodeRun | None) -> None:
+    """Mark ``c``'s main a trivial wrapper also when the helper's ``aux``, run as the entry point itself
+    (``c.alone``), passes every reference test that main's program (``run``) passes: main's own code then added
+    nothing the tests see, however it is written (``return aux(x) + 0``, ``int(aux(x))``, ``aux(*[x])``)."""
+    if c.trivial_wrapper or run is None or alone is None or run.passed == 0:
+        return
+    if all(alone.case(i)[0] for i in range(run.total) if run.case(i)[0]):
+        c.trivial_wrapper = True
+        c.messages["main"].append("`aux` alone passes every test your function passes; do part of the work in it.")
 
 
 def pair_levels(c: PairCheck, run: CodeRun | None) -> dict[str, float]:
@@ -271,12 +304,18 @@ def pair_levels(c: PairCheck, run: CodeRun | None) -> dict[str, float]:
 
 def run_pairs(cache: TestCache, checks: Sequence[PairCheck],
               problems: Sequence[dict[str, Any]]) -> list[CodeRun | None]:
-    """Test runs of the pairs that have a program, all in one sandbox call; None for the others."""
+    """Test runs of the pairs that have a program, all in one sandbox call with their helpers' ``aux`` run alone
+    (:func:`judge_wrapper` applied to each check); None for the others."""
     idx = [i for i, c in enumerate(checks) if c.program is not None]
-    runs = cache.run([(checks[i].program, suite_of(problems[i])) for i in idx]) if idx else []
+    alone = [i for i in idx if checks[i].alone is not None]
+    jobs = [(checks[i].program, suite_of(problems[i])) for i in idx] + [(checks[i].alone, suite_of(problems[i]))
+                                                                        for i in alone]
+    runs = cache.run(jobs) if jobs else []
     out: list[CodeRun | None] = [None] * len(checks)
     for i, r in zip(idx, runs):
         out[i] = r
+    for i, r in zip(alone, runs[len(idx):]):
+        judge_wrapper(checks[i], out[i], r)
     return out
 
 
@@ -584,9 +623,13 @@ class HelperMainEnv:
         c = check_pair(texts["helper"], texts["main"], p)
         examples = self._examples_of(p) if self.feedback == "tests" else None
         jobs = [] if c.program is None else [(c.program, suite_of(p))] + ([(c.program, examples)] if examples else [])
+        if jobs and c.alone is not None:
+            jobs.append((c.alone, suite_of(p)))
         runs = self.cache.run(jobs) if jobs else []
         run = runs[0] if runs else None
-        example_run = runs[1] if len(runs) > 1 else None
+        example_run = runs[1] if examples and len(runs) > 1 else None
+        if c.alone is not None and runs:
+            judge_wrapper(c, run, runs[-1])
         levels = pair_levels(c, run)
         passed_any = run is not None and run.passed > 0
         local_now = {
