@@ -353,7 +353,7 @@ def note_short_warmup(cfg: Config, total_opt: int) -> str | None:
     """A warning (returned too) where the policies' linear warm-up is so long that the run's ``total_opt``
     optimizer steps end below half of ``training.lr``; None otherwise."""
     warmup = cfg.training.warmup_steps
-    if not warmup or total_opt / warmup >= 0.5:
+    if not warmup or 2 * total_opt >= warmup:
         return None
     line = (f"training.warmup_steps={warmup} is longer than the run's {total_opt} optimizer steps (run.steps x "
             f"algorithm.ppo_epochs x training.num_mini_batches): the learning rate ends at {total_opt / warmup:.0%} "

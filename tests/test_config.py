@@ -297,3 +297,21 @@ def test_a_resume_that_lists_no_agents_has_the_layout_its_run_recorded(tmp_path)
     assert layout_change(tmp_path, config()) is None
     assert "--resume changes specialization from 'separate' to 'lora'" in layout_change(
         tmp_path, config(specialization="lora"))
+
+
+@pytest.mark.parametrize("key", ["run.steps", "sft.steps"])
+def test_a_step_count_past_any_run_is_one_line(key):
+    """A huge step count is refused where it is read (10^400 once reached the warm-up check and ended in an
+    OverflowError traceback when divided into a float)."""
+    section, name = key.split(".")
+    config_from_dict({section: {name: 10 ** 9}})
+    for value, shown in ((10 ** 9 + 1, "1000000001"), (10 ** 400, "a number of 401 digits")):
+        with pytest.raises(ConfigError, match=rf"^{key}={shown} is more than 1,000,000,000 steps; give the steps"):
+            config_from_dict({section: {name: value}})
+
+
+def test_the_warmup_note_takes_any_step_count():
+    from accord.build import note_short_warmup
+    cfg = config_from_dict({"training": {"warmup_steps": 2}})
+    assert note_short_warmup(cfg, 10 ** 400) is None and note_short_warmup(cfg, 1) is None
+    assert "training.warmup_steps=5" in note_short_warmup(config_from_dict({"training": {"warmup_steps": 5}}), 2)

@@ -37,9 +37,23 @@ def _choice(section: str, name: str, value: Any, choices: tuple) -> None:
         raise ConfigError(f"{key}={_brief(value)} is not valid; {hint}choose one of {list(choices)}")
 
 
+#: more steps than any run takes (a step is seconds at the least): a larger count is a typo, and past 10^308 it
+#: cannot even be divided into a float (the warm-up's share, the progress bar)
+MAX_STEPS = 10 ** 9
+
+
 def _positive(section: str, name: str, value: float, minimum: float = 1) -> None:
     if value < minimum:
         raise ConfigError(f"{section}.{name}={value} must be >= {minimum}")
+
+
+def _step_count(section: str, name: str, value: int, minimum: int = 1) -> None:
+    """A count of steps: at least ``minimum``, at most :data:`MAX_STEPS`."""
+    _positive(section, name, value, minimum)
+    if value > MAX_STEPS:
+        shown = value if value < 10 ** 30 else f"a number of {len(str(value))} digits"
+        raise ConfigError(f"{section}.{name}={shown} is more than {MAX_STEPS:,} steps; give the steps the run should "
+                          "take")
 
 
 def _no_empty_path(section: str, name: str, value: str | None) -> None:

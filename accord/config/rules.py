@@ -412,34 +412,51 @@ class TreeTooLargeError(ValueError):
     """The MAGRPO tree would exceed the configured generation cap; raised before any generation."""
 
 
-def tree_generations(batch: int, n_agents: int, k: int, turns: int, mode: str) -> int:
-    """Completions a full MAGRPO tree samples per step (before episodes end early)."""
+def tree_generations(batch: int, n_agents: int, k: int, turns: int, mode: str, limit: int | None = None) -> int:
+    """Completions a full MAGRPO tree samples per step (before episodes end early); with ``limit``, a count above it
+    is given as ``limit + 1`` without summing the rest of the tree (a million turns are not summed)."""
     branching = k if mode == "aligned" else k ** n_agents
-    nodes = sum(branching ** t for t in range(turns))
-    return batch * n_agents * k * nodes
+    per_node = batch * n_agents * k
+    if branching == 1:
+        total = per_node * turns
+        return total if limit is None or total <= limit else limit + 1
+    nodes, width = 0, 1
+    for _ in range(turns):
+        nodes += width
+        if limit is not None and per_node * nodes > limit:
+            return limit + 1
+        width *= branching
+    return per_node * nodes
 
 
 def check_tree_size(batch: int, n_agents: int, k: int, turns: int, mode: str, cap: int) -> int:
     """Refuse a tree past ``cap`` generations, naming which of K, N, T to lower and what it would give."""
-    total = tree_generations(batch, n_agents, k, turns, mode)
+    def size(b=batch, n=n_agents, kk=k, t=turns, m=mode):
+        return tree_generations(b, n, kk, t, m, limit=cap)
+
+    total = size()
     if total <= cap:
         return total
     options = []
-    for t in range(turns - 1, 0, -1):
-        if tree_generations(batch, n_agents, k, t, mode) <= cap:
-            options.append(f"rollout.max_turns={t} (T; gives {tree_generations(batch, n_agents, k, t, mode)})")
-            break
+    if turns > 1 and size(t=1) <= cap:   # the most turns that fit, by bisection (the size grows with T)
+        low, high = 1, turns - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if size(t=mid) <= cap else (low, mid - 1)
+        options.append(f"rollout.max_turns={low} (T; gives {size(t=low)})")
     for kk in range(k - 1, 1, -1):
-        if tree_generations(batch, n_agents, kk, turns, mode) <= cap:
-            options.append(f"algorithm.num_generations={kk} (K; gives {tree_generations(batch, n_agents, kk, turns, mode)})")
+        if size(kk=kk) <= cap:
+            options.append(f"algorithm.num_generations={kk} (K; gives {size(kk=kk)})")
             break
-    if mode == "cross" and tree_generations(batch, n_agents, k, turns, "aligned") <= cap:
+    if mode == "cross" and size(m="aligned") <= cap:
         options.append("algorithm.joint_mode=aligned (K children per node instead of K^N)")
-    if n_agents > 1 and tree_generations(batch, n_agents - 1, k, turns, mode) <= cap:
-        options.append(f"fewer agents (N={n_agents - 1} gives {tree_generations(batch, n_agents - 1, k, turns, mode)})")
+    if n_agents > 1 and size(n=n_agents - 1) <= cap:
+        options.append(f"fewer agents (N={n_agents - 1} gives {size(n=n_agents - 1)})")
     hint = "; ".join(options) if options else "lower algorithm.num_generations, rollout.max_turns or the number of agents"
+    exact = tree_generations(batch, n_agents, k, turns, mode, limit=10 ** 12)
+    count = exact if exact <= 10 ** 12 else "more than 10^12"
     raise TreeTooLargeError(
-        f"the MAGRPO tree samples {total} completions per step (batch {batch} x N {n_agents} agents x K {k} x "
+        f"the MAGRPO tree samples {count} completions per step (batch {batch} x N {n_agents} agents x K {k} x "
         f"nodes over T {turns} turns, {mode} mode), more than rollout.max_tree_generations={cap}. Lower one of: "
         f"{hint}; or raise rollout.max_tree_generations")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, PAIR_SELECTIONS,
                                 SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice, _coerce, _f,
-                                _no_empty_path, _positive, _unknown_key, check_device_setting)
+                                _no_empty_path, _positive, _step_count, _unknown_key, check_device_setting)
 from accord.config.rules import check_agents, check_config
 
 _logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class RunConfig:
             raise ConfigError(f"run.name={self.name!r} {problem}, so the run would not be written inside "
                               "run.output_dir; give a plain name such as my-run (or a/b for a subdirectory), or set "
                               "run.output_dir (or run.run_dir, the exact directory) to place it elsewhere")
-        _positive("run", "steps", self.steps)
+        _step_count("run", "steps", self.steps)
         _positive("run", "keep_checkpoints", self.keep_checkpoints)
         _positive("run", "checkpoint_every", self.checkpoint_every, 0)
         _positive("run", "eval_every", self.eval_every, 0)
@@ -699,7 +699,7 @@ class SftConfig:
         _no_empty_path("sft", "data", self.data)
         _no_empty_path("sft", "eval_data", self.eval_data)
         _no_empty_path("sft", "output_dir", self.output_dir)
-        _positive("sft", "steps", self.steps)
+        _step_count("sft", "steps", self.steps)
         if self.epochs is not None and not self.epochs > 0:
             raise ConfigError(f"sft.epochs={self.epochs} must be > 0 (or null to use sft.steps)")
         _positive("sft", "batch_size", self.batch_size)

@@ -7,6 +7,7 @@ texts can be chosen to make every reward known), then end to end with a real tin
 import itertools
 import random
 import re
+import time
 
 import pytest
 import torch
@@ -199,6 +200,18 @@ def test_tree_cap_refuses_before_any_generation():
     assert "algorithm.num_generations" in str(err.value)
     with pytest.raises(TreeTooLargeError, match="joint_mode=aligned"):
         check_tree_size(2, 3, 4, 2, "cross", 1000)
+
+
+@pytest.mark.parametrize("k, mode", [(4, "aligned"), (1, "aligned"), (2, "cross")])
+def test_a_tree_of_a_million_turns_is_refused_at_once(k, mode):
+    """The tree's size is not summed past the cap (a million turns once hung the config check): refused in a
+    moment, naming the most turns that fit, exactly as counted."""
+    t = time.perf_counter()
+    with pytest.raises(TreeTooLargeError, match=r"samples (more than 10\^12|\d+) completions") as err:
+        check_tree_size(2, 2, k, 10 ** 6, mode, 2048)
+    assert time.perf_counter() - t < 2
+    fit = int(re.search(r"rollout.max_turns=(\d+)", str(err.value)).group(1))
+    assert tree_generations(2, 2, k, fit, mode) <= 2048 < tree_generations(2, 2, k, fit + 1, mode)
 
 
 def test_trainer_refuses_large_tree_before_loading_models(tiny_cfg):
