@@ -49,6 +49,7 @@ _USER_ERRORS = {
     "accord.policies.protocol": ("TrainingError",),
     "accord.data": ("DataFileError",),
     "accord.envs.single_turn": ("RewardError",),
+    "accord.algorithms.advantages": ("ExtensionError",),
     "accord.envs.protocol": ("EnvOutputError",),
     "accord.generation.hf": ("GenerationError",),
 }

@@ -3,6 +3,7 @@ without editing accord."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -142,3 +143,27 @@ def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, 
     assert len(metrics) >= 2 and "loss/main/pg" in metrics[-1]
     calls = (tmp_path / "backend_calls.txt").read_text().splitlines()
     assert calls and all(line.split()[0] == "main" and int(line.split()[1]) > 0 for line in calls)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, body, message", [
+    ("advantage", "@register_advantage('bad')\ndef bad(returns, stats):\n    return returns[:1]\n",
+     r"advantage estimator 'bad' returned Tensor \(1,\); it must return a tensor of shape"),
+    ("loss", "@register_loss('bad')\ndef bad(x):\n    return 0.0\n",
+     r"policy loss 'bad' returned float; it must return \(the per-token loss, a tensor of shape"),
+])
+def test_a_registered_function_returning_the_wrong_thing_is_one_line_from_the_cli(tiny_cfg, tmp_path, kind, body,
+                                                                                   message):
+    """accord's own check of what a user's estimator or loss returned reaches the user as one line (exit 2), as the
+    check of a task's reward does, not as a traceback."""
+    import yaml
+
+    (tmp_path / "my_bad.py").write_text("from accord.algorithms import register_advantage, register_loss\n\n" + body)
+    data = tiny_cfg(algorithm={kind: "bad", "normalize_std": False} if kind == "advantage" else {kind: "bad"})
+    data["imports"] = ["my_bad"]
+    data["run"]["run_dir"] = str(tmp_path / "run")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "cfg.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.search(message, out.stderr) and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -44,6 +44,12 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+class ExtensionError(ValueError):
+    """A function registered with :func:`register_advantage` or :func:`accord.algorithms.register_loss` returned
+    something unusable; the message names the function and what it must return."""
+
+
+
 @dataclass(frozen=True)
 class GroupStats:
     """Per-sample statistics of each sample's group (float64 tensors of the batch's shape; ``index`` is
@@ -147,7 +153,7 @@ def group_advantages(
         return ((returns - stats.mean) / (stats.std + eps)).float()
     adv = ADVANTAGE_ESTIMATORS[variant](returns, stats)
     if not isinstance(adv, torch.Tensor) or adv.shape != returns.shape:
-        raise ValueError(f"advantage estimator {variant!r} returned {type(adv).__name__} "
+        raise ExtensionError(f"advantage estimator {variant!r} returned {type(adv).__name__} "
                          f"{tuple(getattr(adv, 'shape', ()))}; it must return a tensor of shape {tuple(returns.shape)}")
     return adv.float()
 

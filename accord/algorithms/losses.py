@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from accord import metric_names as mn
+from accord.algorithms.advantages import ExtensionError
 
 
 def process_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,
@@ -454,11 +455,15 @@ def policy_loss(
     agg = resolve_loss_agg(loss, agg)
     mask = mask.to(logp.dtype)
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    per_token, stats = POLICY_LOSSES[loss](SurrogateInputs(logp, old_logp, advantages.unsqueeze(-1), mask,
-                                                           epsilon, eps_high, sampling_logp))
+    out = POLICY_LOSSES[loss](SurrogateInputs(logp, old_logp, advantages.unsqueeze(-1), mask, epsilon, eps_high,
+                                              sampling_logp))
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor) and isinstance(out[1], dict)):
+        raise ExtensionError(f"policy loss {loss!r} returned {type(out).__name__}; it must return (the per-token loss, "
+                             f"a tensor of shape {tuple(logp.shape)}, and a dict of statistics)")
+    per_token, stats = out
     if per_token.shape != logp.shape:
-        raise ValueError(f"policy loss {loss!r} returned a loss of shape {tuple(per_token.shape)}; it must be "
-                         f"per token, {tuple(logp.shape)}")
+        raise ExtensionError(f"policy loss {loss!r} returned a loss of shape {tuple(per_token.shape)}; it must be "
+                             f"per token, {tuple(logp.shape)}")
     if weights is not None:
         per_token = per_token * weights
     kl = None
