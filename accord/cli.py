@@ -529,8 +529,9 @@ def _main(argv: list[str] | None) -> int:
     p.set_defaults(func=_eval)
     p = sub.add_parser("report", help="plots and a markdown summary of a run")
     p.add_argument("run_dir")
-    p.add_argument("--out", default=None, help="the folder to write the report into (default RUN_DIR/report); the "
-                   "report's stale plots in it are deleted")
+    p.add_argument("--out", default=None, help="the folder to write the report into (default RUN_DIR/report); an "
+                   "earlier report there is replaced and its stale plots deleted; a folder holding report.md or the "
+                   "plots' names without an accord report is refused")
     p.set_defaults(func=_report)
     p = sub.add_parser("audit", help="check a run's recorded rollouts (training.audit): one prompt per group where the "
                        "method says so, the state stepped is the one in the prompt, each reward belongs to its sample; "

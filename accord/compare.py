@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from accord import metric_names as mn
-from accord.config import (CompareConfig, Config, ConfigError, apply_override, apply_overrides, config_from_dict,
+from accord.config import (CompareConfig, Config, ConfigError, apply_overrides, config_from_dict,
                            read_yaml)
 from accord.config.base import covered as _covered, first_difference, flat_keys as _flat
 from accord.stats import average, paired, rate, verdict
@@ -181,10 +181,10 @@ def _method_data(source: str, data: dict, method: str, overrides: list[str]) -> 
             raise CompareError(f"compare.methods.{method} sets {key}, which the comparison sets for every run itself "
                                "(run.seed from compare.seeds, run.steps from the budget, the run's name, directory "
                                "and evaluations); drop it from the method")
-        try:
-            apply_override(out, item)
-        except ConfigError as err:
-            raise CompareError(f"compare.methods.{method}: {err}") from err
+    try:
+        apply_overrides(out, overrides)   # a key given twice is refused, as on the command line
+    except ConfigError as err:
+        raise CompareError(f"compare.methods.{method}: {err}") from err
     try:
         config_from_dict(copy.deepcopy(out))
     except ConfigError as err:

@@ -648,7 +648,7 @@ def _render_markdown(
 ) -> str:
     config_summary, config_note = _config_summary(config, config_note)
     run_name = next((v for label, v in config_summary if label == "Run"), None) or run_dir.resolve().name
-    lines = [f"# Training report: {run_name}", ""]
+    lines = [f"{_REPORT_TITLE}{run_name}", ""]
 
     temperature = _nested(config, "rollout", "eval_temperature")
     temperature = float(temperature) if isinstance(temperature, (int, float)) else 0.0
@@ -785,6 +785,16 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         from accord.config import ConfigError
 
         raise ConfigError(f"report folder {out}: {problem}; give the report a folder with --out")
+    if out_dir is not None:   # a folder of the user's: replace only what an earlier report of accord's wrote there
+        held, ours = _report_files(out)
+        if held and not ours:
+            from accord.config import ConfigError
+
+            raise ConfigError(f"--out {out} holds {', '.join(held)}, and no report.md of accord's there wrote them; "
+                              f"the report would replace or delete them: give it another folder (or move them)")
+        if held:
+            _logger.warning("--out %s holds an earlier report: it is replaced (plots of groups this run lacks are "
+                            "deleted)", out)
     made = made_dirs(out)
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / REPORT_FILENAME
@@ -799,6 +809,18 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
 
 
 STAGING_PREFIX = ".accord-report."
+_REPORT_TITLE = "# Training report: "
+
+
+def _report_files(out: Path) -> tuple[list[str], bool]:
+    """(the names in ``out`` a report writes or deletes, whether its report.md is one of accord's reports)."""
+    held = [name for name in (REPORT_FILENAME, *PLOT_FILES) if (out / name).is_file()]
+    try:
+        with open(out / REPORT_FILENAME, encoding="utf-8", errors="replace") as f:
+            first = f.readline(200)
+    except OSError:
+        first = ""
+    return held, first.startswith(_REPORT_TITLE)
 
 
 def _write_staged(out: Path, run_dir: Path, rows, series, config, config_note, cap) -> list[Path]:

@@ -87,6 +87,11 @@ def test_plan_from_one_config_or_several(tmp_path):
         load_plan([("x", single), ("y", _with())])
     with pytest.raises(CompareError, match="compare.methods.b sets compare.seeds"):
         load_plan([("base", _with(compare={"methods": {"a": [], "b": ["compare.seeds=[1]"]}, "budget_tokens": 9}))])
+    # a key given twice within a method is refused, as on the command line (the last one won without a word)
+    with pytest.raises(CompareError, match=r"compare.methods.b: override 'algorithm.name=iac': algorithm.name is "
+                                           r"already set by 'algorithm.name=magrpo'; give each key once"):
+        load_plan([("base", _with(compare={"methods": {"a": [], "b": ["algorithm.name=magrpo", "algorithm.name=iac"]},
+                                           "budget_tokens": 9}))])
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "examples" / "compare").glob("*.yaml")), ids=lambda p: p.stem)

@@ -637,7 +637,10 @@ def test_a_report_folder_that_is_a_link_is_refused(tmp_path):
         write_report(run)
     assert (mine / "success.png").read_text() == "precious" and sorted(p.name for p in mine.iterdir()) == [
         "success.png"]
-    assert write_report(run, out_dir=mine).parent == mine   # named on purpose: written there
+    # named with --out, the folder is still the user's: its success.png, which no report of accord's wrote, is refused
+    with pytest.raises(ConfigError, match=r"holds success.png, and no report.md of accord's there wrote them"):
+        write_report(run, out_dir=mine)
+    assert (mine / "success.png").read_text() == "precious"
 
 
 def test_a_users_copy_in_the_audit_folder_does_not_break_a_resume(tmp_path):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -94,6 +95,7 @@ def test_write_report_partial_data_and_out_dir(tmp_path):
     (run / "config.yaml").write_text("just a string\n")
     out = tmp_path / "elsewhere"
     (out).mkdir()
+    (out / "report.md").write_text("# Training report: an earlier run\n")   # an earlier report there, with its plot
     (out / "loss.png").write_bytes(b"stale")
     report = write_report(run, out_dir=out)
     assert report == out / "report.md"
@@ -103,6 +105,26 @@ def test_write_report_partial_data_and_out_dir(tmp_path):
     assert "config.yaml is not a mapping" in md
     assert "sum of all `time/*` phases" in md and "Throughput:** n/a" in md
     assert "loss.png" not in md
+
+
+@pytest.mark.parametrize("files", [{"report.md": "my notes\n"}, {"success.png": "mine"},
+                                   {"report.md": "my notes\n", "time.png": "mine"}])
+def test_an_out_folder_with_files_no_report_wrote_is_refused(tmp_path, files):
+    """--out DIR holding report.md or a plot's name that no report of accord's wrote is refused in one line, and
+    nothing in it is touched (the report replaced and deleted such files without a word)."""
+    from accord.config import ConfigError
+
+    run = tmp_path / "run"
+    _synthetic_run(run)
+    out = tmp_path / "mydocs"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    (out / "other.txt").write_text("kept")
+    with pytest.raises(ConfigError, match=rf"^--out {re.escape(str(out))} holds .*no report.md of accord's there "
+                                          r"wrote them; .*give it another folder"):
+        write_report(run, out_dir=out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {**files, "other.txt": "kept"}
 
 
 def test_a_report_that_fails_leaves_the_previous_one_as_it_was(tmp_path):
