@@ -315,3 +315,16 @@ def test_the_warmup_note_takes_any_step_count():
     cfg = config_from_dict({"training": {"warmup_steps": 2}})
     assert note_short_warmup(cfg, 10 ** 400) is None and note_short_warmup(cfg, 1) is None
     assert "training.warmup_steps=5" in note_short_warmup(config_from_dict({"training": {"warmup_steps": 5}}), 2)
+
+
+def test_numbers_yaml_reads_otherwise_than_written_are_refused_in_a_file(tmp_path):
+    """A config file's `seed: 010` trained as seed 8 without a word (YAML 1.1's octal); the same digits as a plain
+    number or quoted text, underscores (read as Python reads them) and 05 (octal and decimal agree) are kept."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text("run:\n  seed: 010\n")
+    with pytest.raises(ConfigError, match=r"cfg.yaml: the number 010 reads as 8 \(a leading 0 makes it octal\) at "
+                                          r"line 2, column 9; write the number in plain digits, or quote it"):
+        load_config(path)
+    path.write_text("run:\n  seed: 05\n  steps: 1_000\n  name: '010'\n")
+    cfg = load_config(path)
+    assert (cfg.run.seed, cfg.run.steps, cfg.run.name) == (5, 1000, "010")

@@ -116,8 +116,12 @@ def test_merge_names_a_compare_json_of_the_wrong_shape(tmp_path, fields, problem
 
 @pytest.mark.parametrize("override, problem", [
     ("run.name=my run #2", r"YAML reads the value as 'my run', not as written"),
-    ("run.name=0755", r"run.name=493: YAML read this value as a number"),
-    ("run.name=1:30", r"run.name=90: YAML read this value as a number"),
+    # YAML 1.1 reads a leading 0 as octal and a colon as base 60, in every key (a seed of 010 trained as seed 8)
+    ("run.name=0755", r"'run.name': the number 0755 reads as 493 \(a leading 0 makes it octal\); .*run.name='0755'$"),
+    ("run.name=1:30", r"'run.name': the number 1:30 reads as 90 \(a colon makes it base 60\); .*run.name='1:30'$"),
+    ("run.seed=010", r"'run.seed': the number 010 reads as 8 \(a leading 0 makes it octal\); write the number in "),
+    ("run.steps=1:00", r"'run.steps': the number 1:00 reads as 60 \(a colon makes it base 60\)"),
+    ("training.lr=1:30.5", r"'training.lr': the number 1:30.5 reads as 90.5 \(a colon makes it base 60\)"),
     ("run.output_dir=2024.10", r"run.output_dir=2024.1: YAML read this value as a number"),
     ("algorithm.tis=off", r"algorithm.tis=False: YAML read this value as a boolean .*algorithm.tis='off'$"),
     ("training.audit=no", r"training.audit=False: YAML read this value as a boolean .*training.audit='off'$"),

@@ -138,6 +138,24 @@ class _IntTooLong(yaml.YAMLError):
                          f"long to read (at most {sys.get_int_max_str_digits() or 'any'} digits)")
 
 
+class _UnclearNumber(yaml.YAMLError):
+    """A number literal that YAML 1.1 reads otherwise than it looks: a leading 0 makes it octal (``010`` is 8) and a
+    colon base 60 (``1:30`` is 90). Underscores are dropped as Python drops them (``1_000`` is 1000)."""
+
+    def __init__(self, text: str, value: Any, mark: yaml.Mark):
+        why = "a colon makes it base 60" if ":" in text else "a leading 0 makes it octal"
+        self.what = f"the number {text} reads as {value!r} ({why})"
+        super().__init__(f"{self.what} at line {mark.line + 1}, column {mark.column + 1}")
+
+
+def _unclear(text: str, value: Any) -> bool:
+    """Whether YAML read the number literal ``text`` as another ``value`` than its digits say."""
+    digits = text.lstrip("+-").replace("_", "")
+    if ":" in digits:
+        return True
+    return len(digits) > 1 and digits[0] == "0" and digits.isdigit() and int(digits) != abs(value)
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: a second ``run:`` section would
     otherwise replace the first without a word. Keys merged in with ``<<: *anchor`` may be overridden."""
@@ -159,14 +177,24 @@ class _ConfigLoader(yaml.SafeLoader):
 
     def construct_yaml_int(self, node):
         try:
-            return super().construct_yaml_int(node)
+            value = super().construct_yaml_int(node)
         except ValueError as err:  # PyYAML's int() of a literal past Python's digit limit
             if "digits" not in str(err):
                 raise
             raise _IntTooLong(sum(c.isdigit() for c in node.value), node.start_mark) from err
+        if _unclear(node.value, value):
+            raise _UnclearNumber(node.value, value, node.start_mark)
+        return value
+
+    def construct_yaml_float(self, node):
+        value = super().construct_yaml_float(node)
+        if ":" in node.value:
+            raise _UnclearNumber(node.value, value, node.start_mark)
+        return value
 
 
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 
 
 def _load_yaml(text: str) -> Any:
@@ -203,6 +231,9 @@ def apply_override(data: dict, dotted: str) -> None:
         raise ConfigError(f"override {dotted!r}: {err}; give each key once") from err
     except _IntTooLong as err:
         raise ConfigError(f"override {key.strip()!r}: {err}; give a number in range, or quote it for a text") from err
+    except _UnclearNumber as err:
+        raise ConfigError(f"override {key.strip()!r}: {err.what}; write the number in plain digits, or quote it for a "
+                          f"text, e.g. {key.strip()}='{raw.strip()}'") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"override {dotted!r}: the value is not valid YAML ({_yaml_problem(err)}); quote it or "
                           "fix the brackets, e.g. key=[1, 2] or key='text'") from err
@@ -335,6 +366,8 @@ def read_yaml(p: Path) -> dict:
                           f"{err.key!r} (YAML keeps only one value per key)") from err
     except _IntTooLong as err:
         raise ConfigError(f"config file {p}: {err}; give a number in range, or quote it for a text") from err
+    except _UnclearNumber as err:
+        raise ConfigError(f"config file {p}: {err}; write the number in plain digits, or quote it for a text") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {p}: invalid YAML at {_yaml_problem(err)}; fix the syntax there") from err
     except RecursionError as err:
