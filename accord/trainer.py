@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import sys
 import time
@@ -280,6 +281,11 @@ class Trainer:
                                    estimator, algo.normalize_std, std_ddof=int(algo.group_std == "sample"))
             if not bool(torch.isfinite(adv).all()):
                 worst = max((samples[i] for i in idx), key=lambda s: abs(s.ret))
+                if abs(worst.ret) < torch.finfo(torch.float32).max / 2 ** 10:   # the returns fit: the estimator
+                    bad = next(a for a in adv.tolist() if not math.isfinite(a))
+                    raise TrainingError(f"step {step}: the advantage estimator {estimator!r} gave {bad} for finite "
+                                        f"returns (the largest {worst.ret:.3g}, agent {worst.agent!r}); fix it to "
+                                        "return finite advantages")
                 raise TrainingError(f"step {step}: the {estimator} advantages are not finite: returns reach "
                                     f"{worst.ret:.3g} (agent {worst.agent!r}), more than float32 holds; scale the "
                                     "task's reward down")

@@ -182,6 +182,22 @@ def test_a_reward_beyond_float32_is_named(tiny_cfg):
         trainer.train()
 
 
+def test_an_estimator_giving_nan_for_finite_returns_is_named(tiny_cfg):
+    """A registered estimator's nan is named as the estimator's, not blamed on returns too large for float32."""
+    from accord.algorithms import ADVANTAGE_ESTIMATORS, register_advantage
+
+    if "test_nan_estimator" not in ADVANTAGE_ESTIMATORS:
+        register_advantage("test_nan_estimator")(lambda returns, stats: returns * float("nan"))
+    trainer = Trainer(config_from_dict(tiny_cfg(algorithm={"advantage": "test_nan_estimator", "normalize_std": False},
+                                                task={"eval_size": 0})))
+    try:
+        with pytest.raises(TrainingError, match=r"step 0: the advantage estimator 'test_nan_estimator' gave nan for "
+                                                r"finite returns \(the largest .*\); fix it to return finite"):
+            trainer.train_step(0)
+    finally:
+        trainer.close()
+
+
 def test_nan_loss_stops_with_step_and_policy(tiny_cfg):
     trainer = Trainer(config_from_dict(tiny_cfg()))
     model = trainer.policies["main"].model
