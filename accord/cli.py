@@ -105,15 +105,16 @@ def _version() -> str:
             f"Python {sys.version.split()[0]})")
 
 
-def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+def _split_overrides(argv: list[str], valued: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """``train``/``eval``/``compare``/``sft``/``plan``/``envs``: take ``key=value`` overrides out of argv wherever
-    they stand (after ``--k 1 4`` or ``--write-demos FILE`` too)."""
+    they stand (after ``--k 1 4`` or ``--write-demos FILE`` too), except the value of an option of ``valued`` (the
+    options that take one value: ``--out eval=v2`` names a folder)."""
     cmd = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if cmd is None or argv[cmd] not in ("train", "eval", "compare", "sft", "plan", "envs"):
         return argv, []
-    rest = argv[cmd + 1:]
-    head = [a for a in rest if not _OVERRIDE.match(a)]
-    overrides = [a for a in rest if _OVERRIDE.match(a)]
+    head, overrides = [], []
+    for i, a in enumerate(argv[cmd + 1:], start=cmd + 1):
+        (overrides if _OVERRIDE.match(a) and argv[i - 1] not in valued else head).append(a)
     return argv[:cmd + 1] + head, overrides
 
 
@@ -553,7 +554,8 @@ def _main(argv: list[str] | None) -> int:
     p.set_defaults(func=_envs, overrides=[])   # task.options.KEY=VALUE: the options of the checked environments
     for p in sub.choices.values():   # also after the command: accord train --debug ...
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error")
-    head, overrides = _split_overrides(list(sys.argv[1:] if argv is None else argv))
+    valued = frozenset(s for p in sub.choices.values() for a in p._actions if a.nargs is None for s in a.option_strings)
+    head, overrides = _split_overrides(list(sys.argv[1:] if argv is None else argv), valued)
     args = parser.parse_args(head)
     if overrides:
         (args.args if hasattr(args, "args") else args.overrides).extend(overrides)

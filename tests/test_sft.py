@@ -311,6 +311,10 @@ def test_bad_jsonl_through_the_cli_is_a_one_line_error(tmp_path):
     assert res.returncode == 0 and out.is_file(), res.stderr[-3000:]
     again = accord("sft", str(config), "--write-demos", str(out), "sft.data=null", cwd=tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr and "Traceback" not in again.stderr
+    # an option's value that looks like key=value is the option's (it was taken as an override)
+    named = tmp_path / "demos=v1.jsonl"
+    res = accord("sft", str(config), "--write-demos", named.name, "sft.data=null", "sft.instances=4", cwd=tmp_path)
+    assert res.returncode == 0 and named.is_file(), res.stderr[-3000:]
 
 
 def test_sft_config_errors():
