@@ -213,6 +213,9 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
     if samples == 0 and ks != [1]:
         raise ConfigError(f"--k {' '.join(map(str, given))} with --samples 0 (greedy: one answer per instance, no "
                           "pass@k); drop --k, or sample with --samples N")
+    if samples == 0 and temperature is not None:
+        raise ConfigError(f"--temperature {temperature:g} with --samples 0 (greedy: nothing is sampled); drop "
+                          "--temperature, or sample with --samples N")
     if not compare_base and run_dir is None:
         raise ConfigError("--no-base skips a run's base weights, but a config file has only those to evaluate; drop "
                           "--no-base, or pass a run directory")

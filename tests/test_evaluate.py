@@ -78,6 +78,10 @@ def test_eval_greedy_only_keeps_the_success_check(tiny_cfg, tmp_path):
     md = (out / "eval.md").read_text()
     assert "| greedy/success |" in md
     assert "no success check" not in md and "pass@k is not reported: it needs sampled completions" in md
+    # a temperature with nothing sampled was taken without a word (and printed in eval.md as if it had been used)
+    with pytest.raises(ConfigError, match=r"^--temperature 0.5 with --samples 0 \(greedy: nothing is sampled\); drop"):
+        run_eval(cfg_path, samples=0, temperature=0.5, out=tmp_path / "out3")
+    assert not (tmp_path / "out3").exists()
 
 
 @pytest.mark.slow
