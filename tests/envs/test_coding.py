@@ -451,7 +451,7 @@ def test_a_wrapper_is_judged_by_what_aux_alone_passes_in_the_multi_turn_env(prob
     step = env.step({"helper": fenced("def aux(x):\n    return x % 1.0"),
                      "main": fenced("def truncate_number(number):\n    return aux(number) * 1")})
     assert step.info["success"] and step.info["score"] == pytest.approx(3.5)
-    assert "`aux` alone passes every test your function passes" in step.observations["main"]
+    assert "Your function adds nothing to what `aux` returns" in step.observations["main"]
 
 
 def test_bad_code_gets_its_status_and_no_test_reward(task, problems):

@@ -274,7 +274,7 @@ def judge_wrapper(c: PairCheck, run: CodeRun | None, alone: CodeRun | None) -> N
         return
     if all(alone.case(i)[0] for i in range(run.total) if run.case(i)[0]):
         c.trivial_wrapper = True
-        c.messages["main"].append("`aux` alone passes every test your function passes; do part of the work in it.")
+        c.messages["main"].append("Your function adds nothing to what `aux` returns; do part of the work in it.")
 
 
 def pair_levels(c: PairCheck, run: CodeRun | None) -> dict[str, float]:
