@@ -866,8 +866,8 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
 def compare_main(args: list[str], *, out: str | None = None, overwrite: bool = False) -> dict:
     """``accord compare CONFIG... [key=value ...]``: the config files (one with compare.methods, or one per
     method) and overrides for all of them."""
-    paths = [a for a in args if "=" not in a]
-    overrides = [a for a in args if "=" in a]
+    paths = [a for a in args if "=" not in a or (a.endswith((".yaml", ".yml")) and Path(a).is_file())]
+    overrides = [a for a in args if a not in paths]
     sources = [(Path(p).stem, read_yaml(Path(p))) for p in paths]
     plan = load_plan(sources, overrides, out=out)
     return run_compare(plan, overwrite=overwrite)

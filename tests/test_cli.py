@@ -60,6 +60,17 @@ def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path):
     assert no_run.returncode == 2 and "no config.yaml" in no_run.stderr
 
 
+def test_a_config_file_or_folder_whose_name_holds_an_equals_sign_is_no_override(tmp_path):
+    """`accord plan lr=1e-3.yaml` read the file name as an override (unknown key 'lr'), and an option's value
+    that looks like key=value (`--out eval=v2`) was taken from the option."""
+    (tmp_path / "lr=1e-3.yaml").write_text((REPO / "examples" / "tiny.yaml").read_text())
+    out = accord("plan", "lr=1e-3.yaml", "run.seed=2", cwd=tmp_path)
+    assert out.returncode == 0 and "the run fits" in out.stdout, out.stderr[-2000:]
+    out = accord("eval", "nothing", "--out", "eval=v2", "--samples", "0", cwd=tmp_path)
+    assert out.returncode == 2 and "nothing is neither a config file nor a run directory" in out.stderr, out.stderr
+    assert "expected one argument" not in out.stderr and not (tmp_path / "eval=v2").exists()
+
+
 def test_version(tmp_path):
     from accord import __version__
 
