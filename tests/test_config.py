@@ -328,3 +328,18 @@ def test_numbers_yaml_reads_otherwise_than_written_are_refused_in_a_file(tmp_pat
     path.write_text("run:\n  seed: 05\n  steps: 1_000\n  name: '010'\n")
     cfg = load_config(path)
     assert (cfg.run.seed, cfg.run.steps, cfg.run.name) == (5, 1000, "010")
+
+
+def test_more_turns_than_any_episode_takes_are_one_line():
+    """rollout.max_turns and a task's max_turns past 10,000 are refused where they are read (a task of 10^8 turns
+    kept `accord envs --check` running for as long as its episode)."""
+    from accord.envs import make_task
+    from accord.envs.registry import TaskError
+
+    config_from_dict({"rollout": {"max_turns": 10_000}})
+    with pytest.raises(ConfigError, match=r"^rollout.max_turns=10001 is more than 10,000 turns"):
+        config_from_dict({"rollout": {"max_turns": 10_001}})
+    assert make_task("relay", {"max_turns": 10_000}).max_turns == 10_000
+    with pytest.raises(TaskError, match=r"^task 'relay' has max_turns=100000000, more than 10,000 turns .*"
+                                        r"\(task.options.max_turns\)$"):
+        make_task("relay", {"max_turns": 10 ** 8})

@@ -72,6 +72,8 @@ def check_device_setting(key: str, value: str | None) -> None:
 
 
 MAX_SEED = 2**31 - 1
+#: more turns than an episode of model turns takes (each turn is a generate call per agent): a larger count is a typo
+MAX_TURNS = 10_000
 VLLM_SLEEP = ("auto", "off", 1, 2)  # rollout.vllm_sleep
 ADVANTAGES = ("mean", "rloo", "max", "raw")
 ALGORITHMS = ("magrpo", "atgrpo", "iac", "maac", "madpo", "marlhf")

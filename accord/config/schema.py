@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, PAIR_SELECTIONS,
-                                SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice, _coerce, _f,
-                                _no_empty_path, _positive, _step_count, _unknown_key, check_device_setting)
+from accord.config.base import (ADVANTAGES, ALGORITHMS, BUILTIN_MODELS, LOSS_AGGS, MAX_SEED, MAX_TURNS,
+                                PAIR_SELECTIONS, SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP, ConfigError, _choice,
+                                _coerce, _f, _no_empty_path, _positive, _step_count, _unknown_key, check_device_setting)
 from accord.config.rules import check_agents, check_config
 
 _logger = logging.getLogger(__name__)
@@ -461,6 +461,9 @@ class RolloutConfig:
                               f"{MIN_TEMPERATURE}")
         if self.max_turns is not None:
             _positive("rollout", "max_turns", self.max_turns)
+            if self.max_turns > MAX_TURNS:
+                raise ConfigError(f"rollout.max_turns={self.max_turns} is more than {MAX_TURNS:,} turns (each a "
+                                  "generate call per agent); give the turns an episode should take")
         if self.history_turns is not None:
             _positive("rollout", "history_turns", self.history_turns, 0)
         _positive("rollout", "max_tree_generations", self.max_tree_generations)

@@ -32,6 +32,7 @@ from collections import Counter
 from typing import Any, Callable, Protocol
 
 from accord.config import ConfigError
+from accord.config.base import MAX_TURNS
 from accord.envs.protocol import Messages  # noqa: F401  (tasks import it from here too)
 
 
@@ -315,6 +316,9 @@ def _check_task(name: str, task: Any) -> None:
         raise TaskError(f"task {name!r} ({type(task).__name__}) has " + ("no max_turns" if turns is None else
                         f"max_turns={turns!r}") + "; a multi-turn environment declares the most turns an episode "
                         "takes (rounds over its agents) as a positive int, e.g. max_turns = 4 in __init__")
+    if is_env(task) and turns > MAX_TURNS:
+        raise TaskError(f"task {name!r} has max_turns={turns}, more than {MAX_TURNS:,} turns (each a generate call per "
+                        "agent); give the turns an episode should take (task.options.max_turns)")
     agents = task.agents
     if isinstance(agents, (str, bytes)) or not isinstance(agents, (tuple, list)) or not agents \
             or not all(isinstance(a, str) and a for a in agents):
