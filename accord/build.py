@@ -438,6 +438,38 @@ def _planned_steps(run_dir: Path) -> int | None:
     return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
 
+# where a run is and how long it goes: a resume may move the first and raise the second without it being an edit
+_RESUME_FREE = ("run.run_dir", "run.output_dir", "run.name", "run.steps")
+
+
+def warn_config_edits(run_dir: Path, recorded: str | None, step: int) -> list[str]:
+    """A warning for each setting the run's ``config.yaml`` changes against ``recorded``, the config a checkpoint
+    holds (the file's text when it was written; None in checkpoints that predate it): the file was edited after
+    the steps so far ran, and the steps from here on use it (a resume's overrides are reported by the CLI before).
+    Returns the keys."""
+    import yaml
+
+    from accord.config.base import covered, flat_keys
+
+    if not isinstance(recorded, str):
+        return []
+    try:
+        before = yaml.safe_load(recorded)
+        after = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):   # the build read the file already: only the old text
+        return []
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    was, now = flat_keys(before), flat_keys(after)
+    changed = [k for k in sorted(set(was) | set(now)) if not covered(k, _RESUME_FREE)
+               and was.get(k, "<unset>") != now.get(k, "<unset>")]
+    for key in changed:
+        logger.warning("%s/config.yaml changes %s from %r to %r since the checkpoint of step %d was written (the "
+                       "file was edited): the steps from here on use the second", run_dir, key, was.get(key, "<unset>"),
+                       now.get(key, "<unset>"), step)
+    return changed
+
+
 def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Policy], parts: dict[str, Any] | None = None,
                allow_unverified: bool = False, verified: Path | None = None) -> dict | None:
     """Load the latest checkpoint into ``policies`` (and the run's ``parts``: critics, pair buffer, reward
@@ -449,6 +481,7 @@ def resume_run(cfg: Config, run_dir: Path, policies: dict[str, Policy], parts: d
         discard_uncheckpointed(run_dir)
         return None
     step = state["step"]
+    warn_config_edits(run_dir, state.get("config"), step)
     prune_checkpoints(run_dir, cfg.run.keep_checkpoints, state["path"])  # a kill before the prune
     prune_after(run_dir, step)   # audit records of the steps after the checkpoint are re-run
     logger.info("resumed %s at step %d of %d", run_dir, step, cfg.run.steps)

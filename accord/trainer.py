@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import yaml
 
 from accord import metric_names as mn
 from accord.algorithms.advantages import group_advantages
@@ -454,7 +455,8 @@ class Trainer:
         cfg = self.cfg
         check_run_dir_kept(self.run_dir, self._run_dir_identity, f"found before the checkpoint of step {n}")
         t = time.perf_counter()
-        state = {"data_position": n * cfg.rollout.batch_size}
+        # the config the steps so far ran with, as config.yaml holds it: a resume names what an edit of the file changed
+        state = {"data_position": n * cfg.rollout.batch_size, "config": yaml.safe_dump(cfg.to_dict(), sort_keys=False)}
         if self.schedule is not None:
             state["alternation"] = self.schedule.state()
         try:

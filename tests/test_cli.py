@@ -2,6 +2,7 @@
 
 import pytest
 import json
+import yaml
 import os
 import subprocess
 import sys
@@ -29,9 +30,18 @@ def test_train_report_resume_from_the_cli(tmp_path):
     assert (run_dir / "config.yaml").is_file() and list((run_dir / "tb").iterdir())
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
 
+    more = accord("train", "--resume", str(run_dir), "run.steps=4", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr
+    assert "resumed" in more.stderr and "the file was edited" not in more.stderr
+    # config.yaml edited between two sessions (a resume of the edited run said nothing): named against the
+    # checkpoint's copy of the config
+    text = (run_dir / "config.yaml").read_text()
+    lr = yaml.safe_load(text)["training"]["lr"]
+    (run_dir / "config.yaml").write_text(text.replace(f"lr: {lr}\n", "lr: 0.5\n", 1))
     more = accord("train", "--resume", str(run_dir), "run.steps=5", cwd=tmp_path)
     assert more.returncode == 0, more.stderr
-    assert "resumed" in more.stderr
+    assert (f"config.yaml changes training.lr from {lr!r} to 0.5 since the checkpoint of step 4 was written (the file "
+            "was edited)") in more.stderr, more.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4, 5]
 
