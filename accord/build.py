@@ -465,8 +465,8 @@ def warn_config_edits(run_dir: Path, recorded: str | None, step: int) -> list[st
                and was.get(k, "<unset>") != now.get(k, "<unset>")]
     for key in changed:
         logger.warning("%s/config.yaml changes %s from %r to %r since the checkpoint of step %d was written (the "
-                       "file was edited): the steps from here on use the second", run_dir, key, was.get(key, "<unset>"),
-                       now.get(key, "<unset>"), step)
+                       "file was edited, or a resume's overrides rewrote it): the steps from here on use the second",
+                       run_dir, key, was.get(key, "<unset>"), now.get(key, "<unset>"), step)
     return changed
 
 
