@@ -99,10 +99,19 @@ def test_a_policy_generates_through_the_backend_it_owns(tiny_cfg):
     assert [g.ids for g in ours] == [g.ids for g in plain] and all(g.ids for g in ours)
 
 
-@pytest.mark.slow
-def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, tmp_path):
+def _train_importing(tmp_path, module: str, data: dict) -> subprocess.CompletedProcess:
+    """`accord train` of the config ``data`` importing the user's ``module`` (a file in ``tmp_path``), run there."""
     import yaml
 
+    data["imports"] = [module]
+    data["run"]["run_dir"] = str(tmp_path / "run")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
+    return subprocess.run([sys.executable, "-m", "accord.cli", "train", "cfg.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, tmp_path):
     (tmp_path / "my_algos.py").write_text(textwrap.dedent("""
         import torch
         from accord.algorithms import register_advantage, register_loss
@@ -131,13 +140,9 @@ def test_a_user_module_registers_all_three_and_trains_through_the_cli(tiny_cfg, 
                 return super().generate(model, tokenizer, prompts, **kw)
     """).replace("from accord.algorithms import", "from accord.generation.backends import HFBackend, register_backend\n"
                  "from accord.algorithms import"))
-    data = tiny_cfg(algorithm={"advantage": "centred_rank", "loss": "plain_pg", "num_generations": 4},
-                    rollout={"generation_backend": "hf_logged"})
-    data["imports"] = ["my_algos"]
-    data["run"]["run_dir"] = str(tmp_path / "run")
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
-    out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "cfg.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    out = _train_importing(tmp_path, "my_algos", tiny_cfg(algorithm={"advantage": "centred_rank", "loss": "plain_pg",
+                                                                     "num_generations": 4},
+                                                          rollout={"generation_backend": "hf_logged"}))
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
     assert len(metrics) >= 2 and "loss/main/pg" in metrics[-1]
@@ -156,14 +161,8 @@ def test_a_registered_function_returning_the_wrong_thing_is_one_line_from_the_cl
                                                                                    message):
     """accord's own check of what a user's estimator or loss returned reaches the user as one line (exit 2), as the
     check of a task's reward does, not as a traceback."""
-    import yaml
-
     (tmp_path / "my_bad.py").write_text("from accord.algorithms import register_advantage, register_loss\n\n" + body)
-    data = tiny_cfg(algorithm={kind: "bad", "normalize_std": False} if kind == "advantage" else {kind: "bad"})
-    data["imports"] = ["my_bad"]
-    data["run"]["run_dir"] = str(tmp_path / "run")
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(data))
-    out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "cfg.yaml"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    out = _train_importing(tmp_path, "my_bad", tiny_cfg(
+        algorithm={kind: "bad", "normalize_std": False} if kind == "advantage" else {kind: "bad"}))
     assert out.returncode == 2, out.stderr[-2000:]
     assert re.search(message, out.stderr) and "Traceback" not in out.stderr, out.stderr[-2000:]
