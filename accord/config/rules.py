@@ -431,8 +431,8 @@ def tree_generations(batch: int, n_agents: int, k: int, turns: int, mode: str, l
 
 def check_tree_size(batch: int, n_agents: int, k: int, turns: int, mode: str, cap: int) -> int:
     """Refuse a tree past ``cap`` generations, naming which of K, N, T to lower and what it would give."""
-    def size(b=batch, n=n_agents, kk=k, t=turns, m=mode):
-        return tree_generations(b, n, kk, t, m, limit=cap)
+    def size(n=n_agents, kk=k, t=turns, m=mode):
+        return tree_generations(batch, n, kk, t, m, limit=cap)
 
     total = size()
     if total <= cap:
