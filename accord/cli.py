@@ -28,7 +28,7 @@ import re
 import sys
 from pathlib import Path
 
-from accord.config import ConfigError, describe, layout_change, load_config
+from accord.config import ConfigError, describe, is_config_file, layout_change, load_config
 from accord.tracking.console import configure_logging, printable
 
 logger = logging.getLogger("accord")
@@ -105,12 +105,6 @@ def _version() -> str:
             f"Python {sys.version.split()[0]})")
 
 
-def _is_config_file(arg: str) -> bool:
-    """Whether a positional argument names a config file rather than a ``key=value`` override: it has no '=', or
-    it is an existing ``.yaml`` file whose name holds one (``lr=1e-3.yaml``)."""
-    return "=" not in arg or (arg.endswith((".yaml", ".yml")) and os.path.isfile(arg))
-
-
 def _split_overrides(argv: list[str], valued: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """``train``/``eval``/``compare``/``sft``/``plan``/``envs``: take ``key=value`` overrides out of argv wherever
     they stand (after ``--k 1 4`` or ``--write-demos FILE`` too), except the value of an option of ``valued`` (the
@@ -120,7 +114,7 @@ def _split_overrides(argv: list[str], valued: frozenset[str] = frozenset()) -> t
         return argv, []
     head, overrides = [], []
     for i, a in enumerate(argv[cmd + 1:], start=cmd + 1):
-        (overrides if _OVERRIDE.match(a) and argv[i - 1] not in valued and not _is_config_file(a) else head).append(a)
+        (overrides if _OVERRIDE.match(a) and argv[i - 1] not in valued and not is_config_file(a) else head).append(a)
     return argv[:cmd + 1] + head, overrides
 
 
@@ -149,7 +143,7 @@ def _train(args: argparse.Namespace) -> int:
                           "none: drop it, or pass --resume RUN_DIR")
     positional = list(args.args)
     config_path = None
-    if positional and _is_config_file(positional[0]):
+    if positional and is_config_file(positional[0]):
         config_path = positional.pop(0)
     if args.resume:
         run_dir = Path(args.resume)
@@ -232,7 +226,7 @@ def _sft(args: argparse.Namespace) -> int:
     from accord.data import demo_file_problem
 
     positional = list(args.args)
-    config_path = positional.pop(0) if positional and _is_config_file(positional[0]) else None
+    config_path = positional.pop(0) if positional and is_config_file(positional[0]) else None
     cfg = load_config(config_path, positional)
     for path in (cfg.sft.data, cfg.sft.eval_data):   # before torch is imported (seconds)
         problem = None if path is None else demo_file_problem(path)
@@ -445,7 +439,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.prompt_tokens is not None and args.prompt_tokens < 1:
         raise ConfigError(f"--prompt-tokens {args.prompt_tokens}: give a prompt length >= 1 token")
     positional = list(args.args)
-    config_path = positional.pop(0) if positional and _is_config_file(positional[0]) else None
+    config_path = positional.pop(0) if positional and is_config_file(positional[0]) else None
     cfg = load_plan_config(config_path, positional)
     plan = make_plan(cfg, prompt_tokens=args.prompt_tokens, cuda=True if args.gpu_memory_gb is not None else None)
     text = format_plan(cfg, plan, present_devices(args.gpu_memory_gb, args.gpus))

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from accord import metric_names as mn
-from accord.config import (CompareConfig, Config, ConfigError, apply_overrides, config_from_dict,
+from accord.config import (CompareConfig, Config, ConfigError, apply_overrides, config_from_dict, is_config_file,
                            read_yaml)
 from accord.config.base import covered as _covered, first_difference, flat_keys as _flat
 from accord.stats import average, paired, rate, verdict
@@ -866,7 +866,7 @@ def merge(paths: list[str | Path], out: str | Path, *, overwrite: bool = False) 
 def compare_main(args: list[str], *, out: str | None = None, overwrite: bool = False) -> dict:
     """``accord compare CONFIG... [key=value ...]``: the config files (one with compare.methods, or one per
     method) and overrides for all of them."""
-    paths = [a for a in args if "=" not in a or (a.endswith((".yaml", ".yml")) and Path(a).is_file())]
+    paths = [a for a in args if is_config_file(a)]
     overrides = [a for a in args if a not in paths]
     sources = [(Path(p).stem, read_yaml(Path(p))) for p in paths]
     plan = load_plan(sources, overrides, out=out)

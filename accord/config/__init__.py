@@ -23,7 +23,7 @@ from accord.config.base import (ACTOR_CRITIC, ADVANTAGES, ALGORITHMS, BUILTIN_MO
                                 PAIR_SELECTIONS, PREFERENCE, SINGLE_SAMPLE_ALGORITHMS, TIS_MODES, VLLM_SLEEP,
                                 ConfigError, check_device_setting)
 from accord.config.loading import (MAX_CONFIG_VALUES, apply_override, apply_overrides, config_from_dict, describe,
-                                   layout_change, load_config, read_yaml, save_config)
+                                   is_config_file, layout_change, load_config, read_yaml, save_config)
 from accord.config.rules import EnvInfo, check_config, check_distributed, check_rollout
 from accord.config.schema import (AgentConfig, AlgorithmConfig, CompareConfig, Config, CriticConfig, LoggingConfig,
                                   LoraConfig, OverlongConfig, PolicyConfig, PreferenceConfig, RayConfig,
@@ -40,7 +40,8 @@ __all__ = [
     "PREFERENCE", "PAIR_SELECTIONS", "SINGLE_SAMPLE_ALGORITHMS", "LOSS_AGGS", "LOSSES", "TIS_MODES", "VLLM_SLEEP",
     "MAX_SEED", "BUILTIN_MODELS", "MAX_CONFIG_VALUES",
     # loading and saving
-    "load_config", "config_from_dict", "apply_override", "apply_overrides", "read_yaml", "save_config", "describe",
+    "load_config", "config_from_dict", "apply_override", "apply_overrides", "is_config_file",
+    "read_yaml", "save_config", "describe",
     "layout_change",
     # the rules between sections, by tier
     "check_config", "check_rollout", "check_distributed", "EnvInfo",

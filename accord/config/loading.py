@@ -220,6 +220,12 @@ def _check_size(data: Any, what: str) -> None:
             stack.extend(node)
 
 
+def is_config_file(arg: str) -> bool:
+    """Whether a command-line argument names a config file rather than a ``key=value`` override: it has no '=', or
+    it is an existing ``.yaml`` file whose name holds one (``lr=1e-3.yaml``)."""
+    return "=" not in arg or (arg.endswith((".yaml", ".yml")) and os.path.isfile(arg))
+
+
 def apply_override(data: dict, dotted: str) -> None:
     """Apply one ``a.b.c=value`` override to nested plain data (value parsed as YAML)."""
     if "=" not in dotted:
