@@ -45,7 +45,7 @@ from typing import Any
 from accord.checkpoint import load_policy, verified_checkpoint
 from accord.config import Config, ConfigError, load_config
 from accord.config.schema import MIN_TEMPERATURE
-from accord.evaluate import check_samples, scratch_run, warn_task_change
+from accord.evaluate import check_samples, scratch_run, warn_task_change, warn_unread_overrides
 from accord.seeding import eval_stream_seed
 from accord.tracking.registry import _atomic_write_text
 
@@ -114,6 +114,7 @@ def run_crossplay(runs: list[str | Path], overrides: list[str] = (), *, samples:
             raise ConfigError(f"--crossplay: {p} and {seen[key]} are the same run; give each run once")
         seen[key] = p
     loaded = [_load_run(p, list(overrides), allow_unverified) for p in paths]
+    warn_unread_overrides(overrides, "accord eval --crossplay")
     cfg0 = loaded[0][0]
     if temperature is None:
         temperature = cfg0.rollout.eval_temperature or cfg0.rollout.temperature

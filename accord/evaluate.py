@@ -159,6 +159,26 @@ def evaluate_parts(run, *, samples: int, ks: list[int], temperature: float, pipe
     return metrics
 
 
+# what `accord eval` never reads: the update's settings, the warm start's and the comparison's, and when and how long
+# a run trains and checkpoints (an evaluation runs no step; these only build objects it does not use)
+EVAL_UNREAD_SECTIONS = ("training", "sft", "compare")
+EVAL_UNREAD_KEYS = ("run.steps", "run.checkpoint_every", "run.keep_checkpoints", "run.eval_every", "run.eval_before",
+                    "run.eval_after")
+
+
+def warn_unread_overrides(overrides: list[str] | tuple[str, ...], command: str = "accord eval") -> list[str]:
+    """A warning for each override that an evaluation does not read (``training.lr=0.5``, ``run.steps=9``): it is
+    accepted, as in the run's config, but changes no number of the evaluation. Returns the warned overrides."""
+    warned = []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.split(".", 1)[0] in EVAL_UNREAD_SECTIONS or key in EVAL_UNREAD_KEYS:
+            logger.warning("%s has no effect on %s: it sets training (the update, warm start, comparison, steps or "
+                           "checkpoints), and an evaluation runs no training step; remove it", item, command)
+            warned.append(item)
+    return warned
+
+
 def _load(target: Path, overrides: list[str],
           allow_unverified: bool = False) -> tuple[Config, Path | None, Path | None]:
     """Config, run directory and latest checkpoint (that verifies; ``allow_unverified``: or has no manifest) of
@@ -203,6 +223,7 @@ def run_eval(target: str | Path, overrides: list[str] = (), *, samples: int = 4,
 
     target = Path(target)
     cfg, run_dir, ckpt = _load(target, list(overrides), allow_unverified)
+    warn_unread_overrides(overrides)
     warn_task_change(target, cfg, run_dir)
     given = list(ks or [1])
     ks = sorted(set(given))

@@ -84,6 +84,24 @@ def test_eval_greedy_only_keeps_the_success_check(tiny_cfg, tmp_path):
     assert not (tmp_path / "out3").exists()
 
 
+def test_overrides_an_evaluation_does_not_read_are_named(tiny_cfg, tmp_path, caplog):
+    """``accord eval CONFIG training.lr=0.5``: the update's settings change no number of an evaluation; each such
+    override is one warning (the ones it reads, here at their values, none), and the numbers are those without them."""
+    import yaml
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(tiny_cfg(task={"name": "relay", "eval_size": 2})))
+    plain = json.loads((run_eval(cfg_path, samples=0, out=tmp_path / "a") / "eval.json").read_text())
+    unread = ["training.lr=0.5", "run.steps=9", "sft.steps=3", "compare.seeds=[0, 1]"]
+    with caplog.at_level("WARNING", logger="accord.evaluate"):
+        out = run_eval(cfg_path, [*unread, "task.eval_size=2", "run.seed=0"], samples=0, out=tmp_path / "b")
+    lines = [r.getMessage() for r in caplog.records if "has no effect on accord eval" in r.getMessage()]
+    assert [x.split(" has no effect")[0] for x in lines] == unread, lines
+    assert all(x.endswith("an evaluation runs no training step; remove it") for x in lines), lines
+    mine, before = json.loads((out / "eval.json").read_text())["variants"]["base"], plain["variants"]["base"]
+    assert mine.keys() == before.keys() and {k for k in mine if mine[k] != before[k]} <= {"time/eval_s"}
+
+
 @pytest.mark.slow
 def test_eval_cli(tiny_cfg, tmp_path):
     run = _train_relay(tiny_cfg, tmp_path)
