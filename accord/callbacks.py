@@ -13,7 +13,10 @@ is before training.
 - ``on_train_end(metrics)``: after the last step, with its metrics (and the final evaluation); not
   called when training stops with an error.
 
-Callbacks run in the trainer's process, in the order given; an exception in one stops training.
+Callbacks run in the trainer's process, in the order given. An exception in one (``SystemExit`` to end
+training early, or an error of its own) stops training: an exception in ``on_evaluate`` or ``on_step_end``
+comes after the step it was raised at is logged and checkpointed (``accord train --resume`` goes on from
+it), and the later callbacks of that hook are not called.
 The metrics dicts are copies: changing them does not change what is logged.
 """
 

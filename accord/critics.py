@@ -30,6 +30,7 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import DynamicCache
 
@@ -39,7 +40,7 @@ from accord.algorithms.losses import KL_LOSS_ESTIMATORS, LossTotals, policy_loss
 from accord.config import ConfigError, CriticConfig, TrainingConfig
 from accord.generation.hf import first_occurrences
 from accord.devices import resolve_bf16
-from accord.models.common import cache_kwargs
+from accord.models.common import ModelNotFoundError, cache_kwargs
 from accord.policies.learner import (can_cache_forward, dropout_in_training, load_optimizer_state, load_scheduler_state,
                                     lr_lambda, make_adamw, micro_batches, prefix_pass, prefix_plan, read_saved_state,
                                     right_aligned, schedule_to_run_step)
@@ -293,8 +294,22 @@ class ScalarModel:
                   str(directory / "head.safetensors"))
 
     def load_exported(self, directory: Path) -> None:
-        """The head of an :meth:`export` directory (the backbone was loaded from it as the model spec)."""
-        self.head.load_state_dict(load_file(str(Path(directory) / "head.safetensors"), device="cpu"))
+        """The head of an :meth:`export` directory (the backbone was loaded from it as the model spec); a head file
+        that cannot be read, or whose weights are not finite (every score would be nan), is a
+        :class:`ModelNotFoundError` naming it."""
+        path = Path(directory) / "head.safetensors"
+        try:
+            weights = load_file(str(path), device="cpu")
+        except SafetensorError as err:   # a truncated or damaged head file (an interrupted copy or save)
+            raise ModelNotFoundError(f"{path} cannot be read ({err}: truncated or not safetensors); copy the reward "
+                                     "model directory again, or export it again (a marlhf run writes "
+                                     "RUN_DIR/reward_model)") from err
+        bad = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise ModelNotFoundError(f"{path}: the {self.name}'s head holds nan or infinite weights ({bad[0]}), so "
+                                     "every score it gives would be nan; copy the reward model directory again, or "
+                                     "export it again (a marlhf run writes RUN_DIR/reward_model)")
+        self.head.load_state_dict(weights)
 
 
 def same_vocabulary(a, b) -> bool:

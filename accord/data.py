@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -30,13 +31,30 @@ OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
-def demo_file_problem(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be a file of demonstrations (``sft.data``, ``sft.eval_data``); None when it is a file."""
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as a file, as the rest of a sentence that names it ("does not exist", "is a
+    directory, not a file", "is a FIFO (named pipe), not a regular file"); None when it is a regular file or a link
+    to one. A FIFO or a device exists: reading one would wait for a writer or never end."""
     p = Path(path)
     if p.is_file():
         return None
-    what = "is a directory, not a file" if p.is_dir() else "does not exist"
-    return (f"demonstrations file {str(p)!r} {what}; give a JSONL file of "
+    if p.is_dir():
+        return "is a directory, not a file"
+    try:
+        mode = p.stat().st_mode
+    except (OSError, ValueError):   # missing, a dangling link, or a name the system cannot hold
+        return "does not exist"
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "something else")
+    return f"is {kind}, not a regular file"
+
+
+def demo_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be a file of demonstrations (``sft.data``, ``sft.eval_data``); None when it is a file."""
+    what = not_a_file(path)
+    if what is None:
+        return None
+    return (f"demonstrations file {str(path)!r} {what}; give a JSONL file of "
             '{"agent": ..., "prompt": ..., "completion": ...} lines')
 
 

@@ -263,9 +263,33 @@ def collect_demos(cfg: Config) -> tuple[list[Demo], list[Demo]]:
         system = {a: task.instructions(a) for a in task.agents} if is_env(task) else None
         train = read_demos(s.data, tuple(task.agents), system)
         evals = read_demos(s.eval_data, tuple(task.agents), system) if s.eval_data else []
+        _check_held_out(s.data, s.eval_data, train, evals)
     if not train:
         raise DemoError("sft: no training demonstrations (the oracle answered no state); check task.options")
     return train, evals
+
+
+def _check_held_out(data: str, eval_data: str | None, train: list[Demo], evals: list[Demo]) -> None:
+    """A :class:`DemoError` where ``sft.eval_data`` is the file ``sft.data`` or repeats its demonstrations (same
+    agent, prompt and completion): their NLL would measure memorisation, not the held-out fit (as the RL splits,
+    the two are kept disjoint)."""
+    if eval_data is None:
+        return
+    if os.path.samefile(data, eval_data):
+        raise DemoError(f"sft.data and sft.eval_data name the same file ({data}); the held-out demonstrations must "
+                        "be others than the training ones: give sft.eval_data a separate file, or drop it")
+
+    def key(d: Demo) -> tuple[str, str, str]:
+        return d.agent, json.dumps(d.messages, sort_keys=True), d.completion
+
+    seen: dict[tuple[str, str, str], str] = {}
+    for d in train:
+        seen.setdefault(key(d), d.where)
+    both = [(d.where, seen[key(d)]) for d in evals if key(d) in seen]
+    if both:
+        raise DemoError(f"sft.eval_data: {len(both)} of the {len(evals)} held-out demonstrations are also training "
+                        f"demonstrations of sft.data (same agent, prompt and completion; e.g. {both[0][0]} = "
+                        f"{both[0][1]}); keep the held-out demonstrations disjoint from the training ones")
 
 
 # --- training ---------------------------------------------------------------------------------------------
@@ -320,6 +344,12 @@ def encode_demos(policy: ModelPolicy, demos: list[Demo], max_new_tokens: int) ->
             raise DemoError(f"{d.where}: the prompt of agent {d.agent!r} has {chars} characters, so more than "
                             f"rollout.max_prompt_tokens={limit} tokens: RL could never be shown it; shorten the "
                             "demonstration's prompt or raise that limit")
+        if len(d.messages) > limit:   # each message takes the chat template's tokens, empty or not (600,000 empty
+            # messages took 4 GB and a minute to find too long)
+            raise DemoError(f"{d.where}: the prompt of agent {d.agent!r} has {len(d.messages)} chat messages, so more "
+                            f"than rollout.max_prompt_tokens={limit} tokens (each message takes the chat template's "
+                            "tokens): RL could never be shown it; shorten the demonstration's prompt or raise that "
+                            "limit")
         try:
             prompt = policy.encode_chat(d.messages)
         except PromptTooLongError as err:   # the rollout's limit: name the demonstration, and that it is its prompt

@@ -365,6 +365,15 @@ class Trainer:
         for cb in self.callbacks:
             getattr(cb, hook)(*args)
 
+    def _callback_kept(self, hook: str, *args) -> BaseException | None:
+        """:meth:`_callback`, returning what a callback raised (a ``SystemExit`` that ends training, its own error)
+        instead of raising it: the caller logs and checkpoints the step first, then raises it."""
+        try:
+            self._callback(hook, *args)
+        except BaseException as err:   # deferred: re-raised by the caller once the step is kept
+            return err
+        return None
+
     def close(self) -> None:
         """Release the run's backend: Ray actors (and a local Ray cluster the trainer started) or data-parallel
         ranks; no-op for policies in this process."""
@@ -396,9 +405,11 @@ class Trainer:
                 if self.start_step == 0 and cfg.run.eval_before and self.eval_rows:
                     progress["doing"] = "the evaluation before training"
                     before = self.evaluate(step=0)
-                    self._callback("on_evaluate", 0, dict(before))
+                    stopped = self._callback_kept("on_evaluate", 0, dict(before))
                     self.sinks.log(0, before)
                     logger.info("eval before training: team reward %.4f", before[mn.EVAL_TEAM_REWARD])
+                    if stopped is not None:
+                        raise stopped
                 for step in range(self.start_step, end):
                     if stop.requested:
                         break
@@ -433,19 +444,27 @@ class Trainer:
         check_run_dir_kept(self.run_dir, self._run_dir_identity, f"found before logging step {n}")
         halt = stop_when is not None and bool(stop_when(n, dict(metrics)))
         final = n == cfg.run.steps or halt
+        stopped = None
         if (cfg.run.eval_every and n % cfg.run.eval_every == 0) or (final and cfg.run.eval_after):
             evaluation = self.evaluate(step=n)
-            self._callback("on_evaluate", n, dict(evaluation))
+            stopped = self._callback_kept("on_evaluate", n, dict(evaluation))
             metrics.update(evaluation)
         ce = cfg.logging.completions_every
-        if ce and (n % ce == 0 or final):   # the last step's always: the report shows its best and worst
+        if ce and (n % ce == 0 or final or stopped is not None):   # the last step's always: the report shows it
             self.sinks.log_completions(n, table)
-        if (cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or halt or stop.requested:
+        if ((cfg.run.checkpoint_every and n % cfg.run.checkpoint_every == 0) or n == end or halt or stop.requested
+                or stopped is not None):
             self._save(n, progress, metrics)
         else:
             self.sinks.log(n, metrics)
         progress["done"] = n
-        self._callback("on_step_end", n, dict(metrics))
+        if stopped is not None:
+            raise stopped
+        stopped = self._callback_kept("on_step_end", n, dict(metrics))
+        if stopped is not None:
+            if progress["saved"] != n:
+                self._save(n, progress)
+            raise stopped
         return metrics, halt
 
     def _save(self, n: int, progress: dict, metrics: dict[str, float] | None = None) -> None:

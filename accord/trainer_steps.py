@@ -28,6 +28,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -50,6 +51,7 @@ from accord.data import DataFileError, json_lines
 from accord.distributed import gather, submit
 from accord.models.common import ModelNotFoundError
 from accord.policies.learner import read_saved_state
+from accord.policies.protocol import TrainingError
 from accord.rollout.sample import Sample, Sampling
 from accord.seeding import (critic_seed, pair_selection_seed, reward_model_pair_seed, reward_model_prompt_seed,
                              reward_model_seed)
@@ -642,7 +644,11 @@ class RewardModel:
         rng = random.Random(reward_model_pair_seed(cfg.run.seed))
         order = list(range(len(encoded)))
         rng.shuffle(order)
+        # eval_frac > 0 holds out at least one of two or more pairs (a share that rounds to none too): rm/accuracy
+        # is then always the held-out pairs'
         n_eval = int(len(order) * rm.eval_frac)
+        if rm.eval_frac > 0 and len(order) > 1:
+            n_eval = max(n_eval, 1)
         held, train = order[:n_eval], order[n_eval:]
         model = self.model
         losses, accs = [], []
@@ -663,11 +669,15 @@ class RewardModel:
         self._freeze()
         for key, values in ((mn.RM_LOSS, losses), (mn.RM_TRAIN_ACCURACY, accs)):
             acc.add(key, sum(v * n for v, n in values) / max(1, sum(n for _, n in values)))
-        check = held or train
-        scores = model.scores([encoded[i][0] for i in check] + [encoded[i][1] for i in check])
-        s = torch.tensor(scores)
-        acc.add(mn.RM_ACCURACY, bradley_terry(s[:len(check)], s[len(check):])[1])
-        acc.add(mn.RM_ACCURACY_PAIRS, len(check))
+        check = held if rm.eval_frac > 0 else train   # eval_frac 0: the training pairs, as documented
+        if check:
+            scores = model.scores([encoded[i][0] for i in check] + [encoded[i][1] for i in check])
+            s = torch.tensor(scores)
+            acc.add(mn.RM_ACCURACY, bradley_terry(s[:len(check)], s[len(check):])[1])
+            acc.add(mn.RM_ACCURACY_PAIRS, len(check))
+        else:
+            logger.warning("reward model: its one preference pair is all it trains on, so none is held out and "
+                           "rm/accuracy (held-out accuracy) is not logged (rm/train_accuracy is); give 2 or more pairs")
         self.ready = True
         self.export(Path(self.run.run_dir) / "reward_model")
 
@@ -698,6 +708,14 @@ class RewardModel:
             texts.append(ids)
             cut += was_cut
         scores = self.model.scores(texts)
+        bad = [x for x in scores if not math.isfinite(x)]
+        if bad:   # the reward model's, not the task's: name it (the advantages' error would blame the task's reward)
+            path = self.cfg.reward_model.path
+            which = (f"reward_model.path={path!r}" if path else
+                     f"the reward model stage 1 trained ({Path(self.run.run_dir) / 'reward_model'})")
+            raise TrainingError(f"{which} scored {len(bad)} of the {len(scores)} joint actions {bad[0]} (its head or "
+                                "backbone gives non-finite values); give reward_model.path a sound exported reward "
+                                "model, or null to train one")
         for key, score in zip(keys, scores):
             for s in joint[key].values():
                 s.extra["task_reward"] = s.ret

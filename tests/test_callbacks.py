@@ -76,3 +76,39 @@ def test_bad_callbacks_are_type_errors():
     with pytest.raises(TypeError, match="must be a list"):
         check_callbacks(Recorder())
     assert check_callbacks(None) == []
+
+
+@pytest.mark.parametrize("hook", ["on_evaluate", "on_step_end"])
+def test_a_callback_that_ends_training_keeps_its_step(tiny_cfg, hook):
+    """A SystemExit from on_evaluate at step 2 of 3 (the documented way to stop early) lost step 2: its metrics
+    and evaluation were never logged and no checkpoint held it. The step is logged and checkpointed, then the
+    callback's exception goes on up; a resume starts after it."""
+    class StopAtTwo(Callback):
+        def __init__(self):
+            self.calls = []
+
+        def on_evaluate(self, step, metrics):
+            self.calls.append(("evaluate", step))
+            if hook == "on_evaluate" and step == 2:
+                raise SystemExit("solved at step 2")
+
+        def on_step_end(self, step, metrics):
+            self.calls.append(("step_end", step))
+            if hook == "on_step_end" and step == 2:
+                raise SystemExit("solved at step 2")
+
+    stopper = StopAtTwo()
+    data = tiny_cfg(run={"steps": 3, "eval_every": 1, "eval_before": True, "checkpoint_every": 0},
+                    task={"name": "letters", "eval_size": 2})
+    trainer = Trainer(config_from_dict(data), callbacks=[stopper])
+    with pytest.raises(SystemExit, match="solved at step 2"):
+        trainer.train()
+    logged = read_metrics(trainer.run_dir)
+    assert [m["step"] for m in logged] == [0, 1, 2] and all("eval/team/reward" in m for m in logged)
+    assert "team/reward" in logged[2]
+    assert sorted(p.name for p in (trainer.run_dir / "checkpoints").iterdir()) == ["step_000002"]
+    assert ("step_end", 2) not in stopper.calls if hook == "on_evaluate" else ("step_end", 2) in stopper.calls
+    resumed = Trainer(config_from_dict(data), resume=True)
+    assert resumed.start_step == 2
+    resumed.train()
+    assert [m["step"] for m in read_metrics(trainer.run_dir)] == [0, 1, 2, 3]

@@ -116,6 +116,19 @@ def test_missing_file():
         load_config("nope.yaml")
 
 
+def test_a_config_file_that_is_a_fifo_or_a_device_is_named_so(tmp_path):
+    """A FIFO or a device given as the config file exists: it was reported as "does not exist"."""
+    import os
+
+    fifo = tmp_path / "cfg.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"config file '.*cfg.fifo' is a FIFO \(named pipe\), not a regular file; "
+                                          "pass a YAML file"):
+        load_config(str(fifo))
+    with pytest.raises(ConfigError, match=r"config file '/dev/null' is a device, not a regular file; pass a YAML"):
+        load_config("/dev/null")
+
+
 def test_every_field_has_help():
     rows = describe()
     assert all(text for _, _, text in rows), [k for k, _, t in rows if not t]

@@ -68,6 +68,32 @@ def test_unknown_names_are_config_errors_before_any_model_loads(tiny_cfg):
         Trainer(config_from_dict(tiny_cfg(rollout={"generation_backend": "hff"})))
 
 
+@pytest.mark.parametrize("name, problem", [(5, "is of type int, not text"), ("", "is empty"),
+                                           ("a b", "holds whitespace"), ("tab\tname", "holds whitespace"),
+                                           ("pettingzoo:x", "holds a ':'"), ("my_pkg:Task", "holds a ':'")])
+def test_a_task_name_that_cannot_be_named_is_refused_at_registration(name, problem):
+    """A non-text name broke `accord envs` later (sorting with the other names); an empty name, one with spaces, or
+    one with a ':' (an adapter's prefix or a module:attribute reference) could not be given as task.name."""
+    from accord.envs.registry import TASKS, TaskError, register_task
+
+    with pytest.raises(TaskError, match=rf"register_task\({re.escape(repr(name))}, \.\.\.\): the name {problem}; a "
+                                        r"task name is non-empty text without whitespace or ':'"):
+        register_task(name, "a bad name")
+    assert name not in TASKS
+
+
+def test_every_registered_task_name_passes_the_name_rule():
+    from accord.envs.registry import TASKS, register_task
+
+    try:
+        register_task("my-task.v2_test", "a name with '-', '.' and '_'")(lambda: None)
+        for name in list(TASKS):
+            register_task(name + "-copy-test", "the same characters")(lambda: None)
+    finally:
+        for name in [n for n in TASKS if n.endswith("-copy-test") or n == "my-task.v2_test"]:
+            del TASKS[name]
+
+
 def test_a_policy_generates_through_the_backend_it_owns(tiny_cfg):
     """The policy calls its backend object; a registered backend is built per policy from the rollout
     config, and a LoRA group's adapters share the group's one backend."""

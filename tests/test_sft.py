@@ -280,6 +280,18 @@ def test_files_that_are_not_utf8_or_already_exist(tmp_path):
     assert mine.read_text() == "precious\n"
 
 
+def test_a_demonstrations_file_that_is_a_fifo_is_named_so(tmp_path):
+    """A FIFO given as sft.data exists, and is not read (it would wait for a writer): it was reported as "does not
+    exist"."""
+    fifo = tmp_path / "demos.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(DemoError, match=r"demonstrations file '.*demos.fifo' is a FIFO \(named pipe\), not a "
+                                        r"regular file; give a JSONL file"):
+        read_demos(fifo, ("planner", "executor"))
+    with pytest.raises(DemoError, match=r"demonstrations file '/dev/null' is a device, not a regular file"):
+        read_demos("/dev/null", ("planner", "executor"))
+
+
 def _one_demo(tmp_path):
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({"agent": "planner", "prompt": "obs", "completion": "Moves: U"}) + "\n")
@@ -291,6 +303,33 @@ def test_eval_data_without_data_is_refused(tmp_path):
     cfg = config_from_dict(planpath_cfg(tmp_path, eval_data=str(tmp_path / "nowhere.jsonl")))
     with pytest.raises(DemoError, match="sft.eval_data=.* is read only with sft.data"):
         collect_demos(cfg)
+
+
+def test_held_out_demonstrations_that_repeat_training_ones_are_refused(tmp_path):
+    """As RL refuses instances in both splits, sft.eval_data may be neither the sft.data file nor repeat one of its
+    demonstrations (same agent, prompt and completion): the held-out NLL would measure memorisation (it was
+    reported without a word)."""
+    def line(agent, prompt, completion):
+        return json.dumps({"agent": agent, "prompt": prompt, "completion": completion}) + "\n"
+
+    train = tmp_path / "demos.jsonl"
+    train.write_text(line("planner", "obs 1", "Moves: U") + line("executor", "obs 2", "Moves: D"))
+    with pytest.raises(DemoError) as err:
+        collect_demos(config_from_dict(planpath_cfg(tmp_path, data=str(train), eval_data=str(train))))
+    assert str(err.value) == (f"sft.data and sft.eval_data name the same file ({train}); the held-out demonstrations "
+                              "must be others than the training ones: give sft.eval_data a separate file, or drop it")
+    held = tmp_path / "held.jsonl"
+    held.write_text(line("planner", "obs 2", "Moves: D") + line("executor", "obs 2", "Moves: D"))
+    with pytest.raises(DemoError) as err:
+        collect_demos(config_from_dict(planpath_cfg(tmp_path, data=str(train), eval_data=str(held))))
+    assert str(err.value).startswith(f"sft.eval_data: 1 of the 2 held-out demonstrations are also training "
+                                     f"demonstrations of sft.data (same agent, prompt and completion; e.g. {held} "
+                                     f"line 2 = {train} line 2); keep")
+    assert "\n" not in str(err.value)
+    held.write_text(line("planner", "obs 2", "Moves: D") + line("executor", "obs 2", "Moves: U"))
+    train_demos, evals = collect_demos(config_from_dict(planpath_cfg(tmp_path, data=str(train),
+                                                                     eval_data=str(held))))
+    assert len(train_demos) == 2 and len(evals) == 2
 
 
 @pytest.mark.slow
@@ -569,6 +608,31 @@ def test_a_prompt_too_long_by_its_characters_alone_is_refused_untokenized(tmp_pa
     with pytest.raises(DemoError, match="demos.jsonl line 4: the prompt of agent 'planner' is too long"):
         encode_demos(policy, [short], 8)   # at the bound: tokenized, and found too long by its tokens
     assert len(encoded) == 1
+
+
+def test_a_prompt_of_more_messages_than_the_prompt_limit_is_refused_untokenized():
+    """Each chat message takes the template's tokens, empty or not: a prompt of more messages than the prompt limit
+    is refused before it is encoded (600,000 empty messages passed the character count and took 4 GB and a minute
+    to find too long)."""
+    from accord.config import AlgorithmConfig, PolicyConfig, RolloutConfig, TrainingConfig
+    from accord.policies.model import ModelPolicy
+    from accord.sft import Demo
+
+    policy = ModelPolicy("p", PolicyConfig(model="tiny-qwen2"), TrainingConfig(bf16=False), AlgorithmConfig(),
+                         RolloutConfig(temperature=1.0, max_prompt_tokens=16), total_optimizer_steps=1, seed=0)
+    encoded = []
+    real = policy.encode_chat
+    policy.encode_chat = lambda messages: encoded.append(messages) or real(messages)
+    demo = Demo(agent="planner", messages=[{"role": "user", "content": ""}] * 17, completion="Moves: U",
+                where="demos.jsonl line 5")
+    with pytest.raises(DemoError) as err:
+        encode_demos(policy, [demo], 8)
+    assert str(err.value).startswith("demos.jsonl line 5: the prompt of agent 'planner' has 17 chat messages, so "
+                                     "more than rollout.max_prompt_tokens=16 tokens") and not encoded
+    assert "\n" not in str(err.value)
+    few = Demo(agent="planner", messages=[{"role": "user", "content": "U"}] * 2, completion="Moves: U",
+               where="demos.jsonl line 6")
+    assert len(encode_demos(policy, [few], 8)) == 1 and len(encoded) == 1
 
 
 @pytest.mark.slow

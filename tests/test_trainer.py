@@ -1,8 +1,10 @@
 """End-to-end behaviour of the trainer on tiny real models: learning, updates, resume, errors."""
 
+import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,6 +131,75 @@ def test_bad_rewards_are_named_errors(tiny_cfg, mode, text):
         assert "row 'train-" in str(info.value) and "e: " in str(info.value)
 
 
+def _reward_of(out, success=False):
+    from accord.envs.single_turn import call_reward
+
+    return call_reward(lambda **kw: out, task_name="t", agents=("a",), prompts={"a": ["p"] * 3},
+                       completions={"a": ["x", "y", "z"]}, columns={}, row_ids=["r0", "r1", "r2"], success=success)
+
+
+@pytest.mark.parametrize("out,text", [
+    ({0: 0.5, 1: 0.5, 2: 0.5}, "returned a dict; return a list of floats"),    # a loop read its keys: 0, 1, 2
+    ("111", "returned a str; return a list of floats"),                           # its characters: 1.0 each
+    ({0.5, 0.25, 1.0}, "returned a set; return a list of floats"),                # in hash order
+    (np.array(["0.5"] * 3), "returned str '0.5' for joint action 0"),
+    (np.array([True] * 3), r"returned bool True for joint action 0; .*float\(passed\)"),
+    (torch.ones(3, dtype=torch.bool), "returned bool True for joint action 0"),
+    ([np.bool_(True)] * 3, "returned bool np.True_ for joint action 0"),
+    ([torch.tensor(True)] * 3, "returned Tensor tensor\\(True\\) for joint action 0"),
+    (np.ones((3, 1)), "returned a 2-d ndarray"),
+    ([1.0, 10 ** 400, 0.5], "must return a list of floats, got list: int too large"),
+    ([1.0, torch.ones(2), 0.5], "must return a list of floats, got list: only one element"),
+])
+def test_a_reward_that_is_no_list_of_numbers_is_named(out, text):
+    """Each of these trained on without a word (the dict's keys, the string's characters, the set in hash order and
+    NumPy/torch bools and text read as rewards) or ended in a traceback (an int past float's range)."""
+    with pytest.raises(RewardError, match=text):
+        _reward_of(out)
+
+
+@pytest.mark.parametrize("row,text", [
+    ({"id": "r0", "prompts": "two"}, r"an instance field 'prompts' \(row 'r0'\) is also the reward's argument of the "
+                                     "agents' prompts, and every field is passed to the reward by its name; rename"),
+    ({"id": "r0", 3: "x"}, r"an instance field 3 \(row 'r0'\) is no text"),
+], ids=["prompts", "int-key"])
+def test_an_instance_field_the_reward_cannot_take_is_named(row, text):
+    """A row field named prompts (or agents, completions) or a key that is no text made the call fail before the
+    reward ran, and the error said the reward's code raised TypeError; a row of mixed key types failed sorting."""
+    from accord.envs.single_turn import SingleTurnEnv
+
+    class Task:
+        name, agents = "fields", ("a",)
+
+        def reward(self, *, prompts, completions, agents, **columns):
+            return [1.0]
+
+    with pytest.raises(RewardError, match=text) as err:
+        SingleTurnEnv(Task()).score([row], {"a": ["p"]}, {"a": ["x"]})
+    assert "raised TypeError" not in str(err.value)
+
+
+def test_arrays_numpy_and_torch_numbers_are_rewards():
+    assert _reward_of(np.array([0.5, 1.0, 0.0])) == [0.5, 1.0, 0.0]
+    assert _reward_of(torch.tensor([0.5, 1.0, 0.0])) == [0.5, 1.0, 0.0]
+    assert _reward_of([np.float32(0.5), torch.tensor(1.0), 2]) == [0.5, 1.0, 2.0]
+    assert _reward_of(np.array([True, False, True]), success=True) == [1.0, 0.0, 1.0]   # a success check's bools
+    assert _reward_of([np.bool_(True), False, True], success=True) == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("value,ok", [(0.5, True), (np.float64(0.5), True), (torch.tensor(0.5), True), (2, True),
+                                      (10 ** 400, False), (np.bool_(True), False), (torch.tensor(True), False),
+                                      (torch.ones(2), False), (np.ones(2), False), ("0.5", False), (True, False)],
+                         ids=["float", "np.float64", "tensor", "int", "int past float", "np.bool_", "tensor bool",
+                              "tensor of 2", "array of 2", "text", "bool"])
+def test_a_step_reward_is_a_finite_number(value, ok):
+    """An environment's step reward: an int past float's range and an array of several ended in a traceback, and
+    NumPy/torch bools passed as numbers."""
+    from accord.envs.protocol import finite_number
+
+    assert finite_number(value) is ok
+
+
 class _RaisingRelay(RelayEnv):
     where = "step"
 
@@ -140,7 +211,17 @@ class _RaisingRelay(RelayEnv):
     def step(self, actions):
         if self.where == "step":
             raise ZeroDivisionError("division by zero")
-        return super().step(actions)
+        res = super().step(actions)
+        if self.where == "observations":   # the second agent's observation left out
+            res = dataclasses.replace(res, observations={self.agents[0]: "go on"}, done=False)
+        elif self.where == "info":
+            res = dataclasses.replace(res, info=None)
+        return res
+
+    def instructions(self, agent):
+        if self.where == "instructions":
+            raise LookupError("no rules yet")
+        return None if self.where == "no instructions" else super().instructions(agent)
 
 
 @register_task("raising-relay-test", "test only")
@@ -171,6 +252,92 @@ def test_an_environment_that_raises_is_named(tiny_cfg, where, algorithm, text):
     finally:
         trainer.close()
     assert isinstance(info.value.__cause__, (ZeroDivisionError, IndexError))
+
+
+@pytest.mark.parametrize("where, text", [
+    ("instructions", r"environment 'relay': instructions\('\w+'\) raised LookupError: no rules yet; fix its "
+                     r"instructions"),
+    ("no instructions", r"environment 'relay': instructions\('\w+'\) must return text \(the agent's system message\), "
+                        r"got NoneType$"),
+    ("observations", r"environment 'relay': step\(\) returned a StepResult whose observations must hold one for each "
+                     r"agent \['\w+', '\w+'\] while the episode goes on, got \['\w+'\]$"),
+    ("info", r"environment 'relay': step\(\) returned a StepResult whose info must be a dict \(empty for nothing to "
+             r"say\), got NoneType$"),
+])
+def test_an_environment_that_breaks_the_protocol_is_named(tiny_cfg, where, text):
+    """An environment's instructions() raising or returning no text, a step result missing an agent's observation or
+    with no info dict: each ended in a KeyError, TypeError or the chat template's error deep in the rollout."""
+    from accord.envs.protocol import EnvOutputError
+
+    cfg = config_from_dict(tiny_cfg(task={"name": "raising-relay-test", "options": {"where": where}, "eval_size": 0},
+                                    algorithm={"name": "magrpo"}, rollout={"batch_size": 1, "max_turns": 2}))
+    trainer = Trainer(cfg)
+    try:
+        with pytest.raises(EnvOutputError, match=text):
+            trainer.train_step(0)
+    finally:
+        trainer.close()
+
+
+class _OddLetters(LettersTask):
+    mode = "prompt"
+
+    def rows(self, split, limit=None, seed=0):
+        if self.mode == "rows":
+            raise RuntimeError("rows boom")
+        rows = super().rows(split, limit=limit, seed=seed)
+        return (r for r in rows) if self.mode == "generator" else tuple(rows) if self.mode == "tuple" else rows
+
+    def prompt(self, agent, row):
+        if self.mode == "prompt":
+            raise RuntimeError("prompt boom")
+        return super().prompt(agent, row)
+
+    def reward(self, *, prompts=None, completions, agents, **kwargs):
+        out = super().reward(prompts=prompts, completions=completions, agents=agents)
+        if self.mode == "edits":   # a reward that edits what it is given
+            completions[agents[0]].clear()
+            prompts[agents[0]][:] = ["x"] * len(prompts[agents[0]])
+        return out
+
+
+@register_task("odd-letters-test", "test only")
+def _make_odd_letters(mode: str = "prompt"):
+    task = _OddLetters()
+    task.mode = mode
+    return task
+
+
+@pytest.mark.parametrize("mode, text", [
+    ("rows", r"environment 'letters': tasks\('train'\) raised RuntimeError: rows boom; fix its instances"),
+    ("generator", r"environment 'letters': the train instances \(tasks\(\), a task's rows\(\)\) must be a "
+                  r"list of dicts, got generator; return a list$"),
+    ("prompt", r"environment 'letters': prompt\('\w+', row 'train-\d+'\) raised RuntimeError: prompt boom; "
+               r"fix the task's prompt"),
+])
+def test_a_task_whose_rows_or_prompt_fail_is_named(tiny_cfg, mode, text):
+    """A task's rows() or prompt() raising, or rows() giving a generator: a traceback from accord's code before."""
+    from accord.envs.protocol import EnvOutputError
+
+    with pytest.raises(EnvOutputError, match=text):
+        trainer = Trainer(config_from_dict(tiny_cfg(task={"name": "odd-letters-test", "options": {"mode": mode},
+                                                          "eval_size": 0})))
+        try:
+            trainer.train_step(0)
+        finally:
+            trainer.close()
+
+
+def test_a_task_s_tuple_of_rows_is_read_and_a_reward_s_edits_stay_its_own(tiny_cfg, tmp_path):
+    """rows() as a tuple trains as a list; a reward that clears or rewrites the lists it is given left the rollout's
+    record of the completions wrong (an IndexError in the audit recorder, or a false integrity violation)."""
+    from accord.audit import audit_run
+
+    for mode in ("tuple", "edits"):
+        cfg = tiny_cfg(task={"name": "odd-letters-test", "options": {"mode": mode}, "eval_size": 0})
+        cfg["run"].update(steps=1, run_dir=str(tmp_path / mode))
+        Trainer(config_from_dict(cfg)).train()
+    assert audit_run(tmp_path / "edits").violations == []
 
 
 def test_a_reward_beyond_float32_is_named(tiny_cfg):

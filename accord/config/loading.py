@@ -26,6 +26,7 @@ import yaml
 
 from accord.config.base import ACTOR_CRITIC, ConfigError, _coerce, _unknown_key
 from accord.config.schema import DEFAULT_POLICIES, AgentConfig, Config, PolicyConfig, _to_plain
+from accord.data import not_a_file
 
 _NESTED = {"policies": PolicyConfig, "agents": AgentConfig}
 
@@ -356,8 +357,9 @@ def read_yaml(p: Path) -> dict:
     if p.is_dir():
         raise ConfigError(f"config file {str(p)!r} is a directory; pass a YAML file (to continue a run: "
                           f"accord train --resume {p})")
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as examples/tiny.yaml")
+    problem = not_a_file(p)
+    if problem:
+        raise ConfigError(f"config file {str(p)!r} {problem}; pass a YAML file such as examples/tiny.yaml")
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:

@@ -153,6 +153,11 @@ def check_step_result(env: Any, res: Any) -> Any:
         problem = f"done must be a bool, got {res.done!r:.60}"
     elif not isinstance(res.observations, dict) or not all(isinstance(v, str) for v in res.observations.values()):
         problem = f"observations must map agents to text, got {res.observations!r:.120}"
+    elif not res.done and not set(env.agents) <= set(res.observations):
+        problem = (f"observations must hold one for each agent {list(env.agents)} while the episode goes on, got "
+                   f"{sorted(map(str, res.observations))}")
+    elif not isinstance(res.info, dict):
+        problem = f"info must be a dict (empty for nothing to say), got {type(res.info).__name__}"
     if problem is not None:
         raise EnvOutputError(f"environment {name!r}: step() returned a StepResult whose {problem}")
     return res
@@ -180,7 +185,7 @@ def _raised(env: Any, call: str, err: Exception, fix: str) -> EnvOutputError:
                           "(--debug shows the traceback)")
 
 
-def _call(env: Any, call: str, fix: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+def call_env(env: Any, call: str, fix: str, method: Any, *args: Any, **kwargs: Any) -> Any:
     """``method(*args, **kwargs)`` of ``env``; an exception from the environment's own code becomes an
     :class:`EnvOutputError` naming the environment and ``call`` (the original chained: ``--debug`` shows it).
     ``OSError``, ``MemoryError`` and accord's own errors pass unchanged (a full disk, a sandbox that cannot
@@ -198,7 +203,7 @@ def _call(env: Any, call: str, fix: str, method: Any, *args: Any, **kwargs: Any)
 def step_env(env: Any, actions: Mapping[str, str]) -> Any:
     """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
     is named (:func:`_call`). Every step of a run goes through here."""
-    res = _call(env, "step()", "an environment must take any text as a move (`accord envs --check` tries some)",
+    res = call_env(env, "step()", "an environment must take any text as a move (`accord envs --check` tries some)",
                 env.step, actions)
     return check_step_result(env, res)
 
@@ -207,33 +212,77 @@ def reset_env(env: Any, task: Mapping[str, Any], seed: int) -> dict[str, str]:
     """``env.reset(task, seed=seed)``: the agents' observations as text, else an :class:`EnvOutputError`; an
     exception from the environment's code is named as in :func:`step_env`."""
     where = task.get("id") if isinstance(task, Mapping) else None
-    obs = _call(env, f"reset(task {where!r})", "fix its reset or the task's row", env.reset, task, seed=seed)
+    obs = call_env(env, f"reset(task {where!r})", "fix its reset or the task's row", env.reset, task, seed=seed)
     if not isinstance(obs, dict) or not all(isinstance(v, str) for v in obs.values()):
         raise EnvOutputError(f"environment {_env_name(env)!r}: reset() must return the agents' observations as "
                              f"text, got {obs!r:.120}")
+    if not set(env.agents) <= set(obs):
+        raise EnvOutputError(f"environment {_env_name(env)!r}: reset() must return an observation for each agent "
+                             f"{list(env.agents)}, got {sorted(map(str, obs))}")
     return dict(obs)
+
+
+def env_instructions(env: Any, agent: str) -> str:
+    """``env.instructions(agent)``, the system message of the agent's prompts: text, else an
+    :class:`EnvOutputError`; an exception from the environment's code is named as in :func:`step_env`."""
+    text = call_env(env, f"instructions({agent!r})", "fix its instructions", env.instructions, agent)
+    if not isinstance(text, str):
+        raise EnvOutputError(f"environment {_env_name(env)!r}: instructions({agent!r}) must return text (the agent's "
+                             f"system message), got {type(text).__name__}")
+    return text
 
 
 def finite_number(value: Any) -> bool:
     """Whether ``value`` is a reward: a finite number, neither text (``float('0.5')`` would read it) nor a bool."""
-    try:
-        return not isinstance(value, (str, bytes, bool)) and math.isfinite(value)
-    except TypeError:
+    if isinstance(value, (str, bytes, bool)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
         return False
+    try:
+        return math.isfinite(value)
+    except (TypeError, ValueError, OverflowError):   # not a number; an array of several; an int past float's range
+        return False
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON stand-in for a row value JSON cannot hold, the same in every process: a set by its sorted members, a
+    NumPy array or torch tensor by its values, bytes by their hex; another object by its ``repr`` unless that
+    names a memory address (``<object at 0x...>``, different in each process): an :class:`EnvOutputError`."""
+    if isinstance(value, (set, frozenset)):
+        return {"set": sorted(json.dumps(v, sort_keys=True, default=_canonical, ensure_ascii=False) for v in value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if callable(getattr(value, "tolist", None)):   # numpy / torch values
+        return value.tolist()
+    text = repr(value)
+    if " at 0x" in text:
+        raise EnvOutputError(f"an instance without an 'id' holds a value of type {type(value).__name__} whose repr "
+                             f"({text[:60]}) differs in each process, so no id can be made from its content; give the "
+                             "instance an 'id', or give it JSON values")
+    return text
 
 
 def instance_id(row: Mapping[str, Any]) -> str:
     """The id of an instance that has none: ``row-`` and 16 hex digits of the SHA-256 of its content (keys
-    sorted; values that are not JSON by their ``repr``), so equal content gets equal ids in any split and any
-    process, and an eval instance equal to a training one is caught as an overlap."""
-    text = json.dumps(dict(row), sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
+    sorted; values that are not JSON by a stand-in that is the same in every process: a set's sorted members, an
+    array's values, another object's ``repr``), so equal content gets equal ids in any split and any process, and
+    an eval instance equal to a training one is caught as an overlap."""
+    try:
+        text = json.dumps(dict(row), sort_keys=True, separators=(",", ":"), default=_canonical, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as err:   # keys of mixed types; a row that holds itself
+        raise EnvOutputError(f"an instance without an 'id' cannot be hashed into one ({err}); give the instance an "
+                             "'id', or give it JSON values under text keys") from err
     return "row-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def task_instances(env: Any, split: str, limit: int | None = None, seed: int = 0) -> list[Any]:
     """``env.tasks(split, limit, seed)``, each dict without an ``id`` given :func:`instance_id` (a copy; the
-    task's rows are not changed). Anything that is not a dict is passed through for the caller to refuse."""
-    rows = env.tasks(split, limit=limit, seed=seed)
+    task's rows are not changed; a tuple is read as a list). An entry that is not a dict is passed through for the
+    caller to refuse; an exception from the environment's code, or instances that are no list, is an
+    :class:`EnvOutputError`."""
+    rows = call_env(env, f"tasks({split!r})", "fix its instances (a task's rows)", env.tasks, split, limit=limit,
+                 seed=seed)
+    if isinstance(rows, tuple):
+        rows = list(rows)
     if not isinstance(rows, list):
-        return rows
+        raise EnvOutputError(f"environment {_env_name(env)!r}: the {split} instances (tasks(), a task's rows()) must "
+                             f"be a list of dicts, got {type(rows).__name__}; return a list")
     return [{**row, "id": instance_id(row)} if isinstance(row, dict) and "id" not in row else row for row in rows]

@@ -85,7 +85,14 @@ TASKS: dict[str, tuple[Callable[..., Task], str]] = {}
 
 
 def register_task(name: str, description: str):
-    """Decorator registering a task factory under ``name`` with a one-line description."""
+    """Decorator registering a task factory under ``name`` with a one-line description. A name is non-empty text
+    without whitespace or ':' (a ':' marks ``module:attribute`` references and the adapters' ``pettingzoo:<env_id>``
+    names); another name is a :class:`TaskError`."""
+    if not isinstance(name, str) or not name or any(c.isspace() or c == ":" for c in name):
+        problem = (f"is of type {type(name).__name__}, not text" if not isinstance(name, str)
+                   else "is empty" if not name else "holds a ':'" if ":" in name else "holds whitespace")
+        raise TaskError(f"register_task({name!r}, ...): the name {problem}; a task name is non-empty text without "
+                        "whitespace or ':' (which marks module:attribute and adapter names), e.g. 'my_task'")
 
     def wrap(factory):
         if name in TASKS:

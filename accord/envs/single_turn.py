@@ -18,16 +18,26 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from accord.envs.protocol import Messages, StepResult, check_messages, check_step_actions, finite_number
+from accord.envs.protocol import (Messages, StepResult, call_env, check_messages, check_step_actions,
+                                   finite_number)
 
 
 class RewardError(ValueError):
     """The task's reward function returned something unusable; the message names the row and agent."""
 
 
+_PASSED = ("prompts", "completions", "agents")   # what a reward gets besides the instance fields
+
+
 def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
             columns: dict[str, list], row_ids: list[str]):
     """Call a task's ``reward`` or ``reward_components`` for a batch; what it raises stops the run, with context."""
+    clash = next((k for k in columns if not isinstance(k, str) or k in _PASSED), None)
+    if clash is not None:   # the call itself would fail, and the error would blame the reward's code
+        why = "is no text" if not isinstance(clash, str) else f"is also the {what}'s argument of the agents' {clash}"
+        raise RewardError(f"task {task_name!r}: an instance field {clash!r} (row {row_ids[0]!r}) {why}, and every "
+                          f"field is passed to the {what} by its name; rename the field (a text key other than "
+                          "prompts, completions and agents)")
     try:
         return fn(prompts=prompts, completions=completions, agents=agents, **columns)
     except Exception as err:  # re-raised with context: the user's reward code failed, the run must stop
@@ -36,6 +46,26 @@ def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...],
             f"actions (first row {row_ids[0]!r}); fix it (it must accept prompts=, completions=, agents= and "
             "**kwargs)"
         ) from err
+
+
+def _is_bool(value: Any) -> bool:
+    """A NumPy or torch bool (``np.bool_``, a 0-d bool tensor): a pass/fail, not a number, like Python's bool."""
+    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
+def _reward_items(out: Any, what: str, task_name: str, kind: str) -> list:
+    """The entries of a reward's (or success check's) output: a list, a tuple, or a 1-d NumPy array or torch tensor
+    (its ``tolist()``: Python numbers, bools and text, checked as a list's); anything else (a dict, whose keys a
+    loop would read, a string, whose characters it would, a set, in no order) is a :class:`RewardError`."""
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    if hasattr(out, "ndim") and hasattr(out, "tolist") and not isinstance(out, (str, bytes)):
+        if out.ndim == 1:
+            return out.tolist()
+        raise RewardError(f"the {what} of task {task_name!r} returned a {out.ndim}-d {type(out).__name__}; return a "
+                          f"list of {kind}, one per joint action")
+    raise RewardError(f"the {what} of task {task_name!r} returned a {type(out).__name__}; return a list of {kind}, one "
+                      "per joint action (entry j of every completions list)")
 
 
 def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...], prompts: dict, completions: dict,
@@ -48,16 +78,16 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
                   columns=columns, row_ids=row_ids)
     # float('0.5') and float(True) would pass: a reward is a number, neither text that reads as one nor a bool (the
     # rule of environments' step rewards); a success check's bools are its answer
+    items = _reward_items(out, what, task_name, kind)
     refused = (str, bytes) if success else (str, bytes, bool)
-    text = next(((j, v) for j, v in enumerate(out) if isinstance(v, refused)), None) \
-        if isinstance(out, (list, tuple)) else None
+    text = next(((j, v) for j, v in enumerate(items) if isinstance(v, refused) or (not success and _is_bool(v))), None)
     if text is not None:
-        fix = " (float(passed) for a pass/fail reward)" if isinstance(text[1], bool) else ""
+        fix = " (float(passed) for a pass/fail reward)" if not isinstance(text[1], (str, bytes)) else ""
         raise RewardError(f"the {what} of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "
                           f"action {text[0]}; return a list of {kind}{fix}")
     try:
-        values = [float(v) for v in out]
-    except (TypeError, ValueError) as err:
+        values = [float(v) for v in items]
+    except (TypeError, ValueError, OverflowError) as err:
         raise RewardError(f"the {what} of task {task_name!r} must return a list of {kind}, got {type(out).__name__}: "
                           f"{err}") from err
     if len(values) != n:
@@ -112,9 +142,15 @@ def call_reward_components(components_fn: Callable, *, task_name: str, agents: t
     return totals, parts
 
 
+def _copies(texts: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The agents' lists of texts as new lists: a reward that edits what it is given (clears a list, replaces an
+    entry) leaves the rollout's record of the completions as they were written."""
+    return {a: list(v) for a, v in texts.items()}
+
+
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list]:
     """Each instance field as a column, one entry per joint action (``None`` where a row lacks it)."""
-    keys = sorted({key for row in rows for key in row})
+    keys = sorted({key for row in rows for key in row}, key=lambda k: (not isinstance(k, str), str(k)))
     return {key: [row.get(key) for row in rows] for key in keys}
 
 
@@ -140,8 +176,9 @@ class SingleTurnEnv:
     # --- the batched form (one reward call per step) -------------------------------------------------
     def prompt(self, agent: str, row: dict[str, Any]) -> Messages:
         """The task's chat prompt of ``agent`` for instance ``row`` (checked: :func:`check_messages`)."""
-        return check_messages(self.task.prompt(agent, row), f"task {self.name!r}: prompt({agent!r}, row "
-                                                            f"{row.get('id')!r})")
+        call = f"prompt({agent!r}, row {row.get('id')!r})"
+        return check_messages(call_env(self, call, "fix the task's prompt", self.task.prompt, agent, row),
+                              f"task {self.name!r}: {call}")
 
     def score(self, rows: list[dict[str, Any]], prompts: dict[str, list[str]], completions: dict[str, list[str]],
               row_ids: list[str] | None = None, agents: tuple[str, ...] | None = None,
@@ -150,8 +187,8 @@ class SingleTurnEnv:
         its instance) in one call of the task's reward; with ``reward_components``, also each one's parts.
         ``agents``: the order passed to the reward (default the task's)."""
         ids = row_ids or [str(row.get("id", j)) for j, row in enumerate(rows)]
-        kwargs = dict(task_name=self.name, agents=tuple(agents or self.agents), prompts=prompts, completions=completions,
-                      columns=_columns(rows), row_ids=ids)
+        kwargs = dict(task_name=self.name, agents=tuple(agents or self.agents), prompts=_copies(prompts),
+                      completions=_copies(completions), columns=_columns(rows), row_ids=ids)
         if callable(getattr(self.task, "reward_components", None)):
             return call_reward_components(self.task.reward_components, **kwargs)
         return call_reward(self.task.reward, **kwargs), None
@@ -162,8 +199,9 @@ class SingleTurnEnv:
         if not callable(getattr(self.task, "success", None)):
             return None
         ids = row_ids or [str(row.get("id", j)) for j, row in enumerate(rows)]
-        values = call_reward(self.task.success, task_name=self.name, agents=tuple(agents or self.agents), prompts=prompts,
-                             completions=completions, columns=_columns(rows), row_ids=ids, success=True)
+        values = call_reward(self.task.success, task_name=self.name, agents=tuple(agents or self.agents),
+                             prompts=_copies(prompts), completions=_copies(completions), columns=_columns(rows),
+                             row_ids=ids, success=True)
         return [v > 0.5 for v in values]
 
     # --- the environment protocol --------------------------------------------------------------------

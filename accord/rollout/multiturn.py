@@ -51,7 +51,7 @@ from accord.algorithms.credit import counterfactual_credit, credit_rng as step_c
 from accord.audit import AuditRecorder, state_fingerprint
 from accord.config import ConfigError
 from accord.config.rules import joint_mode_for
-from accord.envs.protocol import Env, Messages, StepResult, is_env, reset_env, step_env
+from accord.envs.protocol import Env, Messages, StepResult, env_instructions, is_env, reset_env, step_env
 from accord.rollout.base import Generate, Phase, Played, Rollout, RolloutResult, register_rollout
 from accord.rollout.sample import Sample
 from accord.seeding import episode_seed, rollout_seed
@@ -79,7 +79,7 @@ class Episode:
                        self.team_return, self.success, dict(self.local_return), self.success_reported)
 
     def messages(self, agent: str, history_turns: int | None) -> Messages:
-        msgs: Messages = [{"role": "system", "content": self.env.instructions(agent)}]
+        msgs: Messages = [{"role": "system", "content": env_instructions(self.env, agent)}]
         past = self.history[agent] if history_turns is None else self.history[agent][-history_turns:] \
             if history_turns > 0 else []
         for obs, action in past:

@@ -239,6 +239,75 @@ def test_a_reward_model_path_that_does_not_load_is_one_line(tiny_cfg, tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("n_pairs", [5, 1])
+def test_rm_accuracy_is_never_the_training_pairs_accuracy(tiny_cfg, tmp_path, caplog, n_pairs):
+    """eval_frac 0.1 of 5 pairs rounds to none: one pair is held out for rm/accuracy (it was the training pairs'
+    accuracy under the held-out name); a single pair leaves none to hold out: no rm/accuracy, and a warning says
+    why."""
+    pairs = [{**GOOD, "chosen": {"e": f"eel tree see {i}", "o": f"good moon solo {i}"}} for i in range(n_pairs)]
+    prefs = _write(tmp_path / "prefs.jsonl", pairs)
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, algorithm={"name": "marlhf"},
+                                                reward_model={"preferences": prefs, "epochs": 1})))
+    with caplog.at_level(logging.WARNING, logger="accord.trainer_steps"):
+        trainer.train()
+    rec = read_metrics(trainer.run_dir)[0]
+    said = [r.getMessage() for r in caplog.records if "held out" in r.getMessage()]
+    if n_pairs == 5:
+        assert rec["rm/accuracy_pairs"] == 1 and 0 <= rec["rm/accuracy"] <= 1 and not said
+    else:
+        assert "rm/accuracy" not in rec and "rm/accuracy_pairs" not in rec and "rm/train_accuracy" in rec
+        assert len(said) == 1 and "rm/accuracy (held-out accuracy) is not logged" in said[0]
+
+
+def _exported_reward_model(directory, *, head=None, backbone_nan=False):
+    """A reward model directory as a marlhf run exports it (the backbone of tiny_cfg's policy, a head), its head
+    file replaced by ``head`` bytes or its head / backbone weights made nan on request."""
+    from safetensors.torch import save_file
+
+    from accord.config import TrainingConfig
+    from accord.critics import ScalarModel
+
+    model = ScalarModel("reward model", "tiny-qwen2", {"hidden_size": 64, "num_layers": 2}, 1e-3,
+                        TrainingConfig(bf16=False), 1, seed=0, device="cpu")
+    if backbone_nan:
+        with torch.no_grad():
+            model.model.get_input_embeddings().weight.fill_(float("nan"))
+    model.export(directory)
+    if head == "nan":
+        save_file({k: torch.full_like(v, float("nan")) for k, v in model.head.state_dict().items()},
+                  str(directory / "head.safetensors"))
+    elif head is not None:
+        (directory / "head.safetensors").write_bytes(head)
+    return str(directory)
+
+
+@pytest.mark.parametrize("head,match", [
+    (b"\x00" * 100, r"head.safetensors cannot be read \(.*: truncated or not safetensors\); copy the reward model "
+                     "directory again"),
+    ("nan", r"head.safetensors: the reward model's head holds nan or infinite weights \(.*\), so every score it "
+            "gives would be nan"),
+], ids=["unreadable", "nan"])
+def test_a_damaged_reward_model_head_is_a_one_line_error_naming_the_file(tiny_cfg, tmp_path, head, match):
+    """A damaged head.safetensors was a safetensors traceback; a nan head stopped the run blaming the task's
+    reward."""
+    path = _exported_reward_model(tmp_path / "rm", head=head)
+    with pytest.raises(ConfigError, match=f"reward_model.path=.* does not load .*{match}") as err:
+        Trainer(config_from_dict(tiny_cfg(algorithm={"name": "marlhf"}, reward_model={"path": path})))
+    assert "\n" not in str(err.value) and str(tmp_path / "rm" / "head.safetensors") in str(err.value)
+
+
+def test_a_reward_model_that_scores_nan_is_named_not_the_tasks_reward(tiny_cfg, tmp_path):
+    from accord.policies.protocol import TrainingError
+
+    path = _exported_reward_model(tmp_path / "rm", backbone_nan=True)
+    trainer = Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, algorithm={"name": "marlhf"},
+                                                reward_model={"path": path})))
+    with pytest.raises(TrainingError) as err:
+        trainer.train()
+    assert str(err.value).startswith(f"reward_model.path={path!r} scored 8 of the 8 joint actions nan")
+    assert "task's reward" not in str(err.value) and "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("overrides,match", [
     ({"algorithm": {"name": "madpo", "num_generations": 1}}, "madpo pairs candidates"),
     ({"algorithm": {"name": "madpo", "kl_coef": 0.1}}, "does not apply to madpo"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import re
 import sys
 import time
 import types
@@ -266,6 +267,31 @@ def test_records_without_a_canonical_solution(tmp_path, caplog):
     assert [p["id"] for p in rows] == ["T/1"] and "T/2" in caplog.text and "canonical" in caplog.text
     run = TestCache().run([("def half(x):\n    return x / 2\n", suite_of(rows[0]))])[0]
     assert (run.passed, run.total) == (2, 2)
+
+
+def test_data_files_splits_are_all_given_and_known(tmp_path):
+    """A file that gives splits gives one of the known words in every record: a record without one, or with a
+    value that is neither a train nor an eval word, is refused with its number (it went to train before)."""
+    def record(i, split=None):
+        out = {"task_id": f"T/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x plus {i}.\"\"\"\n",
+               "entry_point": f"f{i}", "canonical_solution": f"    return x + {i}\n",
+               "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"}
+        return out if split is None else {**out, "split": split}
+
+    def write(name, records):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return path
+
+    good = write("good.jsonl", [record(0, "Train"), record(1, "training"), record(2, "TEST"), record(3, "dev")])
+    assert [p["id"] for p in load_problems("humaneval", "eval", data_files=good)] in (["T/2", "T/3"], ["T/3", "T/2"])
+    mixed = write("mixed.jsonl", [record(0, "train"), record(1, "test"), record(2)])
+    with pytest.raises(data.DataFileError, match=r"mixed.jsonl record 3 \(task_id 'T/2'\) has no 'split'.*'test'"):
+        load_problems("humaneval", "train", data_files=mixed)
+    for bad in ("Test ", "tset", 1):
+        typo = write("typo.jsonl", [record(0, "train"), record(1, bad)])
+        with pytest.raises(data.DataFileError, match=rf"typo.jsonl record 2 .*'split': {re.escape(repr(bad))}, which"):
+            load_problems("humaneval", "eval", data_files=typo)
 
 
 def test_hub_datasets_offline_name_the_alternatives():

@@ -175,6 +175,45 @@ def test_bad_environments_are_one_line(name, options, problem):
             "TaskError": "its reset() takes no seed"}[problem.__name__] in text
 
 
+def render_fails(obs, agent):
+    raise KeyError("board")
+
+
+def render_array_as_list(obs, agent):
+    return [float(v) for v in obs]
+
+
+def parse_fails(text, agent, space):
+    return int(text.split()[1])
+
+
+@pytest.mark.parametrize("name,options,match", [
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_fails"},
+     r"task.options.render='test_external_envs:render_fails' raised KeyError: 'board'; fix that function \(a render "
+     r"must return the observation as a str for any observation\)"),
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array_as_list"},
+     r"task.options.render='test_external_envs:render_array_as_list' returned list, not text"),
+    ("pettingzoo:test_external_envs:make_array_env", {"render": "test_external_envs:render_array",
+                                                      "parse": "test_external_envs:parse_fails"},
+     r"task.options.parse='test_external_envs:parse_fails' raised IndexError: .*; fix that function \(a parse must "
+     r"return an action, or None for a text that is no action, for any text\)"),
+    ("gymnasium:FrozenLake-v1", {"render": "test_external_envs:render_fails"},
+     r"task.options.render='test_external_envs:render_fails' raised KeyError"),
+    ("gymnasium:FrozenLake-v1", {"parse": "test_external_envs:parse_fails"},
+     r"task.options.parse='test_external_envs:parse_fails' raised IndexError"),
+], ids=["pz-render-raises", "pz-render-no-text", "pz-parse-raises", "gym-render-raises", "gym-parse-raises"])
+def test_a_users_render_or_parse_that_fails_is_named(name, options, match):
+    """A render or parse function given as an option that raised (or rendered no text) came out as the environment's
+    step() failing (or an AttributeError on .rstrip), not naming the option whose function it was."""
+    from accord.envs.protocol import EnvOutputError, reset_env, step_env
+
+    env = make_env(name, options)
+    with pytest.raises(EnvOutputError, match=match) as info:
+        reset_env(env, env.tasks("train", limit=1)[0], seed=0)
+        step_env(env, {env.acting()[0]: "1"})
+    assert "\n" not in str(info.value) and "environment " not in str(info.value)
+
+
 def test_unknown_names_get_the_closest():
     with pytest.raises(TaskError, match="did you mean 'tictactoe_v3'"):
         make_env("pettingzoo:tictactoe_v2")

@@ -1,6 +1,7 @@
 """The math task: answer extraction and equivalence, data loaders, the tool + reasoner environment."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -238,6 +239,24 @@ def test_data_errors_name_the_fix(tmp_path, monkeypatch):
     env = MathEnv(source="reasoning_gym", datasets=["chain_summ"])
     with pytest.raises(TaskError, match="chain_sum"):
         env.tasks("train", 2)
+
+
+def test_answers_that_are_no_number_or_a_bool_are_refused(tmp_path):
+    """JSON's NaN, Infinity and 1e400 (too large for a float) became the answers 'nan' and 'inf', which the checker
+    matched; a bool answer was skipped with only an INFO line. Each is an error naming the file and the record."""
+    from accord.data import DataFileError
+
+    good = '{"question": "What is 2 times 3?", "answer": 6}\n'
+    for value, shown in (("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("1e400", "inf"),
+                         ("true", "a bool")):
+        path = tmp_path / "answers.jsonl"
+        path.write_text(good + "\n" + f'{{"Problem": "What is 1 times 4?", "Answer": {value}}}\n')
+        with pytest.raises(DataFileError, match=rf"answers.jsonl record 2: 'Answer' is {re.escape(shown)}.*finite"):
+            load_math_rows("train", data_files=str(path))
+    path.write_text(good)
+    assert [r["answer"] for r in load_math_rows("train", data_files=[str(path)])
+            + load_math_rows("eval", data_files=[str(path)])] == ["6"]
+    assert record_to_row("auto", {"question": "q?", "answer": float("nan")}) is None
 
 
 def test_reasoning_gym_splits_are_disjoint_and_deterministic():

@@ -485,7 +485,7 @@ def test_a_step_result_is_checked_on_every_step(result, match):
     ((1.0, {"a": 0.0, "b": float("inf")}, True), "every local reward must be a finite number"),
     ((1.0, {"a": 0.0, "b": 0.0}, "no"), "done must be a bool, got 'no'"),
     ((1.0, {"a": 0.0, "b": 0.0}, True, None, {"a": ""}), r"must return an observation for every agent \['a', 'b'\], got \['a'\]"),
-    ((1.0, {"a": 0.0, "b": 0.0}, True, []), "info must be a dict, got list"),
+    ((1.0, {"a": 0.0, "b": 0.0}, True, []), r"info must be a dict \(empty for nothing to say\), got list"),
 ])
 def test_envs_check_demands_what_a_run_demands_and_more(result, match):
     """`accord envs --check` refuses every step result a run refuses (one check, the same words), and besides
@@ -532,3 +532,27 @@ def test_step_env_names_the_environments_own_errors_and_passes_accords():
         with pytest.raises(type(err)) as info:
             step_env(Env2(err), {"a": "go"})
         assert info.value is err
+
+
+def test_an_instance_id_is_the_same_in_every_process():
+    """A set in a row was hashed by its repr, whose order follows the per-process string hash seed: the same
+    instance got another id in each process (a Ray actor, a resume). A set, an array, bytes hash by their content;
+    an object whose repr names its memory address, or a row of mixed key types, is an error asking for an id."""
+    import os
+    import subprocess
+    import sys as _sys
+
+    from accord.envs.protocol import EnvOutputError, instance_id
+
+    code = ("import numpy, torch; from accord.envs.protocol import instance_id; "
+            "print(instance_id({'letters': set('abcdefghij'), 'a': numpy.arange(3), 't': torch.tensor([1.5]), "
+            "'b': b'xy', 'f': frozenset({('p', 1), ('q', 2)})}))")
+    ids = {subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip() for seed in (1, 2, 3)}
+    assert len(ids) == 1 and ids.pop().startswith("row-")
+    assert instance_id({"s": {"a", "b"}}) != instance_id({"s": ["a", "b"]}) != instance_id({"s": {"a"}})
+    with pytest.raises(EnvOutputError, match=r"holds a value of type object whose repr \(<object object at 0x.*give "
+                                             "the instance an"):
+        instance_id({"x": object()})
+    with pytest.raises(EnvOutputError, match=r"cannot be hashed into one \(.*\); give the instance an 'id'"):
+        instance_id({1: "a", "b": 2})

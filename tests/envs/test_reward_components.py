@@ -188,7 +188,7 @@ def test_a_success_check_gives_bools_where_a_reward_may_not():
     (["yes", "no"], r"the success check of task 'parts' returned str 'yes' for joint action 0; return a list of bools$"),
     ([True], r"the success check of task 'parts' returned 1 values for 2 joint actions; return one bool per joint"),
     ([True, float("nan")], r"the success check of task 'parts' is nan for joint action 1 .*; return a bool for every"),
-    (None, r"the success check of task 'parts' must return a list of bools, got NoneType"),
+    (None, r"the success check of task 'parts' returned a NoneType; return a list of bools, one per joint action"),
 ])
 def test_a_bad_success_check_is_named_as_such(answer, message):
     """The errors of a success check name the check and ask for bools, not the reward's floats."""

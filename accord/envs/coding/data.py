@@ -44,9 +44,10 @@ Sources
   no example and keeps it).
 - ``data_files=PATH``: a local JSON list or JSONL file of records in either hub format (HumanEval-style
   ``task_id/prompt/test/entry_point[/canonical_solution]`` or MBPP-style ``task_id/text|prompt/code/
-  test_list``). Records with a ``split`` field (``train``; ``eval``/``test``/``validation``) keep it;
-  otherwise problems are ranked by the sha256 of their id and the first quarter (at least one when there
-  are two or more) is eval.
+  test_list``). When the records give a ``split`` (``train``/``training``; ``eval``/``test``/``validation``/
+  ``valid``/``dev``; any case), every record must give one of these words (a record without one, or with another
+  value, is a :class:`~accord.data.DataFileError` naming it); when none does, problems are ranked by the sha256
+  of their id and the first quarter (at least one when there are two or more) is eval.
 
 The hub is used only when ``datasets`` is installed, ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are
 unset and huggingface.co answers a 2 s TCP probe (the check of :mod:`accord.envs.writing.core`); a hub
@@ -72,7 +73,7 @@ from typing import Any
 
 from accord.envs.registry import TaskError
 from accord.envs.coding.common import docstring_examples, safe_parse, split_tests
-from accord.data import digest, load_hub_dataset, read_records
+from accord.data import DataFileError, digest, load_hub_dataset, read_records
 from accord.sandbox.harness import needs_reference
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ HUMANEVAL_TRAIN = range(33, 163)   # task numbers
 HUMANEVAL_EVAL = range(0, 32)
 COOP_EVAL = 16
 _EVAL_WORDS = {"eval", "test", "validation", "valid", "dev"}
+_TRAIN_WORDS = {"train", "training"}
 
 
 class CodeDataUnavailable(TaskError, RuntimeError):
@@ -460,12 +462,32 @@ def _load_hub(dataset: str) -> dict[str, list[dict[str, str]]]:
     return {"train": problems[COOP_EVAL:], "eval": problems[:COOP_EVAL]}
 
 
+def _check_splits(records: list[Mapping[str, Any]], path: str | os.PathLike) -> bool:
+    """Whether the records of a ``data_files`` file give their splits: every record has a ``split`` that is a train
+    or an eval word (any case), or none has one; else a one-line :class:`DataFileError` naming the record."""
+    having = [n for n, r in enumerate(records, 1) if "split" in r]
+    if not having:
+        return False
+    words = (f"'split' is one of {sorted(_TRAIN_WORDS)} (train) or {sorted(_EVAL_WORDS)} (eval), in any case; or "
+             "give no record a split (a hash of the ids then picks the eval quarter)")
+    for n, record in enumerate(records, 1):
+        where = f"data_files {path} record {n}" + (f" (task_id {record['task_id']!r})" if "task_id" in record else "")
+        if "split" not in record:
+            raise DataFileError(f"{where} has no 'split' while record {having[0]} has one; in a file that gives "
+                                f"splits, every record's {words}")
+        split = record["split"]
+        if not isinstance(split, str) or split.lower() not in _TRAIN_WORDS | _EVAL_WORDS:
+            raise DataFileError(f"{where} has 'split': {split!r}, which is neither a train nor an eval split; every "
+                                f"record's {words}")
+    return True
+
+
 def _load_files(path: str | os.PathLike, dataset: str) -> dict[str, list[dict[str, str]]]:
     records = read_records(path)
     tagged = [r for r in records if isinstance(r, Mapping)]
     if len(tagged) != len(records):
         raise ValueError(f"data_files={str(path)!r}: every record must be a JSON object")
-    if tagged and all(isinstance(r.get("split"), str) for r in tagged):
+    if _check_splits(tagged, path):
         out: dict[str, list[dict[str, str]]] = {"train": [], "eval": []}
         for split in ("train", "eval"):
             chosen = [r for r in tagged if (r["split"].lower() in _EVAL_WORDS) == (split == "eval")]

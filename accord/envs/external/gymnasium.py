@@ -23,7 +23,7 @@ import re
 from typing import Any, Callable
 
 from accord.envs.external.base import ReplayEnv, TextObservationError
-from accord.envs.external.pettingzoo import _callable, _discrete
+from accord.envs.external.pettingzoo import OptionFunction, _discrete
 from accord.envs.registry import TaskError
 
 
@@ -52,8 +52,8 @@ class GymnasiumEnv(ReplayEnv):
             raise TaskError(f"gymnasium:{env_id} is not a registered Gymnasium environment;{hint}")
         self._gym, self.env_id, self.env_kwargs = gymnasium, env_id, dict(env_kwargs or {})
         self.name = f"gymnasium:{env_id}"
-        self._render = _callable(render, "render") if render else None
-        self._parser = _callable(parse, "parse") if parse else None
+        self._render = OptionFunction(render, "render") if render else None
+        self._parser = OptionFunction(parse, "parse") if parse else None
         super().__init__(max_turns=max_turns, team_reward="sum", illegal_reward=illegal_reward, size=size)
         self._env = self._make()
         self._last: Any = None

@@ -37,6 +37,7 @@ import pkgutil
 from typing import Any, Callable
 
 from accord.envs.external.base import ReplayEnv, TextObservationError, first_int
+from accord.envs.protocol import RAISED_MESSAGE_CHARS, EnvOutputError
 from accord.envs.registry import TaskError, _import_module
 
 FAMILIES = ("classic", "butterfly", "sisl", "mpe", "atari")
@@ -117,6 +118,33 @@ def _callable(ref: str, key: str) -> Callable:
     return fn
 
 
+class OptionFunction:
+    """A user's ``task.options.render`` or ``parse`` function (:func:`_callable`), called so that what it raises,
+    or a render that gives no text, is an :class:`~accord.envs.protocol.EnvOutputError` naming the option (not
+    the environment, nor a move of the model)."""
+
+    def __init__(self, ref: str, key: str):
+        self.ref, self.key, self.fn = ref, key, _callable(ref, key)
+
+    def __call__(self, *args: Any) -> Any:
+        what = f"task.options.{self.key}={self.ref!r}"
+        try:
+            out = self.fn(*args)
+        except (OSError, MemoryError):
+            raise
+        except Exception as err:   # the user's function failed: re-raised naming the option
+            message = str(err)[:RAISED_MESSAGE_CHARS]
+            raise EnvOutputError(f"{what} raised {type(err).__name__}: {message}; fix that function (a {self.key} "
+                                 f"must {_MUST[self.key]})") from err
+        if self.key == "render" and not isinstance(out, str):
+            raise EnvOutputError(f"{what} returned {type(out).__name__}, not text; a render must {_MUST['render']}")
+        return out
+
+
+_MUST = {"render": "return the observation as a str for any observation",
+         "parse": "return an action, or None for a text that is no action, for any text"}
+
+
 def _known_ids() -> list[str]:
     import pettingzoo
 
@@ -185,8 +213,8 @@ class PettingZooEnv(ReplayEnv):
         self.env_id = env_id
         self._factory, module = resolve(env_id, parallel, dict(env_kwargs or {}))
         builtin = BUILTIN.get(module, (None, None, None))
-        self._render = _callable(render, "render") if render else builtin[0]
-        self._parser = _callable(parse, "parse") if parse else builtin[1]
+        self._render = OptionFunction(render, "render") if render else builtin[0]
+        self._parser = OptionFunction(parse, "parse") if parse else builtin[1]
         probe = self._factory()
         self._env = probe
         self.simultaneous = _is_parallel(probe)

@@ -40,7 +40,8 @@ offline alternative (``source=reasoning_gym``) and ``data_files``; nothing falls
 record); the format is detected per record (or fixed by ``source`` = gsm8k/math/aime, which skips
 records of other shapes). A single file (or list) is split by content hash (one in five eval);
 with a train/eval dict, eval questions also found in train are dropped. Records without a question
-or an answer are skipped (and counted in a log line).
+or an answer are skipped (and counted in a log line); an answer given as a bool or as a number that is not finite
+(``NaN``, ``Infinity``, ``1e400``) is a :class:`~accord.data.DataFileError` naming the file and the record.
 
 Rows are sorted by id, shuffled with ``random.Random(seed)`` and cut to ``limit`` (Hub and files);
 reasoning-gym rows come in generation order, which the seed already decides.
@@ -51,12 +52,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import random
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from accord.data import digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset, read_records
+from accord.data import (DataFileError, digest, hash_bucket, hash_split, hub_unavailable_reason, load_hub_dataset,
+                         read_records)
 from accord.envs.maths.answer import extract_boxed
 
 logger = logging.getLogger(__name__)
@@ -169,7 +172,7 @@ def record_to_row(fmt: str, record: Mapping[str, Any], source: str | None = None
         return _row(source, question, answer, subject=record.get("type"), level=record.get("level"))
     question = next((record[k] for k in ("problem", "Problem", "question") if isinstance(record.get(k), str)), None)
     answer = next((record[k] for k in ("answer", "Answer") if record.get(k) is not None), None)
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isfinite(answer):
         answer = str(answer)
     if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or not answer.strip():
         return None
@@ -232,10 +235,25 @@ def _file_rows(data_files: Any, split: str, fmt: str) -> list[dict[str, Any]]:
 
 def _records_of(paths: Any) -> list[Any]:
     if isinstance(paths, (str, os.PathLike)):
-        return read_records(paths, "task.options.data_files")
+        return _file_records(paths)
     if isinstance(paths, Sequence) and paths and all(isinstance(p, (str, os.PathLike)) for p in paths):
-        return [rec for p in paths for rec in read_records(p, "task.options.data_files")]
+        return [rec for p in paths for rec in _file_records(p)]
     raise ValueError(f"task.options.data_files={paths!r}: give a path, a list of paths, or {{train: path, eval: path}}")
+
+
+def _file_records(path: str | os.PathLike) -> list[Any]:
+    """The records of one ``data_files`` file. An answer given as a bool, or as a number that is not finite (JSON's
+    ``NaN``/``Infinity``, or too large for a float, as ``1e400``), is a one-line :class:`DataFileError` naming the
+    record: as text it would become the answer ``True``/``nan``/``inf``."""
+    records = read_records(path, "task.options.data_files")
+    for n, record in enumerate(records, 1):
+        for key in ("answer", "Answer") if isinstance(record, Mapping) else ():
+            value = record.get(key)
+            if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+                what = "a bool" if isinstance(value, bool) else f"{value} (NaN, Infinity, or too large for a float)"
+                raise DataFileError(f"task.options.data_files {path} record {n}: {key!r} is {what}, not an answer; "
+                                    'give the answer as text or a finite number, e.g. "answer": "42"')
+    return records
 
 
 # ---------------------------------------------------------------------------------------------------
