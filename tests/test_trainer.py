@@ -108,11 +108,14 @@ class _BadReward(LettersTask):
         return out
 
 
-@register_task("bad-reward-test", "test only")
-def _make_bad(mode: str = "nan"):
-    task = _BadReward()
+def _with_mode(cls, mode: str):
+    """A test task of class ``cls`` in failure ``mode``."""
+    task = cls()
     task.mode = mode
     return task
+
+
+register_task("bad-reward-test", "test only")(lambda mode="nan": _with_mode(_BadReward, mode))
 
 
 @pytest.mark.parametrize("mode,text", [("nan", "is nan for joint action 3"), ("short", "returned 7 values for 8"),
@@ -301,11 +304,7 @@ class _OddLetters(LettersTask):
         return out
 
 
-@register_task("odd-letters-test", "test only")
-def _make_odd_letters(mode: str = "prompt"):
-    task = _OddLetters()
-    task.mode = mode
-    return task
+register_task("odd-letters-test", "test only")(lambda mode="prompt": _with_mode(_OddLetters, mode))
 
 
 @pytest.mark.parametrize("mode, text", [
