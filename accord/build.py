@@ -25,8 +25,9 @@ from accord import envs  # noqa: F401  (registers the built-in tasks)
 from accord.algorithms.advantages import ADVANTAGE_ESTIMATORS, check_advantage_config
 from accord.algorithms.losses import LOSS_SPECS, POLICY_LOSSES, LossSpec, resolve_loss_agg
 from accord.audit import AuditRecorder, prune_after
-from accord.checkpoint import (checkpoint_step, claim_run_dir, discard_uncheckpointed, hold_run_dir, last_logged_step,
-                               prune_checkpoints, resume_checkpoint, verified_checkpoint)
+from accord.checkpoint import (check_still_new, checkpoint_step, checkpointed_steps, claim_run_dir,
+                               discard_uncheckpointed, hold_run_dir, last_logged_step, prune_checkpoints,
+                               resume_checkpoint, verified_checkpoint)
 from accord.config import Config, ConfigError, layout_change, save_config
 from accord.config.rules import EnvInfo, check_rollout
 from accord.config.ignored import warn_ignored
@@ -402,6 +403,14 @@ def resume_point(cfg: Config, run_dir: Path, allow_unverified: bool = False,
             raise ConfigError(f"{run_dir} logged {last} steps but holds no checkpoint (with run.checkpoint_every="
                               f"{every} there was one at step {every}: was checkpoints/ removed?); restore its "
                               f"checkpoints to resume, or start the run over with --overwrite (deletes its logs)")
+        # a step's metrics carry time/checkpoint from just before its checkpoint is renamed into place: a later step
+        # logged, or no checkpoints/ folder left (a kill in that rename leaves it, with the partial save in it), means
+        # the checkpoint was there (one written on a stop, with run.checkpoint_every=0, say)
+        written = checkpointed_steps(run_dir)
+        if written and (written[-1] < last or not (run_dir / "checkpoints").exists()):
+            raise ConfigError(f"{run_dir} logged a checkpoint at step {written[-1]} but holds none (was "
+                              f"checkpoints/ removed?); restore its checkpoints to resume, or start the run over "
+                              f"with --overwrite (deletes its logs)")
         planned = _planned_steps(run_dir)
         if planned is not None and 0 < planned <= last:   # a run that reached its run.steps ended with a checkpoint
             raise ConfigError(f"{run_dir} logged all {planned} steps of its run.steps={planned} but holds no "
@@ -498,6 +507,7 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
 
     import_modules(cfg.imports)   # their sinks registered before report_to is checked
     check_report_to(cfg.logging.report_to)  # an unknown sink or a missing package: say so before models load
+    existed = Path(cfg.run_dir).is_dir()
     releases = [claim_run_dir(cfg.run_dir, resume=resume, overwrite=overwrite)]  # before the (slow) build: fail fast
     run = None
     try:
@@ -525,6 +535,8 @@ def build_run(cfg: Config, *, resume: bool = False, overwrite: bool = False, all
             run.start_step = run.resume_state["step"] if run.resume_state else 0
         run.run_dir.mkdir(parents=True, exist_ok=True)
         releases.append(hold_run_dir(run.run_dir))   # held from here on, also where the directory is new
+        if not existed and not resume:
+            check_still_new(run.run_dir)
         save_config(cfg, run.run_dir / "config.yaml")  # on resume too: overrides (e.g. run.steps) are part of the run
     except BaseException:
         if run is not None:

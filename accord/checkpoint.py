@@ -33,6 +33,7 @@ import torch
 from safetensors import SafetensorError
 
 from accord.config import ConfigError
+from accord.metric_names import TIME_CHECKPOINT
 from accord.tracking.registry import folder_problem
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,11 @@ def commit_checkpoint(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
     root = checkpoint_dir(run_dir)
     final = root / f"step_{step:06d}"
     _hook("commit")
+    if final.is_symlink() or (os.path.lexists(final) and not final.is_dir()):   # a user's: never replaced
+        what = f"a symbolic link (to {os.readlink(final)!r})" if final.is_symlink() else "a file"
+        raise CheckpointError(f"{final} is {what}, not a checkpoint of this run, and the checkpoint of step {step} "
+                              f"goes by that name; move it out of {root}, then `accord train --resume {run_dir}` "
+                              "(this step is run again)")
     if final.exists():  # redoing a step after resuming from an older checkpoint
         _discard(final)
     os.replace(tmp, final)
@@ -279,21 +285,23 @@ def _hook(point: str) -> None:
 
 def clean_checkpoints(run_dir: Path) -> list[Path]:
     """Remove what a crash can leave in ``RUN_DIR/checkpoints``: temporary directories of interrupted saves
-    (``.tmp_step_*``) and checkpoints caught halfway through pruning (``.trash_*``). Logs each one."""
+    (``.tmp_step_*``) and checkpoints caught halfway through pruning (``.trash_*``). Logs each one. A ``step_*``
+    directory is never removed here: one without a manifest and some of a checkpoint's parts (copied in part, or
+    trimmed by hand) is named in a warning and left."""
     root = checkpoint_dir(run_dir)
     removed = []
     if root.is_dir():
         for path in sorted(root.iterdir()):
             if path.is_symlink():   # accord writes none: a user's link, left alone (and never loaded or pruned)
                 continue
-            if path.name.startswith((".tmp_step_", ".trash_")) and path.is_dir():
-                logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
-            elif (_CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir() and not (path / MANIFEST).exists()
-                  and not _legacy_complete(path)):
-                logger.info("removing %s (a checkpoint of an older accord, half deleted by an interrupted prune)",
-                            path)
-            else:
+            if not (path.name.startswith((".tmp_step_", ".trash_")) and path.is_dir()):
+                if (_CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir() and not (path / MANIFEST).exists()
+                        and not _legacy_complete(path)):   # this accord leaves none (a prune renames first)
+                    logger.warning("%s has no %s and not every part of a checkpoint (state.pt, each policy's "
+                                   "optimizer.pt): it is not loaded, and left as it is; delete it if it is not "
+                                   "needed", path, MANIFEST)
                 continue
+            logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
             shutil.rmtree(path)
             removed.append(path)
     return removed
@@ -560,8 +568,8 @@ LOCK_FILE = ".accord.lock"
 SFT_DEMOS = "demos.jsonl"   # every warm start of accord sft holds it (accord.sft), no run of accord train does
 
 
-def _logged_steps(run_dir: Path):
-    """The ``step`` of each line of ``run_dir``'s metrics.jsonl (None where a line does not read or has none)."""
+def _logged_lines(run_dir: Path):
+    """Each line of ``run_dir``'s metrics.jsonl as a dict (None where a line does not read as one)."""
     metrics = Path(run_dir) / "metrics.jsonl"
     if not metrics.is_file():
         return
@@ -569,9 +577,23 @@ def _logged_steps(run_dir: Path):
         if not line.strip():
             continue
         try:
-            yield json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            yield None
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        yield record if isinstance(record, dict) else None
+
+
+def _logged_steps(run_dir: Path):
+    """The ``step`` of each line of ``run_dir``'s metrics.jsonl (None where a line does not read or has none)."""
+    for record in _logged_lines(run_dir):
+        yield None if record is None else record.get("step")
+
+
+def checkpointed_steps(run_dir: Path) -> list[int]:
+    """The steps of ``run_dir``'s metrics.jsonl whose line says a checkpoint was written with it (it carries
+    ``time/checkpoint``: :meth:`accord.trainer.Trainer._save` logs a step's metrics as it writes its checkpoint)."""
+    return [r["step"] for r in _logged_lines(run_dir)
+            if r is not None and TIME_CHECKPOINT in r and isinstance(r.get("step"), int)]
 
 
 def completed_step(run_dir: Path) -> bool:
@@ -721,6 +743,17 @@ def warm_start_problem(run_dir: Path) -> str | None:
     return (f"{run_dir} holds a warm start of accord sft ({SFT_DEMOS} beside it), not a run of accord train, and a "
             f"run there would overwrite it; train from a finished one with policies.<name>.model={run_dir}/<name>, "
             "into another run.name (or run.run_dir)")
+
+
+def check_still_new(run_dir: Path) -> None:
+    """A :class:`ConfigError` where ``run_dir``, which did not exist when this run claimed it (so no lock was held
+    while the run was built), now holds a run: another ``accord train`` into the same new directory got there
+    first (and may have finished). Call with the directory's lock held (:func:`hold_run_dir`)."""
+    held = [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+    if held:
+        raise ConfigError(f"{run_dir} was new when this run started, but another run wrote {', '.join(held)} there "
+                          f"while this one was being built; nothing of it was changed: continue that run with "
+                          f"`accord train --resume {run_dir}`, or choose another run.name (or run.run_dir)")
 
 
 def claim_run_dir(run_dir: Path, *, resume: bool, overwrite: bool):

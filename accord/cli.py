@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import errno
 import inspect
+import json
 import os
 import logging
 import math
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 
 from accord.config import ConfigError, describe, is_config_file, layout_change, load_config
+from accord.data import not_a_file
 from accord.tracking.console import configure_logging, printable
 
 logger = logging.getLogger("accord")
@@ -149,13 +151,18 @@ def _train(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if config_path is not None:
             raise ConfigError("--resume takes its config from RUN_DIR/config.yaml; pass only key=value overrides")
-        if not (run_dir / "config.yaml").is_file():
-            raise ConfigError(f"{run_dir} has no config.yaml; --resume needs the directory of an earlier run")
+        saved = run_dir / "config.yaml"
+        if not saved.is_file():
+            what = "no config.yaml" if not os.path.lexists(saved) else f"a config.yaml that {not_a_file(saved)}"
+            raise ConfigError(f"{run_dir} has {what}; --resume needs the directory of an earlier run")
+        if not saved.read_bytes().strip():
+            raise ConfigError(f"{saved} is empty, so the run's settings are lost; restore it (each checkpoint's "
+                              "state.pt holds the config its steps ran with, under 'config'), then resume")
         moved = [o for o in positional if o.split("=", 1)[0].strip() in ("run.run_dir", "run.output_dir", "run.name")]
         if moved:
             raise ConfigError(f"{moved[0]}: a resumed run stays in its directory ({run_dir}) and keeps its name; drop "
                               "it (to train a copy elsewhere, copy the directory and resume the copy)")
-        cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={run_dir}"])
+        cfg = load_config(run_dir / "config.yaml", positional + [f"run.run_dir={json.dumps(str(run_dir))}"])
         from accord.checkpoint import warm_start_problem   # after the config: its errors come before torch
 
         problem = warm_start_problem(run_dir)
@@ -165,7 +172,7 @@ def _train(args: argparse.Namespace) -> int:
             changed = layout_change(run_dir, cfg)   # before the warnings that other changes apply from here on
             if changed is not None:
                 raise ConfigError(changed)
-            _say_resume_changes(load_config(run_dir / "config.yaml", [f"run.run_dir={run_dir}"]), cfg)
+            _say_resume_changes(load_config(run_dir / "config.yaml", [f"run.run_dir={json.dumps(str(run_dir))}"]), cfg)
     else:
         cfg = load_config(config_path, positional)
         try:

@@ -167,3 +167,37 @@ def test_a_config_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monk
     with pytest.raises(OSError):
         loading.save_config(Config(), tmp_path / "config.yaml")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["my run #2", "2024.10", "x: y"])
+def test_resume_takes_the_run_directory_literally(tiny_cfg, tmp_path, name):
+    """`accord train --resume DIR` put DIR into a run.run_dir=DIR override, which YAML read: 'my run #2' lost its
+    '#2' as a comment, '2024.10' became the number 2024.1 and 'x: y' a mapping, each an error about an override the
+    user never typed (and its fix refused as moving the run)."""
+    from accord.cli import main
+    from accord.config import config_from_dict
+    from accord.tracking import read_metrics
+    from accord.trainer import Trainer
+
+    run_dir = tmp_path / name
+    Trainer(config_from_dict(tiny_cfg(run={"steps": 1, "run_dir": str(run_dir)}))).train()
+    assert main(["train", "--resume", str(run_dir), "run.steps=2"]) in (0, None)
+    assert [m["step"] for m in read_metrics(run_dir)][-2:] == [1, 2]
+
+
+def test_resume_of_a_run_whose_config_is_empty_or_a_folder_says_so(tmp_path):
+    """An empty config.yaml on --resume was "config file ... is empty; add config keys, or run `accord train`
+    without a file for the defaults" (a fix that starts another job); a config.yaml folder was "has no config.yaml"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    def resume():
+        out = subprocess.run([sys.executable, "-m", "accord.cli", "train", "--resume", str(run)], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        return out.stderr
+
+    (run / "config.yaml").write_text("\n")
+    assert "config.yaml is empty, so the run's settings are lost; restore it" in resume()
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").mkdir()
+    assert "has a config.yaml that is a directory, not a file; --resume needs" in resume()

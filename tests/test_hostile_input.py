@@ -610,6 +610,30 @@ def test_a_finished_run_whose_checkpoints_are_gone_is_not_started_over(tmp_path)
     assert resume_point(cfg, run) is None
 
 
+def test_a_stopped_run_whose_checkpoints_are_gone_is_not_started_over(tmp_path):
+    """SIGTERM after step 2 of 4 with run.checkpoint_every=0 writes a checkpoint of step 2 (its metrics line carries
+    time/checkpoint); with checkpoints/ removed the resume said "no checkpoint yet: starting the run over" and
+    deleted steps 1-2. Refused now. A kill while that checkpoint was being renamed into place (its partial save
+    left in checkpoints/) still replays the run from step 0."""
+    from accord.build import resume_point
+    from accord.config import ConfigError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 1, "team/reward": 0.5}, {"step": 2, "team/reward": 0.5, "time/checkpoint": 0.1}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "config.yaml").write_text("run:\n  steps: 4\n")
+    cfg = load_config(TINY, [f"run.run_dir={run}", "run.steps=4", "run.checkpoint_every=0"])
+    with pytest.raises(ConfigError, match=r"logged a checkpoint at step 2 but holds none \(was checkpoints/ removed"):
+        resume_point(cfg, run)
+    (run / "checkpoints").mkdir()   # as a kill in the rename leaves it (the resume's clean-up took the partial save)
+    assert resume_point(cfg, run) is None
+    lines.append({"step": 3, "team/reward": 0.5})   # a later step logged: step 2's checkpoint was in place
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(ConfigError, match=r"logged a checkpoint at step 2 but holds none"):
+        resume_point(cfg, run)
+
+
 def test_a_lock_file_that_is_a_link_is_not_written_through(tmp_path):
     """RUN/.accord.lock a symbolic link to a user's file: refused with the fix; the file keeps its text (the pid
     was written into it)."""
@@ -834,3 +858,48 @@ def test_a_config_yaml_that_does_not_parse_is_one_warning_line_in_the_report(tmp
     warned = [r.getMessage() for r in caplog.records if "could not parse" in r.getMessage()]
     assert len(warned) == 1 and "\n" not in warned[0] and "line 2, column" in warned[0], warned
     assert "config.yaml could not be parsed" in report.read_text()
+
+
+def test_a_step_folder_without_a_manifest_is_named_not_deleted(tmp_path, caplog):
+    """A checkpoint folder with its weights but no manifest.json and no optimizer state (a weights-only copy, a
+    trimmed one) was deleted by the resume's clean-up, logged at INFO as "half deleted by an interrupted prune"
+    (this accord renames before it deletes, so it never leaves one): it is left, with a warning."""
+    import logging
+
+    from accord.checkpoint import clean_checkpoints
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    (ckpt / "policies" / "main").mkdir(parents=True)
+    (ckpt / "policies" / "main" / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "state.pt").write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, logger="accord.checkpoint"):
+        assert clean_checkpoints(tmp_path / "run") == []
+    assert (ckpt / "policies" / "main" / "model.safetensors").read_bytes() == b"weights"
+    assert any("step_000001 has no manifest.json" in r.getMessage() and "left as it is" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_users_entry_of_a_checkpoints_name_is_never_replaced(tmp_path, kind):
+    """A user's file, or link to a folder, named checkpoints/step_000003: committing step 3 renamed it to .trash_*
+    and failed ("Not a directory", "Cannot call rmtree on a symbolic link"), though the docs say such entries are
+    never removed. It is left where it is and the error names it and the fix."""
+    from accord.checkpoint import CheckpointError, commit_checkpoint
+
+    run = tmp_path / "run"
+    tmp = _fake_checkpoint(run, ".tmp_step_000003_1")
+    entry = run / "checkpoints" / "step_000003"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    if kind == "file":
+        entry.write_text("my notes")
+    else:
+        entry.symlink_to(mine)
+    with pytest.raises(CheckpointError, match=rf"step_000003 is a {'file' if kind == 'file' else 'symbolic link'}.*"
+                                              r"move it out of .*--resume") as err:
+        commit_checkpoint(run, tmp, 3, 5)
+    assert "\n" not in str(err.value)
+    assert (entry.read_text() == "my notes") if kind == "file" else (entry.is_symlink() and entry.resolve() == mine)
+    assert (mine / "notes.txt").read_text() == "keep" and tmp.is_dir()
+    assert not list((run / "checkpoints").glob(".trash_*"))

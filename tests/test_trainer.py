@@ -619,6 +619,32 @@ def test_a_resume_that_lays_the_run_out_otherwise_is_refused(tiny_cfg, tmp_path)
                                                         "policies.<name>.model=DIR/<name>)")
 
 
+def test_a_run_into_a_new_folder_that_another_run_filled_meanwhile_changes_nothing(tiny_cfg, monkeypatch):
+    """Two runs into one directory that did not exist yet: the first checked the folder before building (no lock:
+    there was no folder) while the second ran to its end there; the first then went on, appended its steps to the
+    other's metrics and replaced its checkpoints and config.yaml. It stops instead, the other's files untouched."""
+    import accord.build
+    from accord.config import ConfigError
+
+    cfg = config_from_dict(tiny_cfg(run={"steps": 1}))
+    real = accord.build.setup_process
+
+    def meanwhile(*args):   # while this run is being built, another finishes in the same new directory
+        monkeypatch.setattr(accord.build, "setup_process", real)
+        Trainer(config_from_dict(tiny_cfg(run={"steps": 1}, training={"lr": 0.5}))).train()
+        return real(*args)
+
+    monkeypatch.setattr(accord.build, "setup_process", meanwhile)
+    assert not cfg.run_dir.exists()
+    with pytest.raises(ConfigError, match=r"was new when this run started, but another run wrote config.yaml, "
+                                          r"metrics.jsonl, checkpoints.*--resume") as err:
+        Trainer(cfg)
+    assert "\n" not in str(err.value)
+    assert "lr: 0.5" in (cfg.run_dir / "config.yaml").read_text()
+    steps = [m["step"] for m in read_metrics(cfg.run_dir)]
+    assert steps == sorted(set(steps)) and steps[-1] == 1   # the other run's steps, once each
+
+
 def test_a_second_run_in_a_held_folder_says_how_to_go_on_from_python_too(tiny_cfg):
     """The same script run twice: the refusal names the command line's flags and the Python API's arguments."""
     import accord

@@ -288,8 +288,12 @@ def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory + os.replace."""
+    """Write ``text`` to ``path`` via a temp file in the same directory + os.replace. A symbolic link at ``path`` is
+    written through, as opening it for writing would: its target is replaced, the link stays (a ``metrics.jsonl``
+    linked into a shared folder, cut back on resume, had become a plain file beside the stale target)."""
     _not_a_folder(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_UMASK)   # a plain file's mode, not mkstemp's 0600
     try:

@@ -417,8 +417,16 @@ def test_reward_levels(task, problems):
         "solo (aux never called): capped": (aux, right, 2.0),
         "trivial wrapper": ("def aux(x):\n    return x % 1.0", "def truncate_number(number):\n    return aux(number)",
                             3.5),
+        # aux's value thrown away and main solving alone: aux did nothing the tests see (the reference's 4.0)
         "aux's value ignored": (aux, "def truncate_number(number):\n    aux(number)\n    return number % 1.0",
-                                4.0),
+                                2.0),
+        # an identity or constant aux that main calls before solving alone: a stub does as well (it earned 4.5)
+        "identity aux": ("def aux(x):\n    return x", "def truncate_number(number):\n    number = aux(number)\n"
+                         "    return number % 1.0", 2.0),
+        "constant aux": ("def aux():\n    return 0", "def truncate_number(number):\n    _unused = aux()\n"
+                         "    return number % 1.0", 2.0),
+        "aux used through a keyword": ("def aux(value):\n    return value", "def truncate_number(number):\n"
+                                       "    return aux(value=number) % 1.0", 2.0),
         "aux misnamed": ("def helper(x):\n    return int(x)", right, 2.0),
         "aux misnamed, main calls aux": ("def helper(x):\n    return int(x)",
                                          "def truncate_number(number):\n    return number - aux(number)", 1.1),
@@ -469,6 +477,25 @@ def test_reward_levels(task, problems):
 ])
 def test_code_that_reaches_the_programs_names_is_found(src, found):
     assert reaches_names(ast.parse(src)) == found
+
+
+def test_an_aux_that_does_nothing_earns_no_collaboration(task, problems):
+    """An aux called for its effect on its argument, its value thrown away, counts (with the reference's -0.5); one
+    that does nothing the tests see, however main calls it, leaves the pair capped as a solo main."""
+    p = problems["HumanEval/0"]
+    in_place = ("def aux(xs):\n    xs.sort()\n    return xs",
+                "def has_close_elements(numbers, threshold):\n    numbers = list(numbers)\n    aux(numbers)\n"
+                "    return any(b - a < threshold for a, b in zip(numbers, numbers[1:]))")
+    identity = ("def aux(x, t):\n    return x",
+                "def has_close_elements(numbers, threshold):\n    numbers = aux(numbers, threshold)\n"
+                "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])")
+    levels = task.score([fenced(in_place[0]), fenced(identity[0])], [fenced(in_place[1]), fenced(identity[1])],
+                        [p, p])
+    assert [lv["total"] for lv in levels] == [pytest.approx(4.0), pytest.approx(2.0)]
+    assert levels[0]["ignored"] == -0.5 and levels[1]["cap"] < 0
+    check = check_pair(fenced(identity[0]), fenced(identity[1]), p)
+    run_pairs(task.cache, [check], [p])
+    assert "replaced by a function that does nothing" in " ".join(check.messages["main"])
 
 
 def test_a_wrapper_is_judged_by_what_aux_alone_passes_in_the_multi_turn_env(problems):

@@ -82,6 +82,22 @@ def test_read_metrics_corrupt_line(tmp_path):
     assert read_metrics(tmp_path) == [{"step": 0, "a": 1}]
 
 
+def test_resume_cuts_back_a_linked_metrics_file_through_its_link(tmp_path):
+    """metrics.jsonl a link into a shared folder: a new run writes through it, and the resume's cut replaced the link
+    by a plain file, leaving the shared copy stale with the steps the resume dropped."""
+    run, shared = tmp_path / "run", tmp_path / "shared"
+    run.mkdir()
+    shared.mkdir()
+    (run / "metrics.jsonl").symlink_to(shared / "metrics.jsonl")
+    with JsonlSink(run) as sink:
+        for s in range(4):
+            sink.log(s, {"team/reward": float(s)})
+    with JsonlSink(run, resume_from_step=1) as sink:
+        sink.log(2, {"team/reward": 20.0})
+    assert (run / "metrics.jsonl").is_symlink()
+    assert [r["step"] for r in read_metrics(shared)] == [0, 1, 2] and read_metrics(shared)[-1]["team/reward"] == 20.0
+
+
 def test_resume_truncates_metrics_and_completions(tmp_path):
     run = tmp_path / "run"
     with JsonlSink(run) as sink:

@@ -43,7 +43,12 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
   constant; and :func:`judge_wrapper`: the helper's ``aux`` run as the entry point itself, in the same
   sandbox call, passes every reference test that main's program passes, so ``return aux(x) + 0`` or
   ``int(aux(x))`` is a wrapper too); **-0.5** aux's return value is ignored (some call ``aux(...)`` is a
-  whole expression statement, its value thrown away). Calls of ``aux`` do not count when either agent's
+  whole expression statement, its value thrown away). Calls of ``aux`` do not count when main's program passes
+  every reference test it passes with the helper's ``aux`` swapped for a stub that does nothing (one returning
+  None, one returning its first argument; :func:`judge_aux_use`, in the same sandbox call): an identity or
+  constant ``aux`` that main calls and then solves the problem alone (``numbers = aux(numbers)``, ``_ = aux()``)
+  earned the full 4.5 in the reference's levels, more than a real split, and an ``aux`` whose value is thrown
+  away counts only for what it does to its arguments. Calls of ``aux`` do not count either when either agent's
   code can reach the program's names at run time
   (:func:`~accord.envs.coding.common.reaches_names`: ``globals``, ``eval``, ``exec``, ``getattr``,
   ``setattr``, a dunder name or attribute such as ``__code__``, an import of ``sys``, ``inspect``,
@@ -66,7 +71,9 @@ Execution: all programs of a reward batch run in ONE :meth:`Sandbox.run_tests_ma
 does not parse, loops forever, floods its output or returns something that is not plain data gets its
 status and 0 passes for the affected tests, not an exception. A multi-turn step with ``feedback: tests``
 runs its program twice in that call, on the hidden tests and on the examples (a second process of about
-20 ms of CPU); the canonical solution runs once per problem on its examples.
+20 ms of CPU); the canonical solution runs once per problem on its examples. A pair whose main calls ``aux``
+adds up to three programs to the call, on the reference tests: main with each of the two stubs
+(:func:`judge_aux_use`) and the helper's ``aux`` alone (:func:`judge_wrapper`).
 
 Single-model baseline (``single_agent: true``): :class:`SingleCoderTask`
 -------------------------------------------------------------------------
@@ -154,6 +161,7 @@ __all__ = [
     "HelperMainTask",
     "PairCheck",
     "check_pair",
+    "judge_aux_use",
     "judge_wrapper",
     "make_humaneval",
     "pair_levels",
@@ -166,6 +174,9 @@ FEEDBACK_MODES = ("tests", "passfail", "revise")
 AUX_DEFINED, MAIN_DEFINED, PARSES, TESTS = 0.4, 0.6, 0.5, 1.0
 TIMEOUT_PENALTY, AUX_CALLED, NOT_WRAPPER, IGNORED_PENALTY, NO_AUX_CAP = 0.2, 1.0, 1.0, 0.5, 2.0
 SHOWN_FAILURES = 3
+# stand-ins for the helper's aux that do nothing (judge_aux_use): main passing as well with one means aux did nothing
+AUX_STUBS = ("def aux(*args, **kwargs):\n    return None",
+             "def aux(*args, **kwargs):\n    return args[0] if args else next(iter(kwargs.values()), None)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,6 +196,7 @@ class PairCheck:
     parses: bool = False
     program: str | None = None
     alone: str | None = None     # the helper's aux run as the entry point itself (see judge_wrapper)
+    stubbed: tuple[str, ...] = ()   # main's program with aux swapped for a stub that does nothing (judge_aux_use)
     aux_called: bool = False
     aux_ignored: bool = False
     trivial_wrapper: bool = False
@@ -256,6 +268,9 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     if c.aux_called and c.aux_defined and not c.trivial_wrapper:
         parts = (problem.get("preamble") or "", c.helper_code, f"{entry} = {AUX}")
         c.alone = "\n\n".join(p for p in parts if p) + "\n"
+    if c.aux_called and c.aux_defined:
+        c.stubbed = tuple("\n\n".join(p for p in (problem.get("preamble") or "", stub, c.main_code) if p) + "\n"
+                          for stub in AUX_STUBS)
     if not c.aux_called:
         for a in AGENTS:
             c.messages[a].append("`main` does not call `aux`: the team earns at most 2.0 without it.")
@@ -264,6 +279,37 @@ def check_pair(helper_text: str, main_text: str, problem: dict[str, Any]) -> Pai
     if c.trivial_wrapper:
         c.messages["main"].append("Your function only forwards to `aux`; do part of the work in it.")
     return c
+
+
+def judge_aux_use(c: PairCheck, run: CodeRun | None, stubbed: Sequence[CodeRun]) -> None:
+    """Count ``c``'s calls of ``aux`` as not made when main's program passes every reference test it passes (``run``)
+    with the helper's ``aux`` swapped for a stub that does nothing (``c.stubbed``: one returning None, one returning
+    its first argument): the helper's code then did nothing the tests see, however main calls it
+    (``numbers = aux(numbers)`` with an identity ``aux``, ``_ = aux()`` with a constant one), and the pair is
+    capped as a solo main."""
+    if not c.aux_called or run is None or run.passed == 0 or not stubbed:
+        return
+    for stub in stubbed:
+        if all(stub.case(i)[0] for i in range(run.total) if run.case(i)[0]):
+            c.aux_called = False
+            for a in AGENTS:
+                c.messages[a].append("`main` passes the same tests when `aux` is replaced by a function that does "
+                                     "nothing: `aux`'s work does not count, and the team earns at most 2.0.")
+            return
+
+
+def judge_runs(c: PairCheck, run: CodeRun | None, probes: Sequence[CodeRun]) -> None:
+    """Apply :func:`judge_aux_use` and :func:`judge_wrapper` to ``c`` from the runs of its probes (``c.stubbed``
+    then ``c.alone``, as :func:`probe_programs` lists them)."""
+    judge_aux_use(c, run, probes[:len(c.stubbed)])
+    if c.alone is not None and c.aux_called:
+        judge_wrapper(c, run, probes[len(c.stubbed)])
+
+
+def probe_programs(c: PairCheck) -> list[str]:
+    """The programs run beside ``c.program`` on the reference tests to judge it: main with ``aux`` stubbed
+    (:func:`judge_aux_use`), then the helper's ``aux`` alone (:func:`judge_wrapper`)."""
+    return list(c.stubbed) + ([c.alone] if c.alone is not None else [])
 
 
 def judge_wrapper(c: PairCheck, run: CodeRun | None, alone: CodeRun | None) -> None:
@@ -307,15 +353,17 @@ def run_pairs(cache: TestCache, checks: Sequence[PairCheck],
     """Test runs of the pairs that have a program, all in one sandbox call with their helpers' ``aux`` run alone
     (:func:`judge_wrapper` applied to each check); None for the others."""
     idx = [i for i, c in enumerate(checks) if c.program is not None]
-    alone = [i for i in idx if checks[i].alone is not None]
-    jobs = [(checks[i].program, suite_of(problems[i])) for i in idx] + [(checks[i].alone, suite_of(problems[i]))
-                                                                        for i in alone]
+    probes = {i: probe_programs(checks[i]) for i in idx}
+    jobs = ([(checks[i].program, suite_of(problems[i])) for i in idx]
+            + [(program, suite_of(problems[i])) for i in idx for program in probes[i]])
     runs = cache.run(jobs) if jobs else []
     out: list[CodeRun | None] = [None] * len(checks)
     for i, r in zip(idx, runs):
         out[i] = r
-    for i, r in zip(alone, runs[len(idx):]):
-        judge_wrapper(checks[i], out[i], r)
+    at = len(idx)
+    for i in idx:
+        judge_runs(checks[i], out[i], runs[at:at + len(probes[i])])
+        at += len(probes[i])
     return out
 
 
@@ -623,13 +671,13 @@ class HelperMainEnv:
         c = check_pair(texts["helper"], texts["main"], p)
         examples = self._examples_of(p) if self.feedback == "tests" else None
         jobs = [] if c.program is None else [(c.program, suite_of(p))] + ([(c.program, examples)] if examples else [])
-        if jobs and c.alone is not None:
-            jobs.append((c.alone, suite_of(p)))
+        probes = probe_programs(c) if jobs else []
+        jobs += [(program, suite_of(p)) for program in probes]
         runs = self.cache.run(jobs) if jobs else []
         run = runs[0] if runs else None
         example_run = runs[1] if examples and len(runs) > 1 else None
-        if c.alone is not None and runs:
-            judge_wrapper(c, run, runs[-1])
+        if probes:
+            judge_runs(c, run, runs[len(runs) - len(probes):])
         levels = pair_levels(c, run)
         passed_any = run is not None and run.passed > 0
         local_now = {
