@@ -183,6 +183,14 @@ def write_checkpoint(run_dir: Path, step: int, policies: dict, state: dict, part
         raise
 
 
+def discard_written(tmp: Path) -> None:
+    """Remove a checkpoint :func:`write_checkpoint` wrote (``tmp``) and, if that leaves it empty, the
+    ``checkpoints`` folder it is in (made for it where the run directory was replaced meanwhile)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.suppress(OSError):   # not empty: the run's own checkpoints are there
+        tmp.parent.rmdir()
+
+
 def _write_into(tmp: Path, step: int, policies: dict, state: dict, parts: dict | None) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)

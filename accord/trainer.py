@@ -48,8 +48,8 @@ from accord.algorithms.shaping import overlong_penalty
 from accord.audit import audit_step
 from accord.build import Run, RunComplete, build_run
 from accord.callbacks import check_callbacks
-from accord.checkpoint import (WRITE_ERRORS, CheckpointError, check_run_dir_kept, commit_checkpoint, disk_full_error,
-                               folder_identity, is_disk_full, write_checkpoint)
+from accord.checkpoint import (WRITE_ERRORS, CheckpointError, check_run_dir_kept, commit_checkpoint, discard_written,
+                               disk_full_error, folder_identity, is_disk_full, write_checkpoint)
 from accord.config import Config
 from accord.distributed import gather, submit
 from accord.evaluate import evaluate_run
@@ -480,6 +480,11 @@ class Trainer:
             state["alternation"] = self.schedule.state()
         try:
             tmp = write_checkpoint(self.run_dir, n, self.policies, state, parts=self.run.parts)
+            try:   # replaced while it was written: what went into the new folder is taken out again
+                check_run_dir_kept(self.run_dir, self._run_dir_identity, f"found writing the checkpoint of step {n}")
+            except CheckpointError:
+                discard_written(tmp)
+                raise
             if metrics is not None:
                 metrics[mn.TIME_CHECKPOINT] = time.perf_counter() - t
                 self.sinks.log(n, metrics)

@@ -645,6 +645,29 @@ def test_a_run_into_a_new_folder_that_another_run_filled_meanwhile_changes_nothi
     assert steps == sorted(set(steps)) and steps[-1] == 1   # the other run's steps, once each
 
 
+def test_a_run_folder_replaced_as_a_checkpoint_is_written_gets_none_of_it(tiny_cfg, tmp_path, monkeypatch):
+    """The run's folder moved away and a new one made in its place between the check before a checkpoint and its
+    write: the checkpoint went into the new folder (checkpoints/step_N without config.yaml or metrics). What was
+    written there is taken out again, and the run stops in one line."""
+    import accord.trainer
+    from accord.checkpoint import CheckpointError
+
+    cfg = config_from_dict(tiny_cfg(run={"steps": 2, "checkpoint_every": 2}))
+    trainer = Trainer(cfg)
+    real = accord.trainer.write_checkpoint
+
+    def replaced_first(run_dir, *args, **kwargs):
+        run_dir.rename(tmp_path / "moved")
+        run_dir.mkdir()
+        return real(run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(accord.trainer, "write_checkpoint", replaced_first)
+    with pytest.raises(CheckpointError, match="was removed or replaced while the run was going on"):
+        trainer.train()
+    assert list(cfg.run_dir.iterdir()) == []
+    assert [m["step"] for m in read_metrics(tmp_path / "moved")] == [1]
+
+
 def test_a_second_run_in_a_held_folder_says_how_to_go_on_from_python_too(tiny_cfg):
     """The same script run twice: the refusal names the command line's flags and the Python API's arguments."""
     import accord
