@@ -300,18 +300,18 @@ def clean_checkpoints(run_dir: Path) -> list[Path]:
     removed = []
     if root.is_dir():
         for path in sorted(root.iterdir()):
-            if path.is_symlink():   # accord writes none: a user's link, left alone (and never loaded or pruned)
+            # accord writes no link: a user's, left alone (and never loaded or pruned); nor a file here
+            if path.is_symlink() or not path.is_dir():
                 continue
-            if not (path.name.startswith((".tmp_step_", ".trash_")) and path.is_dir()):
-                if (_CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir() and not (path / MANIFEST).exists()
-                        and not _legacy_complete(path)):   # this accord leaves none (a prune renames first)
-                    logger.warning("%s has no %s and not every part of a checkpoint (state.pt, each policy's "
-                                   "optimizer.pt): it is not loaded, and left as it is; delete it if it is not "
-                                   "needed", path, MANIFEST)
-                continue
-            logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
-            shutil.rmtree(path)
-            removed.append(path)
+            if path.name.startswith((".tmp_step_", ".trash_")):
+                logger.info("removing %s (left by an interrupted checkpoint save or prune)", path)
+                shutil.rmtree(path)
+                removed.append(path)
+            elif (_CHECKPOINT_NAME.fullmatch(path.name) and not (path / MANIFEST).exists()
+                  and not _legacy_complete(path)):   # this accord leaves none (a prune renames first)
+                logger.warning("%s has no %s and not every part of a checkpoint (state.pt, each policy's "
+                               "optimizer.pt): it is not loaded, and left as it is; delete it if it is not needed",
+                               path, MANIFEST)
     return removed
 
 

@@ -202,9 +202,9 @@ def call_env(env: Any, call: str, fix: str, method: Any, *args: Any, **kwargs: A
 
 def step_env(env: Any, actions: Mapping[str, str]) -> Any:
     """``env.step(actions)``, checked (:func:`check_step_result`); an exception from the environment's own code
-    is named (:func:`_call`). Every step of a run goes through here."""
+    is named (:func:`call_env`). Every step of a run goes through here."""
     res = call_env(env, "step()", "an environment must take any text as a move (`accord envs --check` tries some)",
-                env.step, actions)
+                   env.step, actions)
     return check_step_result(env, res)
 
 
@@ -232,9 +232,14 @@ def env_instructions(env: Any, agent: str) -> str:
     return text
 
 
+def array_bool(value: Any) -> bool:
+    """A NumPy or torch bool (``np.bool_``, a bool tensor): a pass/fail, not a number, like Python's bool."""
+    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
 def finite_number(value: Any) -> bool:
     """Whether ``value`` is a reward: a finite number, neither text (``float('0.5')`` would read it) nor a bool."""
-    if isinstance(value, (str, bytes, bool)) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+    if isinstance(value, (str, bytes, bool)) or array_bool(value):
         return False
     try:
         return math.isfinite(value)
@@ -279,7 +284,7 @@ def task_instances(env: Any, split: str, limit: int | None = None, seed: int = 0
     caller to refuse; an exception from the environment's code, or instances that are no list, is an
     :class:`EnvOutputError`."""
     rows = call_env(env, f"tasks({split!r})", "fix its instances (a task's rows)", env.tasks, split, limit=limit,
-                 seed=seed)
+                    seed=seed)
     if isinstance(rows, tuple):
         rows = list(rows)
     if not isinstance(rows, list):

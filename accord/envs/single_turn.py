@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from accord.envs.protocol import (Messages, StepResult, call_env, check_messages, check_step_actions,
+from accord.envs.protocol import (Messages, StepResult, array_bool, call_env, check_messages, check_step_actions,
                                    finite_number)
 
 
@@ -48,11 +48,6 @@ def _invoke(fn: Callable, what: str, *, task_name: str, agents: tuple[str, ...],
         ) from err
 
 
-def _is_bool(value: Any) -> bool:
-    """A NumPy or torch bool (``np.bool_``, a 0-d bool tensor): a pass/fail, not a number, like Python's bool."""
-    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
-
-
 def _reward_items(out: Any, what: str, task_name: str, kind: str) -> list:
     """The entries of a reward's (or success check's) output: a list, a tuple, or a 1-d NumPy array or torch tensor
     (its ``tolist()``: Python numbers, bools and text, checked as a list's); anything else (a dict, whose keys a
@@ -80,7 +75,8 @@ def call_reward(reward_fn: Callable, *, task_name: str, agents: tuple[str, ...],
     # rule of environments' step rewards); a success check's bools are its answer
     items = _reward_items(out, what, task_name, kind)
     refused = (str, bytes) if success else (str, bytes, bool)
-    text = next(((j, v) for j, v in enumerate(items) if isinstance(v, refused) or (not success and _is_bool(v))), None)
+    text = next(((j, v) for j, v in enumerate(items)
+                 if isinstance(v, refused) or (not success and array_bool(v))), None)
     if text is not None:
         fix = " (float(passed) for a pass/fail reward)" if not isinstance(text[1], (str, bytes)) else ""
         raise RewardError(f"the {what} of task {task_name!r} returned {type(text[1]).__name__} {text[1]!r} for joint "

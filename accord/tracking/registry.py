@@ -289,8 +289,8 @@ def _atomic_save(path: Path, save: Callable[[Path], None]) -> None:
 
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file in the same directory + os.replace. A symbolic link at ``path`` is
-    written through, as opening it for writing would: its target is replaced, the link stays (a ``metrics.jsonl``
-    linked into a shared folder, cut back on resume, had become a plain file beside the stale target)."""
+    written through, as opening it for writing would: its target is replaced and the link stays (a
+    ``metrics.jsonl`` linked into a shared folder stays linked when a resume cuts it back)."""
     _not_a_folder(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))

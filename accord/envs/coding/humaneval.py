@@ -47,8 +47,8 @@ Team reward (max :data:`REWARD_MAX` = 4.5), the levels of MAGRPO's reference
   every reference test it passes with the helper's ``aux`` swapped for a stub that does nothing (one returning
   None, one returning its first argument; :func:`judge_aux_use`, in the same sandbox call): an identity or
   constant ``aux`` that main calls and then solves the problem alone (``numbers = aux(numbers)``, ``_ = aux()``)
-  earned the full 4.5 in the reference's levels, more than a real split, and an ``aux`` whose value is thrown
-  away counts only for what it does to its arguments. Calls of ``aux`` do not count either when either agent's
+  would earn the full 4.5 in the reference's levels, more than a real split, and an ``aux`` whose value is thrown
+  away counts only for what it does to its arguments. Nor do calls of ``aux`` count when either agent's
   code can reach the program's names at run time
   (:func:`~accord.envs.coding.common.reaches_names`: ``globals``, ``eval``, ``exec``, ``getattr``,
   ``setattr``, a dunder name or attribute such as ``__code__``, an import of ``sys``, ``inspect``,
@@ -350,8 +350,8 @@ def pair_levels(c: PairCheck, run: CodeRun | None) -> dict[str, float]:
 
 def run_pairs(cache: TestCache, checks: Sequence[PairCheck],
               problems: Sequence[dict[str, Any]]) -> list[CodeRun | None]:
-    """Test runs of the pairs that have a program, all in one sandbox call with their helpers' ``aux`` run alone
-    (:func:`judge_wrapper` applied to each check); None for the others."""
+    """Test runs of the pairs that have a program, all in one sandbox call with each pair's probes
+    (:func:`probe_programs`, judged by :func:`judge_runs`); None for the others."""
     idx = [i for i, c in enumerate(checks) if c.program is not None]
     probes = {i: probe_programs(checks[i]) for i in idx}
     jobs = ([(checks[i].program, suite_of(problems[i])) for i in idx]
