@@ -11,6 +11,7 @@ this machine's bound.
     python bench/generation_speed.py --kernels 1 12 24 48    # one decoding step's products alone, per row count
     python bench/generation_speed.py --paths new old --set rollout.top_p=0.9   # the job with a nucleus
     python bench/generation_speed.py --policies 2 --paths new old              # the default job's two policies
+    python bench/generation_speed.py --policies 2 --paths new onednn old       # with the products on oneDNN too
 
 The workload is the generate call of the first step of the writing job with one model for both agents (the
 default job with ``specialization=shared task.eval_size=12 rollout.batch_size=3``, as measured for issue 25;
@@ -30,6 +31,8 @@ the heap, freed memory kept for reuse; ``--set run.retain_freed_memory=false`` m
 older tree's worker too:
 
 - ``new``: :func:`accord.generation.generate` of this tree;
+- ``onednn``: the same with accord's compiled CPU kernel turned off (``ACCORD_CPU_GEMM=0``), so that the
+  products run on oneDNN's prepacked weights (where the kernel applies; elsewhere it is ``new``);
 - ``old``: the same function of the tree before issue 25 (``--old-ref``, default ``7f2afbf``), extracted
   with ``git archive`` into a temporary folder and put first on the worker's ``PYTHONPATH``;
 - ``hf``: this tree's :func:`accord.generation.generate` with accord's loop switched off, so that
@@ -57,6 +60,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -67,7 +71,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_REF = "7f2afbf"  # accord before issue 25 (the decoding loop this benchmark compares against)
-PATHS = ("new", "old", "hf", "vllm")
+PATHS = ("new", "onednn", "old", "hf", "vllm")
 
 
 # --- the workload ---------------------------------------------------------------------------------
@@ -246,6 +250,8 @@ class Worker:
         env.pop("PYTHONPATH", None)
         if path == "old":
             env["PYTHONPATH"] = str(old)  # ahead of the installed (editable) accord of this tree
+        if path == "onednn":
+            env["ACCORD_CPU_GEMM"] = "0"  # this tree with its products on oneDNN's prepacked weights
         self.path = path
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", path, "--work", str(work),
                                       "--threads", str(threads)], cwd=tempfile.gettempdir(), env=env,
@@ -318,7 +324,7 @@ def worker_main(path: str, work: Path, threads: int) -> None:
     policies = job.get("policies", 1)
     models, tokenizer = [], None
     # the policies' shared layers decoded as one batch, where the tree can (an old tree before them cannot)
-    together = policies > 1 and path in ("new", "old") and hasattr(hf, "generate_together")
+    together = policies > 1 and path in ("new", "onednn", "old") and hasattr(hf, "generate_together")
     for i in range(policies):
         model, tokenizer = load_model_and_tokenizer(job["model"])
         if policies > 1:
@@ -405,16 +411,19 @@ def profile_shares(prof, rows: int, config, seconds: float) -> dict[str, float]:
         name, shapes = event.key, event.input_shapes or []
         first = shapes[0] if shapes and shapes[0] else []
         second = shapes[1] if len(shapes) > 1 and shapes[1] else []
-        if name in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"):
+        gemm = re.fullmatch(r"accord::gemm \[(\d+), \d+\] -> (\d+)", name)   # accord's CPU kernel
+        if gemm or name in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"):
             m = first[0] if first else 0
             n = (second[0] if name == "mkldnn::_linear_pointwise" else second[-1]) if second else 0
             if name == "aten::addmm":  # addmm(bias, x, w)
                 m = second[0] if second else 0
                 n = shapes[2][-1] if len(shapes) > 2 and shapes[2] else 0
+            if gemm:
+                m, n = int(gemm[1]), int(gemm[2])
             kind = ("prefill products" if m > rows else "output head (decoding)" if n == vocab
                     else "projections (decoding)")
-        elif name == "mkldnn::_reorder_linear_weight":
-            kind = "weight layout (oneDNN)"
+        elif name in ("mkldnn::_reorder_linear_weight", "accord::pack"):
+            kind = "weight layout (oneDNN or accord's kernel)"
         elif "attention" in name or name in ("aten::bmm", "aten::baddbmm", "aten::_softmax") and (
                 not first or first[-1] != vocab):
             kind = "attention"
@@ -526,6 +535,10 @@ def compare(args) -> dict:
     for p in paths:
         if p != "hf" and "hf" in results:
             print(f"{p} against Hugging Face generate: {min(times['hf']) / min(times[p]):.2f}x")
+    if "new" in results and "onednn" in results:
+        print(f"new (accord's CPU kernel where it applies) against onednn: "
+              f"{min(times['onednn']) / min(times['new']):.2f}x best, "
+              f"{results['onednn']['median_s'] / results['new']['median_s']:.2f}x median")
     return {"config": vars(args), "job": {k: v for k, v in job.items() if k != "prompts"},
             "prompt_lengths": [len(p) for p in job["prompts"]], "machine": measured, "bound_rates": rates, "load": load,
             "results": results}

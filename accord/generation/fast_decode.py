@@ -7,14 +7,16 @@ construction and output dataclasses per token), and at the sizes of a training s
 (SmolLM2-135M, 24 rows, prompts of about 200 tokens; ``bench/README.md``, *generation_speed.py*) the
 rest goes to four things this module does differently:
 
-- **matrix products**: each row's token meets every weight once per step, so a step is 24-row matrix
-  products against weights read from memory. On x86 CPUs the projections run through oneDNN with
-  weights re-laid out once per generation call (``torch.ops.mkldnn._reorder_linear_weight``) and the
-  q/k/v and gate/up projections fused into one product each; MKL's ``F.linear`` repacks the weight at
-  every call and took 1.5x (projections) to 3x (the 49k-row output head) as long here. oneDNN's rows are
-  also independent of the batch (a row's products do not depend on which rows decode beside it; its
-  attention does in the last bits where the batch's longest prompt is longer than its own, over which the
-  scores are padded: up to 4e-7 on a tiny model's logits).
+- **matrix products**: each row's token meets every weight once per step, so a step is 8-24-row matrix
+  products against weights read from memory, with the weights re-laid out once per generation call and the
+  q/k/v projections fused into one product. On x86-64 CPUs with AVX2 they run through accord's own kernel
+  (:mod:`accord.generation.cpu_gemm`, compiled on the machine; faster than oneDNN at these rows on the AVX2
+  CPUs measured in ``bench/README.md``), else through oneDNN on prepacked weights
+  (``torch.ops.mkldnn._reorder_linear_weight``); MKL's ``F.linear`` repacks the weight at every call and took
+  1.5x (projections) to 3x (the 49k-row output head) oneDNN's time. Both kernels' rows are independent of the
+  batch (a row's products do not depend on which rows decode beside it; its attention does in the last bits
+  where the batch's longest prompt is longer than its own, over which the scores are padded: up to 4e-7 on a
+  tiny model's logits).
 - **attention over the prompt**: the K samples of one prompt attend to one copy of the prompt's keys and
   values (:class:`SharedPrefixCache`), read once per step for all K, instead of K copies; each row's own
   generated tokens are kept apart. The two parts are scored with plain matrix products and one softmax
@@ -61,13 +63,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accord.generation import cpu_gemm
+
 logger = logging.getLogger(__name__)
 
 _SUPPORTED = {"LlamaForCausalLM": "LlamaRMSNorm", "Qwen2ForCausalLM": "Qwen2RMSNorm",
               "MistralForCausalLM": "MistralRMSNorm", "Qwen3ForCausalLM": "Qwen3RMSNorm"}
 # rotary types whose cos/sin at a position do not depend on the sequence length seen so far
 _STATIC_ROPE = {"default", "linear", "llama3"}
-# Products with fewer weights than this run through F.linear even where oneDNN is available: a oneDNN call
+# Products with fewer weights than this run through F.linear even where a packed kernel is available: a oneDNN call
 # costs about 20 us more than MKL's for a few rows against a small weight (the tiny test models' 192 x 64:
 # 29 against 9 us), and the prepacked layout wins only from about 2^18 weights (1024 x 256: 0.8-0.9 of
 # F.linear's time at 8-24 rows, 2 threads; 2026-11-25, AMD EPYC, AVX2).
@@ -191,14 +195,24 @@ def onednn_linear_available() -> bool:
     return bool(torch.equal(out, torch.full((1, 3), 2.0)))
 
 
+def product_kernel() -> str | None:
+    """The kernel of the CPU's decoding products: ``"accord"`` (:mod:`accord.generation.cpu_gemm`, compiled here),
+    else ``"onednn"`` (prepacked weights), else None (``F.linear``)."""
+    if cpu_gemm.kernel() is not None:
+        return "accord"
+    return "onednn" if onednn_linear_available() else None
+
+
 class Projection:
     """Linear layers sharing an input, as one matrix product (their weights concatenated along the output),
-    optionally followed by an elementwise step fused into it (oneDNN post-ops), plus their LoRA adapters.
+    optionally followed by an elementwise step (added to or multiplied with another tensor as the product is
+    stored, a SiLU after it), plus their LoRA adapters.
 
-    On the CPU with oneDNN the weight is re-laid out once here (a copy the size of the weights, freed with
-    this object) for ``rows`` rows at a time (a hint: any row count works), unless it has fewer than
-    ``PACK_MIN_WEIGHTS`` entries; elsewhere the product is
-    ``F.linear`` on the concatenated weight, or on the layer's own weight when there is only one.
+    ``pack``: the kernel (:func:`product_kernel`): with ``"accord"`` (:mod:`accord.generation.cpu_gemm`) or
+    ``"onednn"`` the weight is re-laid out once here (a copy the size of the weights, freed with this object; for
+    oneDNN, for ``rows`` rows at a time, a hint: any row count works), unless it has fewer than
+    ``PACK_MIN_WEIGHTS`` entries; otherwise the product is ``F.linear`` on the concatenated weight, or on the
+    layer's own weight when there is only one.
     ``scales``: a factor per layer multiplied into its weight and bias (the attention's query scaling);
     ``columns``: a factor per input feature multiplied into the weights (the weight of the RMSNorm before).
 
@@ -209,13 +223,14 @@ class Projection:
     stacked A's outputs (``tags``: the adapter of each of them), as PEFT's ``adapter_names`` routes rows.
     """
 
-    def __init__(self, modules: list[nn.Module], rows: int, pack: bool, scales: list[float] | None = None,
+    def __init__(self, modules: list[nn.Module], rows: int, pack: str | None, scales: list[float] | None = None,
                  columns: torch.Tensor | None = None, adapters: dict[str, int] | None = None):
         scales = scales or [1.0] * len(modules)
         bases = [m.base_layer if _is_lora_linear(m) else m for m in modules]
         weights = [b.weight.detach() if f == 1.0 else b.weight.detach() * f for b, f in zip(bases, scales)]
         self.weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-        if columns is not None:  # a preceding RMSNorm's weight: W (w * x) = (W diag(w)) x
+        accord = pack == "accord" and self.weight.numel() >= PACK_MIN_WEIGHTS
+        if columns is not None and not accord:  # a preceding RMSNorm's weight: W (w * x) = (W diag(w)) x
             self.weight = self.weight * columns.detach()
         biases = [None if b.bias is None else b.bias.detach() if f == 1.0 else b.bias.detach() * f
                   for b, f in zip(bases, scales)]
@@ -223,11 +238,15 @@ class Projection:
         if any(b is not None for b in biases):
             self.bias = torch.cat([w.new_zeros(w.size(0)) if b is None else b for w, b in zip(weights, biases)])
         self.factors = self._lora_factors(modules, weights, scales, columns, adapters)
-        self.packed = None
+        self.packed, self.kernel, self.out_features = None, None, self.weight.size(0)
         if pack and self.weight.numel() >= PACK_MIN_WEIGHTS:
-            # laid out for at least two rows: for one, oneDNN picks another kernel, whose row differs in the last
-            # bits from the same row's in a larger batch (a one-row call would not give its row's batch result)
-            self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, max(rows, 2)), None
+            self.kernel = pack
+            if accord:   # the RMSNorm's weight multiplied in as the weight is laid out, the same products
+                self.packed, self.weight = cpu_gemm.pack(self.weight, columns), None
+            else:
+                # laid out for at least two rows: for one, oneDNN picks another kernel, whose row differs in the
+                # last bits from the same row's in a larger batch (a one-row call would not give its row's result)
+                self.packed, self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight, max(rows, 2)), None
 
     @staticmethod
     def _lora_factors(modules, weights, scales, columns, adapters):
@@ -282,6 +301,8 @@ class Projection:
         return self._product(x, post, other)
 
     def _product(self, x: torch.Tensor, post: str, other: torch.Tensor | None) -> torch.Tensor:
+        if self.kernel == "accord":
+            return cpu_gemm.linear(x, self.packed, self.out_features, self.bias, post, other)
         if self.packed is not None:
             if other is not None:
                 return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, post)
@@ -542,7 +563,7 @@ class DecodeStep:
         self.kv_heads = config.num_key_value_heads
         self.scaling = first.scaling
         self.embed = inner.embed_tokens.weight
-        pack = self.embed.device.type == "cpu" and onednn_linear_available()
+        pack = product_kernel() if self.embed.device.type == "cpu" else None
         # the RMSNorms' weights are multiplied into the projections that read them (``columns``), except the
         # final norm's: a head tied to the embeddings of a shared trunk serves every model that shares it, one
         # product for all their rows (:func:`decode_together`), while their final norms may differ (they train)

@@ -233,21 +233,36 @@ def _decode_step_models():
     }
 
 
-@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "F.linear"])
+KERNELS = pytest.mark.parametrize("kernel", ["accord", "onednn", None], ids=["accord-kernel", "onednn", "F.linear"])
+
+
+def use_product_kernel(monkeypatch, kernel: str | None) -> None:
+    """Run the decoding products of every projection, the tiny models' small ones included, through ``kernel``
+    (accord's compiled CPU kernel, oneDNN's prepacked products, or F.linear for None)."""
+    import accord.generation.fast_decode as fast_decode
+    from accord.generation import cpu_gemm
+
+    if kernel == "accord" and cpu_gemm._unavailable() is not None:
+        pytest.skip(f"accord's CPU kernel does not apply here: {cpu_gemm._unavailable()}")
+    if kernel == "onednn" and not fast_decode.onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN prepacked products")
+    monkeypatch.setattr(fast_decode, "product_kernel", lambda: kernel)
+    monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0 if kernel else 1 << 62)
+
+
+@KERNELS
 @pytest.mark.parametrize("name", list(_decode_step_models()))
-def test_direct_decode_step_matches_the_model_forward(name, pack, monkeypatch):
+def test_direct_decode_step_matches_the_model_forward(name, kernel, monkeypatch):
     """DecodeStep over a SharedPrefixCache (each distinct prompt prefilled once, its rows' own tokens apart,
     a finished row dropped midway) gives, row by row, the logits of the model's forward over the row's
-    whole sequence; with oneDNN's prepacked products and with F.linear."""
+    whole sequence; with accord's CPU kernel, oneDNN's prepacked products and F.linear."""
     import transformers
 
     import accord.generation.fast_decode as fast_decode
     from accord.generation.fast_decode import DecodeStep, SharedPrefixCache
     from accord.generation.hf import _cache_kwarg, first_occurrences
 
-    if pack and not fast_decode.onednn_linear_available():
-        pytest.skip("this torch build has no oneDNN prepacked products")
-    monkeypatch.setattr(fast_decode, "onednn_linear_available", lambda: pack)
+    use_product_kernel(monkeypatch, kernel)
     config = _decode_step_models()[name]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -650,8 +665,8 @@ def _trunk_policies(vocab_size: int = 300, **extra):
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["own-heads", "tied-head"])
-@pytest.mark.parametrize("pack", [True, False], ids=["onednn", "F.linear"])
-def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_draws(pack, tied, monkeypatch):
+@KERNELS
+def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_draws(kernel, tied, monkeypatch):
     """Two policies that train the last of three blocks of one model: generate_together runs the two frozen
     blocks for both policies' rows at once (and, with a head tied to the frozen embeddings, the head too, after
     each policy's own trained final norm), and each policy gets the tokens and log-probs of its own call (its
@@ -664,9 +679,7 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
     from accord.policies.agents import generate_by_policy
     from accord.rollout.sample import Sampling
 
-    if pack and not fast_decode.onednn_linear_available():
-        pytest.skip("no oneDNN linear in this torch build")
-    monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0 if pack else 1 << 62)
+    use_product_kernel(monkeypatch, kernel)
     a, b = _trunk_policies(tie_word_embeddings=tied)   # untied: heads of their own, which train
     first = DecodeStep(a.model, 64, rows=4)
     assert (DecodeStep(b.model, 64, rows=2, trunk=(first, 2)).head is first.head) == tied
@@ -697,7 +710,7 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
         for name in pols:
             assert [g.ids for g in together[name]] == [g.ids for g in alone[name]]
             assert [g.finish_reason for g in together[name]] == [g.finish_reason for g in alone[name]]
-            same_logprobs(together[name], alone[name], pack)
+            same_logprobs(together[name], alone[name], kernel is not None)
             lengths[name, greedy] = [len(g.ids) for g in alone[name]]
     # sampling, b's rows stopped at several steps before its cap, and a's rows ran on after b's had all stopped
     assert len(set(lengths["b", False])) >= 3 and max(lengths["b", False]) < max(lengths["a", False]), lengths
@@ -713,7 +726,7 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
         monkeypatch.setattr(agents, "shared_trunk", lambda models: 0)   # the second pass: one call per policy
     for name in pols:
         assert [g.ids for g in runs[0][name]] == [g.ids for g in runs[1][name]]
-        same_logprobs(runs[0][name], runs[1][name], pack)
+        same_logprobs(runs[0][name], runs[1][name], kernel is not None)
 
 
 @pytest.mark.parametrize("own_loop", [True, False], ids=["direct", "generate"])
@@ -734,22 +747,21 @@ def test_an_empty_prompt_or_no_room_to_generate_is_one_line(own_loop, monkeypatc
         generate(pol.model, pol.tokenizer, [prompt], max_new_tokens=0)
 
 
-def test_a_row_decoded_alone_is_the_row_decoded_in_a_batch(monkeypatch):
-    """oneDNN's rows do not depend on the batch, a call of one row included: weights laid out for one row ran
-    another kernel, whose results differed in the last bits from the same row's beside others (4.8e-7 in the
-    log-probs on the tiny model, a one-row job of generate_together against the same job's rows elsewhere)."""
-    import accord.generation.fast_decode as fast_decode
+@pytest.mark.parametrize("kernel", ["accord", "onednn"], ids=["accord-kernel", "onednn"])
+def test_a_row_decoded_alone_is_the_row_decoded_in_a_batch(kernel, monkeypatch):
+    """The packed kernels' rows do not depend on the batch, a call of one row included: oneDNN's weights laid out
+    for one row ran another kernel, whose results differed in the last bits from the same row's beside others (4.8e-7
+    in the log-probs on the tiny model, a one-row job of generate_together against the same job's rows elsewhere)."""
     from accord.generation.fast_decode import Projection
 
-    if not fast_decode.onednn_linear_available():
-        pytest.skip("no oneDNN linear in this torch build")
-    monkeypatch.setattr(fast_decode, "PACK_MIN_WEIGHTS", 0)
+    use_product_kernel(monkeypatch, kernel)
     torch.manual_seed(0)
     layer = torch.nn.Linear(256, 1024, bias=False)
     x = torch.randn(3, 256)
     with torch.no_grad():
         for hint in (1, 2, 8):
-            proj = Projection([layer], hint, pack=True)
+            proj = Projection([layer], hint, pack=kernel)
+            assert proj.kernel == kernel
             assert torch.equal(proj(x[:1]), proj(x)[:1]), hint
     pol = ModelPolicy("p", PolicyConfig(model="tiny-qwen2", model_kwargs={"hidden_size": 128, "num_layers": 2}),
                       TrainingConfig(bf16=False), AlgorithmConfig(), RolloutConfig(max_new_tokens=10, temperature=1.0),
