@@ -10,7 +10,7 @@ registers, panels split between torch's OpenMP threads.
 Each output is one fused multiply-add chain over the inputs in their order, whatever rows sit beside it and however
 many threads run: a row's result does not depend on the batch (rows that finish leave it) nor on the thread count.
 
-The source is compiled once per machine and compiler with the system's C compiler (``CC``, else ``cc``; under a
+The source is compiled once per machine and compiler with the system's C compiler (``CC``, else ``cc``; about a
 second) into ``kernels`` of accord's cache (``$ACCORD_CACHE``, default ``~/.cache/accord``) and loaded with
 :mod:`ctypes`; it links the OpenMP runtime torch already loaded (GNU ``libgomp.so.1``), so its threads are torch's.
 Where any of that is missing (another CPU, no compiler, a torch without GNU OpenMP) :func:`kernel` returns None and

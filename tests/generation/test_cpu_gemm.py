@@ -24,14 +24,14 @@ def test_where_it_applies_it_builds_and_passes_its_self_test():
 
 @pytest.mark.parametrize("post", ["none", "add", "mul", "swish"])
 def test_products_match_f_linear_at_every_row_count_and_width(post):
-    """Every row count of one to three blocks of rows (1-6 a block), widths that fill panels of 16 and widths
-    that do not, with and without a bias."""
+    """Every row count of one to four blocks of rows (1-6 a block), rows past a chunk of 96, widths that fill panels
+    of 16 and widths that do not, with and without a bias."""
     generator = torch.Generator().manual_seed(0)
     for n, k in ((16, 1), (37, 40), (64, 129), (100, 576)):
         weight = torch.randn(n, k, generator=generator)
         packed = cpu_gemm.pack(weight)
         for bias in (None, torch.randn(n, generator=generator)):
-            for m in (*range(1, 14), 16, 17, 24):
+            for m in (*range(1, 14), 16, 17, 24, 97, 200):
                 x = torch.randn(m, k, generator=generator)
                 other = torch.randn(m, n, generator=generator)
                 got = cpu_gemm.linear(x, packed, n, bias, post, None if post in ("none", "swish") else other)
