@@ -671,9 +671,8 @@ def test_policies_sharing_their_first_layers_decode_them_together_with_the_same_
     blocks for both policies' rows at once (and, with a head tied to the frozen embeddings, the head too, after
     each policy's own trained final norm), and each policy gets the tokens and log-probs of its own call (its
     own stream, its own per-row settings, rows leaving at EOS or their cap at different steps): bit for bit
-    with oneDNN's products, whose rows do not depend on the batch, to rounding with F.linear's; so does the
-    rollout's generate_by_policy."""
-    import accord.generation.fast_decode as fast_decode
+    with the packed kernels' products (accord's and oneDNN's), whose rows do not depend on the batch, to rounding
+    with F.linear's; so does the rollout's generate_by_policy."""
     from accord.generation.fast_decode import DecodeStep, shared_trunk
     from accord.generation.hf import DecodeJob, generate_together
     from accord.policies.agents import generate_by_policy
