@@ -424,8 +424,8 @@ def profile_shares(prof, rows: int, config, seconds: float) -> dict[str, float]:
                     else "projections (decoding)")
         elif name in ("mkldnn::_reorder_linear_weight", "accord::pack"):
             kind = "weight layout (oneDNN or accord's kernel)"
-        elif "attention" in name or name in ("aten::bmm", "aten::baddbmm", "aten::_softmax") and (
-                not first or first[-1] != vocab):
+        elif "attention" in name or name.startswith("accord::attend") or name in (
+                "aten::bmm", "aten::baddbmm", "aten::_softmax") and (not first or first[-1] != vocab):
             kind = "attention"
         elif first and first[-1] == vocab or name in ("aten::searchsorted", "aten::cumsum_", "aten::cumsum"):
             kind = "sampling (full-vocabulary passes)"

@@ -1,21 +1,27 @@
-"""fp32 matrix products for few rows against a large weight, compiled on this machine (x86-64 with AVX2 and FMA).
+"""The decoding step's kernels, compiled on this machine (x86-64 with AVX2 and FMA): fp32 matrix products for few rows
+against a large weight, the decoding attention over a shared prompt, the norm and the rotary embedding.
 
 A decoding step multiplies a handful of rows (one per sequence still writing) by every weight of the model. At such
 row counts the oneDNN kernels that :class:`~accord.generation.fast_decode.Projection` otherwise uses run well below
 the rate of the machine's large products on AVX2 CPUs; this kernel is faster there (``bench/README.md``,
 *generation_speed.py*, measures both side by side). It is a register-blocked product: the weight laid out once in
-panels of 16 output columns, each panel read in order while up to six rows accumulate against it in 12 vector
-registers, panels split between torch's OpenMP threads.
+panels of 16 output columns, each panel read in order (the next 16 KB fetched ahead) while up to six rows accumulate
+against it in 12 vector registers, panels split between torch's OpenMP threads. Each output is one fused
+multiply-add chain over the inputs in their order, whatever rows sit beside it and however many threads run: a row's
+result does not depend on the batch (rows that finish leave it) nor on the thread count.
 
-Each output is one fused multiply-add chain over the inputs in their order, whatever rows sit beside it and however
-many threads run: a row's result does not depend on the batch (rows that finish leave it) nor on the thread count.
+Between the products, a decoding layer's other work is a few microseconds of arithmetic spread over dozens of torch
+operators, each with its own dispatch: :func:`attend` (one position's attention of every row, each row and key head
+alone: scores, a softmax with a vectorised exponential, the weighted sum of values), :func:`rms_norm` and
+:func:`rotate` (in place, the same bits as torch's three operators) do theirs in one call each.
 
 The source is compiled once per machine and compiler with the system's C compiler (``CC``, else ``cc``; about a
 second) into ``kernels`` of accord's cache (``$ACCORD_CACHE``, default ``~/.cache/accord``) and loaded with
 :mod:`ctypes`; it links the OpenMP runtime torch already loaded (GNU ``libgomp.so.1``), so its threads are torch's.
 Where any of that is missing (another CPU, no compiler, a torch without GNU OpenMP) :func:`kernel` returns None and
-the products stay with oneDNN; a compiler that fails, or a kernel whose self-test fails, is logged as a warning.
-``ACCORD_CPU_GEMM=0`` turns it off.
+the decoding step runs on oneDNN's products and torch's operators; a compiler that fails, or kernels whose self-test
+fails, is logged as a warning. ``ACCORD_CPU_GEMM=0`` turns them off; a value other than 0 or 1 is a
+:class:`~accord.config.ConfigError`.
 """
 
 from __future__ import annotations
@@ -36,17 +42,23 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from accord.config import ConfigError
 from accord.models.common import ModelNotFoundError, accord_cache_dir
 
 logger = logging.getLogger(__name__)
 
 PANEL = 16  # output columns a panel holds (two 8-float vectors)
 POSTS = {"none": 0, "add": 1, "mul": 2}
-FLAGS = ["-O2", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O2", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 SOURCE = r"""
 #include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
 #define NR 16
+/* panel floats fetched ahead of the one being read: 16 KB, so that the next weights arrive while these multiply */
+#define AHEAD (256 * NR)
 
 /* One row's 16 sums of the panel starting at column n0, plus bias, then "other" added (post 1) or multiplied
    (post 2) elementwise; columns past n are not written. */
@@ -92,6 +104,7 @@ static void name(const float* x, int k, const float* b, float* y, int n0, int n,
     D __m256 a; \
     for (int i = 0; i < k; i++) { \
         __m256 b0 = _mm256_load_ps(b + (long)i * NR), b1 = _mm256_load_ps(b + (long)i * NR + 8); \
+        _mm_prefetch((const char*)(b + (long)i * NR + AHEAD), _MM_HINT_T0); \
         F \
     } \
     S \
@@ -149,6 +162,185 @@ void accord_gemm(const float* x, int m, int k, const float* packed, int n, const
         }
     }
 }
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float dot(const float* a, const float* b, int d) {
+    int i = 0;
+    float s = 0.0f;
+    if (d >= 16) {  /* two multiply-add chains */
+        __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
+        __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(a + 8), _mm256_loadu_ps(b + 8));
+        for (i = 16; i + 16 <= d; i += 16) {
+            x0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), x0);
+            x1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), x1);
+        }
+        if (i + 8 <= d) {
+            x0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), x0);
+            i += 8;
+        }
+        s = hsum(_mm256_add_ps(x0, x1));
+    } else if (d >= 8) {
+        s = hsum(_mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b)));
+        i = 8;
+    }
+    for (; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* o (d floats) += the sum over j < n of p[j] * x_j, x_j = x + j * d: 64 floats at a time in eight registers, the
+   rest through memory */
+static void weighted_sum(const float* p, const float* x, long n, int d, float* o) {
+    int c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 a0 = _mm256_loadu_ps(o + c), a1 = _mm256_loadu_ps(o + c + 8), a2 = _mm256_loadu_ps(o + c + 16),
+               a3 = _mm256_loadu_ps(o + c + 24), a4 = _mm256_loadu_ps(o + c + 32), a5 = _mm256_loadu_ps(o + c + 40),
+               a6 = _mm256_loadu_ps(o + c + 48), a7 = _mm256_loadu_ps(o + c + 56);
+        for (long j = 0; j < n; j++) {
+            const float* row = x + j * d + c;
+            __m256 w = _mm256_set1_ps(p[j]);
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), a3);
+            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 32), a4);
+            a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 40), a5);
+            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 48), a6);
+            a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 56), a7);
+        }
+        _mm256_storeu_ps(o + c, a0); _mm256_storeu_ps(o + c + 8, a1); _mm256_storeu_ps(o + c + 16, a2);
+        _mm256_storeu_ps(o + c + 24, a3); _mm256_storeu_ps(o + c + 32, a4); _mm256_storeu_ps(o + c + 40, a5);
+        _mm256_storeu_ps(o + c + 48, a6); _mm256_storeu_ps(o + c + 56, a7);
+    }
+    for (long j = 0; j < n && c < d; j++) {
+        const float* row = x + j * d;
+        int i = c;
+        __m256 w = _mm256_set1_ps(p[j]);
+        for (; i + 8 <= d; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(row + i), _mm256_loadu_ps(o + i)));
+        for (; i < d; i++) o[i] += p[j] * row[i];
+    }
+}
+
+/* e^x for x <= 0 (softmax's shifted scores; below -87.3 it gives e^-87.3 ~ 1e-38): x = n ln 2 + r with |r| <= ln 2 / 2,
+   e^r by its degree-7 Taylor-like polynomial (Cephes' expf coefficients), times 2^n built in the exponent bits. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* One decoding position's attention for `rows` rows, each over its prompt's keys and values and its own generated
+   ones (SharedPrefixCache's layout). Row r's new key and value (k and v, kv heads of d floats at a row stride) are
+   first written at position t of its generated keys and values gk, gv (rows x kv x steps x d). Its query heads
+   (q: kv x group heads of d floats at a row stride, already scaled) attend to positions [0, prompt_len[p]) of its
+   prompt p = row_prompt[r] (pk, pv: prompts x kv x width x d) and [0, t] of its own, one softmax over both;
+   out (rows x kv x group x d); scratch: room for `room` scores per thread. Each (row, key head) is computed alone,
+   in one order: a row's result depends neither on the rows beside it nor on the thread count. */
+void accord_attend(const float* q, long q_stride, const float* k, long k_stride, const float* v, long v_stride,
+                   int rows, int kv, int group, int d, const float* pk, const float* pv, int width,
+                   const long* row_prompt, const long* prompt_len, float* gk, float* gv, int steps, int t,
+                   float* out, float* scratch, long room, int threads) {
+    #pragma omp parallel num_threads(threads)
+    {
+        float* s = scratch + omp_get_thread_num() * room;
+        #pragma omp for schedule(static)
+        for (int task = 0; task < rows * kv; task++) {
+            int r = task / kv, h = task % kv;
+            long p = row_prompt[r], len = prompt_len[p], n = len + t + 1, padded = (n + 7) / 8 * 8;
+            float* own_k = gk + ((long)r * kv + h) * steps * d;
+            float* own_v = gv + ((long)r * kv + h) * steps * d;
+            memcpy(own_k + (long)t * d, k + r * k_stride + (long)h * d, d * sizeof(float));
+            memcpy(own_v + (long)t * d, v + r * v_stride + (long)h * d, d * sizeof(float));
+            const float* keys = pk + (p * kv + h) * width * d;
+            const float* values = pv + (p * kv + h) * width * d;
+            for (int g = 0; g < group; g++) {
+                const float* query = q + r * q_stride + ((long)h * group + g) * d;
+                float* o = out + (((long)r * kv + h) * group + g) * d;
+                for (long j = 0; j < len; j++) s[j] = dot(query, keys + j * d, d);
+                for (long j = 0; j <= t; j++) s[len + j] = dot(query, own_k + j * d, d);
+                for (long j = n; j < padded; j++) s[j] = -INFINITY;
+                __m256 top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
+                for (long j = 0; j < padded; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j));
+                __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+                half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+                __m256 shift = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half))));
+                for (long j = 0; j < padded; j += 8) {
+                    __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+                    if (j + 8 > n)  /* the padding's lanes count nothing */
+                        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                            _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+                    _mm256_storeu_ps(s + j, e);
+                    total = _mm256_add_ps(total, e);
+                }
+                memset(o, 0, d * sizeof(float));
+                weighted_sum(s, values, len, d, o);
+                weighted_sum(s + len, own_v, t + 1, d, o);
+                __m256 scale = _mm256_set1_ps(1.0f / hsum(total));
+                int i = 0;
+                for (; i + 8 <= d; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), scale));
+                for (; i < d; i++) o[i] *= _mm256_cvtss_f32(scale);
+            }
+        }
+    }
+}
+
+/* y (m x k) = each row of x divided by the root of its mean square plus eps (RMSNorm without a weight) */
+void accord_rms_norm(const float* x, int m, int k, float eps, float* y) {
+    for (int r = 0; r < m; r++) {
+        const float* row = x + (long)r * k;
+        float* out = y + (long)r * k;
+        __m256 squares = _mm256_setzero_ps();
+        int i = 0;
+        for (; i + 8 <= k; i += 8) {
+            __m256 a = _mm256_loadu_ps(row + i);
+            squares = _mm256_fmadd_ps(a, a, squares);
+        }
+        float sum = hsum(squares);
+        for (; i < k; i++) sum += row[i] * row[i];
+        float scale = 1.0f / sqrtf(sum / (float)k + eps);
+        __m256 f = _mm256_set1_ps(scale);
+        for (i = 0; i + 8 <= k; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(row + i), f));
+        for (; i < k; i++) out[i] = row[i] * scale;
+    }
+}
+
+/* The rotary embedding in place: in each of `rows` rows (`stride` floats apart) the first `heads` heads of d floats,
+   x -> x * cos + roll(x, d / 2) * sin, with cos and sin (d floats; sin's first half negated) at the row's position
+   of the tables (positions x d). Each product and the sum rounded apart, as three tensor operations would. */
+void accord_rotate(float* x, long stride, int rows, int heads, int d, const float* cos, const float* sin,
+                   const long* positions) {
+    int half = d / 2;
+    float copy[d];
+    for (int r = 0; r < rows; r++) {
+        const float* c = cos + positions[r] * d;
+        const float* s = sin + positions[r] * d;
+        for (int h = 0; h < heads; h++) {
+            float* head = x + r * stride + (long)h * d;
+            memcpy(copy, head, d * sizeof(float));
+            for (int i = 0; i < d; i++) {
+                float a = copy[i] * c[i], b = copy[i < half ? i + half : i - half] * s[i];
+                head[i] = a + b;
+            }
+        }
+    }
+}
 """
 
 
@@ -195,11 +387,14 @@ class Kernel(NamedTuple):
 
     gemm: ctypes._CFuncPtr
     pack: ctypes._CFuncPtr
+    attend: ctypes._CFuncPtr
+    rms_norm: ctypes._CFuncPtr
+    rotate: ctypes._CFuncPtr
 
 
 @functools.lru_cache(maxsize=None)
 def kernel() -> Kernel | None:
-    """The compiled product and packing (ctypes functions), or None where they do not apply here (logged once, with
+    """The compiled kernels (ctypes functions), or None where they do not apply here (logged once, with
     why)."""
     reason = _unavailable()
     if reason is not None:
@@ -219,10 +414,18 @@ def kernel() -> Kernel | None:
                        "of its own (%s) beside torch's (%s)", sorted(_openmp_runtimes() - before), sorted(before))
         return None
     pointer, integer = ctypes.c_void_p, ctypes.c_int
-    functions = Kernel(library.accord_gemm, library.accord_pack)
+    long = ctypes.c_long
+    functions = Kernel(library.accord_gemm, library.accord_pack, library.accord_attend, library.accord_rms_norm,
+                       library.accord_rotate)
     functions.gemm.argtypes = [pointer, integer, integer, pointer, integer, pointer, pointer, integer, pointer, integer]
     functions.pack.argtypes = [pointer, pointer, integer, integer, pointer, integer]
-    functions.gemm.restype = functions.pack.restype = None
+    functions.attend.argtypes = [pointer, long, pointer, long, pointer, long, integer, integer, integer, integer,
+                                 pointer, pointer, integer, pointer, pointer, pointer, pointer, integer, integer,
+                                 pointer, pointer, long, integer]
+    functions.rms_norm.argtypes = [pointer, integer, integer, ctypes.c_float, pointer]
+    functions.rotate.argtypes = [pointer, long, integer, integer, integer, pointer, pointer, pointer]
+    for function in functions:
+        function.restype = None
     if not _self_test(functions):
         logger.warning("accord's CPU kernel not used (decoding products through oneDNN): it gave wrong products on "
                        "this machine")
@@ -235,8 +438,8 @@ def _unavailable() -> str | None:
     if setting == "0":
         return "ACCORD_CPU_GEMM=0"
     if setting != "1":
-        logger.warning("ACCORD_CPU_GEMM=%r is neither 0 (off) nor 1 (on, the default): accord's CPU kernel stays on",
-                       setting)
+        raise ConfigError(f"ACCORD_CPU_GEMM={setting!r} is neither 0 nor 1; set ACCORD_CPU_GEMM=0 to decode without "
+                          "accord's CPU kernels, or 1 (or unset it) to use them where they apply")
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"{platform.system()} {platform.machine()}, not Linux on x86-64"
     capability = torch.backends.cpu.get_cpu_capability()
@@ -256,7 +459,21 @@ def _self_test(functions: Kernel) -> bool:
     x, weight = torch.randn(7, 40, generator=generator), torch.randn(37, 40, generator=generator)
     bias, other = torch.randn(37, generator=generator), torch.randn(7, 37, generator=generator)
     got = linear(x, pack(weight, functions=functions), 37, bias, "mul", other, functions)
-    return bool(torch.allclose(got, (F.linear(x, weight, bias)) * other, atol=1e-4, rtol=1e-4))
+    if not torch.allclose(got, (F.linear(x, weight, bias)) * other, atol=1e-4, rtol=1e-4):
+        return False
+    # attention: 3 rows over 2 prompts (one padded), 2 key heads of 2 queries of 12 floats, the third position
+    q, k, v = (torch.randn(3, 2, n, 12, generator=generator) for n in (2, 1, 1))
+    prefix_keys, prefix_values = torch.randn(2, 2, 2, 5, 12, generator=generator)
+    keys, values = torch.randn(2, 3, 2, 4, 12, generator=generator)
+    row_prompt, lengths, t = torch.tensor([0, 1, 1]), torch.tensor([5, 3]), 2
+    got = attend(q, k[:, :, 0], v[:, :, 0], prefix_keys, prefix_values, row_prompt, lengths, keys, values, t, functions)
+    for r, p in enumerate(row_prompt.tolist()):
+        n = int(lengths[p])
+        seq_k = torch.cat((prefix_keys[p, :, :n], keys[r, :, :t + 1]), 1)
+        seq_v = torch.cat((prefix_values[p, :, :n], values[r, :, :t + 1]), 1)
+        if not torch.allclose(got[r], torch.softmax(q[r] @ seq_k.transpose(1, 2), -1) @ seq_v, atol=1e-5):
+            return False
+    return bool(torch.equal(keys[:, :, t], k[:, :, 0]))
 
 
 def pack(weight: torch.Tensor, columns: torch.Tensor | None = None, functions: Kernel | None = None) -> torch.Tensor:
@@ -307,3 +524,77 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | N
     else:
         functions.gemm(*args)
     return F.silu(y, inplace=True) if post == "swish" else y
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_keys: torch.Tensor, prefix_values: torch.Tensor,
+           row_prompt: torch.Tensor, prompt_lengths: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, t: int,
+           functions: Kernel | None = None) -> torch.Tensor:
+    """Attention of one new position per row (:class:`~accord.generation.fast_decode.SharedPrefixCache`'s layout):
+    the rows' new keys and values ``k``, ``v`` (rows, kv_heads, head_dim) are written at position ``t`` of their
+    generated ``keys``, ``values`` (rows, kv_heads, steps, head_dim, contiguous), then the scaled queries ``q``
+    (rows, kv_heads, group, head_dim) attend, one softmax each, to the first ``prompt_lengths[p]`` positions of their
+    prompt ``p = row_prompt[row]`` in ``prefix_keys``, ``prefix_values`` (prompts, kv_heads, width, head_dim,
+    contiguous) and to positions ``[0, t]`` of their own. Returns (rows, kv_heads, group, head_dim). ``row_prompt``
+    and ``prompt_lengths`` are int64; every tensor is fp32 on the CPU, each head's ``head_dim`` floats contiguous."""
+    functions = functions or kernel()
+    rows, kv_heads, group, head_dim = q.shape
+    _, _, width, _ = prefix_keys.shape
+    if q.stride()[1:] != (group * head_dim, head_dim, 1):
+        q = q.contiguous()
+    k, v = (x if x.stride()[1:] == (head_dim, 1) else x.contiguous() for x in (k, v))
+    out = q.new_empty(rows, kv_heads, group, head_dim)
+    if rows == 0:
+        return out
+    threads = torch.get_num_threads()
+    room = -(-(width + t + 1) // 8) * 8
+    scratch = q.new_empty(threads, room)
+    args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), rows, kv_heads, group,
+            head_dim, prefix_keys.data_ptr(), prefix_values.data_ptr(), width, row_prompt.data_ptr(),
+            prompt_lengths.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.size(2), t, out.data_ptr(),
+            scratch.data_ptr(), room, threads)
+    if torch.autograd._profiler_enabled():
+        label = f"accord::attend [{rows}, {kv_heads}, {group}] over {width + t + 1}"
+        with torch.autograd.profiler.record_function(label):
+            functions.attend(*args)
+    else:
+        functions.attend(*args)
+    return out
+
+
+def rms_norm(x: torch.Tensor, eps: float, functions: Kernel | None = None) -> torch.Tensor:
+    """Each row of ``x`` (m x k, fp32) divided by the root of its mean square plus ``eps`` (an RMSNorm without a
+    weight; ``F.rms_norm``'s result to rounding, the sum of squares in another order)."""
+    functions = functions or kernel()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    y = x.new_empty(x.shape)
+    if not x.numel():
+        return y
+    args = (x.data_ptr(), x.size(0), x.size(1), eps, y.data_ptr())
+    if torch.autograd._profiler_enabled():
+        with torch.autograd.profiler.record_function("accord::rms_norm"):
+            functions.rms_norm(*args)
+    else:
+        functions.rms_norm(*args)
+    return y
+
+
+def rotate(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+           functions: Kernel | None = None) -> None:
+    """The rotary embedding, in place, of the first ``heads`` heads of ``head_dim`` floats of each row of ``x``
+    (rows x width, fp32, its rows' floats contiguous): ``x * cos + x.roll(head_dim // 2, -1) * sin`` with the tables'
+    rows (``cos``, ``sin``: positions x head_dim, contiguous, sin's first half negated) at ``positions`` (int64),
+    the same bits as those three tensor operations."""
+    functions = functions or kernel()
+    if x.stride(1) != 1 or positions.dtype != torch.long or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("accord's CPU rotary embedding takes rows of contiguous floats, contiguous tables and int64 "
+                         "positions")
+    positions = positions.contiguous()
+    if not x.size(0):
+        return
+    args = (x.data_ptr(), x.stride(0), x.size(0), heads, head_dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr())
+    if torch.autograd._profiler_enabled():
+        with torch.autograd.profiler.record_function("accord::rotate"):
+            functions.rotate(*args)
+    else:
+        functions.rotate(*args)

@@ -18,9 +18,13 @@ rest goes to four things this module does differently:
   where the batch's longest prompt is longer than its own, over which the scores are padded: up to 4e-7 on a
   tiny model's logits).
 - **attention over the prompt**: the K samples of one prompt attend to one copy of the prompt's keys and
-  values (:class:`SharedPrefixCache`), read once per step for all K, instead of K copies; each row's own
-  generated tokens are kept apart. The two parts are scored with plain matrix products and one softmax
-  over both: the CPU's fused attention kernel took 4 ms per layer for 24 single-token queries.
+  values (:class:`SharedPrefixCache`) instead of K copies; each row's own generated tokens are kept apart. With
+  accord's CPU kernels a layer's attention is one call (each row and key head scored, softmaxed and summed
+  alone, the prompt's padding skipped); otherwise the two parts are scored with plain matrix products and one
+  softmax over both: the CPU's fused attention kernel took 4 ms per layer for 24 single-token queries.
+- **operators per layer**: with accord's CPU kernels the norms before the projections and the rotary embedding
+  are one call each too (the rotary embedding's bits are torch's; the norm's sum of squares runs in another
+  order): a decoding layer is then about a dozen calls, where torch's operators took about sixty.
 - **finished rows** leave the batch (:meth:`SharedPrefixCache.keep`): after its EOS a row costs nothing.
 - the cache is preallocated for the call's last token (no growth, no copies).
 - **layers that models share**: policies that load one model and train only its last layers
@@ -389,12 +393,12 @@ def decode_together(steps: list[DecodeStep], trunk: int, tokens: list[torch.Tens
     output head tied to the shared embeddings once more for all rows (each batch's rows normalised by its own
     model's final norm first). Returns each batch's logits; advances every cache. No LoRA adapters."""
     sizes = [t.numel() for t in tokens]
-    x, cos, sin = steps[0]._inputs(torch.cat(tokens), torch.cat(positions))
-    x = steps[0]._layers(x, cos, sin, caches, None, 0, trunk)
+    x, rope = steps[0]._inputs(torch.cat(tokens), torch.cat(positions))
+    x = steps[0]._layers(x, rope, caches, None, 0, trunk)
     hidden, first = [], 0
     for step, cache, size in zip(steps, caches, sizes):
         rows = slice(first, first + size)
-        h = step._layers(x[rows], cos[rows], sin[rows], [cache], None, trunk, len(step.layers))
+        h = step._layers(x[rows], tuple(t[rows] for t in rope), [cache], None, trunk, len(step.layers))
         cache.advance()
         hidden.append(step._final_norm(h))
         first += size
@@ -450,19 +454,27 @@ class SharedPrefixCache:
     prompt of each row, in ascending order (rows of one prompt adjacent). Each row's generated tokens go to
     its own preallocated part of ``steps`` positions. ``row_tags``: each row's LoRA adapter, if any.
 
-    Attention of a row is one softmax over [its prompt's positions, its own generated positions]. It is
-    computed in the prompts' layout, ``slots``: the queries of a prompt's rows side by side (padded to the
-    largest number of rows a prompt has), so that the prompt part is one matrix product per prompt and key
-    head for all its rows; only the narrow generated part moves between the rows' layout and the slots.
+    Attention of a row is one softmax over [its prompt's positions, its own generated positions]. ``compiled``
+    (default: on the CPU in fp32 where :mod:`accord.generation.cpu_gemm` is built): one call of accord's kernel per
+    layer computes it, each row and key head alone. Otherwise torch's operators compute it in the prompts' layout,
+    ``slots``: the queries of a prompt's rows side by side (padded to the largest number of rows a prompt has), so
+    that the prompt part is one matrix product per prompt and key head for all its rows; only the narrow generated
+    part moves between the rows' layout and the slots.
     """
 
     def __init__(self, prefix: list[tuple[torch.Tensor, torch.Tensor]], prefix_lengths: torch.Tensor,
-                 row_prompt: torch.Tensor, steps: int, row_tags: torch.Tensor | None = None):
+                 row_prompt: torch.Tensor, steps: int, row_tags: torch.Tensor | None = None,
+                 compiled: bool | None = None):
         self.prefix = [(k.contiguous(), v.contiguous()) for k, v in prefix]
         self.row_tags = row_tags  # each row's LoRA adapter number (DecodeStep.row_tags), kept with the rows
         prompts, kv_heads, width, head_dim = self.prefix[0][0].shape
         self.prompts, self.width = prompts, width
         device = self.prefix[0][0].device
+        if compiled is None:
+            compiled = (device.type == "cpu" and self.prefix[0][0].dtype == torch.float32
+                        and cpu_gemm.kernel() is not None)
+        self.compiled = compiled
+        self.prefix_lengths = prefix_lengths.to(device=device, dtype=torch.long).contiguous()
         rows = row_prompt.numel()
         self.generated = [(k.new_empty(rows, kv_heads, steps, head_dim), k.new_empty(rows, kv_heads, steps, head_dim))
                           for k, _ in self.prefix]
@@ -519,6 +531,8 @@ class SharedPrefixCache:
         stored here first; call :meth:`advance` once every layer has attended."""
         t = self.length
         gk, gv = self.generated[layer]
+        if self.compiled:
+            return cpu_gemm.attend(q, k, v, *self.prefix[layer], self.row_prompt, self.prefix_lengths, gk, gv, t)
         gk[:, :, t] = k
         gv[:, :, t] = v
         keys, values = gk[:, :, :t + 1], gv[:, :, :t + 1]
@@ -564,6 +578,9 @@ class DecodeStep:
         self.scaling = first.scaling
         self.embed = inner.embed_tokens.weight
         pack = product_kernel() if self.embed.device.type == "cpu" else None
+        # accord's CPU kernels also run the norms before the projections, the rotary embedding and (through
+        # SharedPrefixCache) the decoding attention
+        self.compiled = pack == "accord"
         # the RMSNorms' weights are multiplied into the projections that read them (``columns``), except the
         # final norm's: a head tied to the embeddings of a shared trunk serves every model that shares it, one
         # product for all their rows (:func:`decode_together`), while their final norms may differ (they train)
@@ -616,47 +633,64 @@ class DecodeStep:
             return None
         return cls(model, max_positions, rows, row_adapters)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the rotary embedding needs of each token: its position (accord's CPU kernels read the tables), or
+        the tables' rows at it."""
+        if self.compiled:
+            return (positions,)
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+    def _rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The rotary embedding of ``x`` (tokens, heads, head_dim): a new tensor, or ``x`` rotated in place (accord's
+        CPU kernel, the same bits)."""
+        if self.compiled:
+            cpu_gemm.rotate(x.view(x.size(0), -1), x.size(1), self.head_dim, self.cos, self.sin, rope[0])
+            return x
+        cos, sin = rope
         return x * cos + x.roll(self.head_dim // 2, -1) * sin
 
-    def _attention_inputs(self, x: torch.Tensor, layer: tuple, cos: torch.Tensor, sin: torch.Tensor,
+    def _norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of the rows of ``x`` without a weight (the projections after it carry it)."""
+        return cpu_gemm.rms_norm(x, eps) if self.compiled else F.rms_norm(x, (x.size(1),), None, eps)
+
+    def _attention_inputs(self, x: torch.Tensor, layer: tuple, rope: tuple[torch.Tensor, ...],
                           masks: dict | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Scaled, rotated queries (tokens, heads, head_dim), rotated keys and values (tokens, kv_heads,
         head_dim) of the hidden states ``x`` (tokens, dim) in ``layer``."""
         eps1, qkv_proj, qk_norms = layer[:3]
-        tokens, dim = x.shape
+        tokens = x.size(0)
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         q_width, kv_width = heads * head_dim, kv_heads * head_dim
-        qkv = qkv_proj(F.rms_norm(x, (dim,), None, eps1), masks=masks)
+        qkv = qkv_proj(self._norm(x, eps1), masks=masks)
         v = qkv[:, q_width + kv_width:].view(tokens, kv_heads, head_dim)
         if qk_norms is None:  # q and k rotated together (q's weights carry the attention scaling)
-            qk = self._rotate(qkv[:, :q_width + kv_width].view(tokens, heads + kv_heads, head_dim), cos, sin)
+            qk = self._rotate(qkv[:, :q_width + kv_width].view(tokens, heads + kv_heads, head_dim), rope)
             return qk[:, :heads], qk[:, heads:], v
         q = F.rms_norm(qkv[:, :q_width].view(tokens, heads, head_dim), (head_dim,), *qk_norms[0])
         k = F.rms_norm(qkv[:, q_width:q_width + kv_width].view(tokens, kv_heads, head_dim), (head_dim,),
                        *qk_norms[1])
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        return self._rotate(q, rope), self._rotate(k, rope), v
 
     def _rest_of_layer(self, x: torch.Tensor, out: torch.Tensor, layer: tuple, masks: dict | None) -> torch.Tensor:
         """The hidden states after ``layer`` from its input ``x`` and its attention's output ``out`` (tokens,
         heads * head_dim): output projection, residual, MLP, residual."""
         o_proj, eps2, gate, up, down = layer[3:]
         x = o_proj(out, "add", x, masks)
-        h = F.rms_norm(x, (x.size(1),), None, eps2)
+        h = self._norm(x, eps2)
         return down(up(h, "mul", gate(h, "swish", masks=masks), masks), "add", x, masks)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPrefixCache) -> torch.Tensor:
         """``tokens`` (rows,) at ``positions`` (rows,), the rows of ``cache`` in its order; returns (rows, vocab)
         logits and advances the cache by one position."""
-        x, cos, sin = self._inputs(tokens, positions)
+        x, rope = self._inputs(tokens, positions)
         masks = None if cache.row_tags is None else {"rows": cache.row_tags}  # the rows' adapters, per step
-        x = self._layers(x, cos, sin, [cache], masks, 0, len(self.layers))
+        x = self._layers(x, rope, [cache], masks, 0, len(self.layers))
         cache.advance()
         return self._logits(x)
 
-    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The embeddings of ``tokens`` and the rotary factors of ``positions``."""
-        return F.embedding(tokens, self.embed), self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The embeddings of ``tokens`` and the rotary embedding's inputs at ``positions`` (:meth:`_rope`)."""
+        return F.embedding(tokens, self.embed), self._rope(positions)
 
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.size(1),), self.final_weight, self.final_eps)
@@ -664,7 +698,7 @@ class DecodeStep:
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self._final_norm(x))
 
-    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[SharedPrefixCache],
+    def _layers(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...], caches: list[SharedPrefixCache],
                 masks: dict | None, start: int, stop: int) -> torch.Tensor:
         """The hidden states after layers ``[start, stop)`` of the rows ``x``: the rows of ``caches``, one after
         another, each cache's rows attending to its own keys and values."""
@@ -672,7 +706,7 @@ class DecodeStep:
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         for i in range(start, stop):
             layer = self.layers[i]
-            q, k, v = self._attention_inputs(x, layer, cos, sin, masks)
+            q, k, v = self._attention_inputs(x, layer, rope, masks)
             # one query per row: its heads that share a key/value head are that head's group of queries
             q = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
             if len(caches) == 1:
@@ -760,7 +794,7 @@ class DecodeStep:
                           torch.tensor([j for _, j in members], device=device), visible))
         positions = torch.tensor(positions, device=device)
         x = F.embedding(torch.tensor(ids, device=device), self.embed)
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        rope = self._rope(positions)
         masks = None
         if adapters is not None:  # each token's adapter number (-1: none)
             tags = [self.adapters.get(adapters[node.members[0]], -1) for node in level
@@ -768,7 +802,7 @@ class DecodeStep:
             masks = {"rows": torch.tensor(tags, device=device)}
         gqa = {"enable_gqa": True} if _SDPA_GQA else {}
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attention_inputs(x, layer, cos, sin, masks)
+            q, k, v = self._attention_inputs(x, layer, rope, masks)
             keys, values = cache[i]
             out = q.new_empty(q.size(0), heads * head_dim)
             for start, size, rows, first, member_rows, member_node, visible in plans:

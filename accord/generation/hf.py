@@ -402,7 +402,8 @@ def _decode_together(models: list, blocks: list[_Block], trunk: int) -> None:
             first = b.step
         logits, prefix, lengths = b.step.prefill([b.prompts[r] for r in unique_rows],
                                                  None if adapters is None else [adapters[r] for r in unique_rows])
-        b.cache = SharedPrefixCache(prefix, lengths, row_prompt, max(b.steps - 1, 0), b.step.row_tags)
+        b.cache = SharedPrefixCache(prefix, lengths, row_prompt, max(b.steps - 1, 0), b.step.row_tags,
+                                    b.step.compiled)
         del prefix
         b.logits, b.position = logits[row_prompt], lengths.to(device)[row_prompt]
         b.eos_t = torch.tensor(b.eos, device=device)

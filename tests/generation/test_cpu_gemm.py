@@ -1,5 +1,6 @@
-"""accord's compiled CPU product (accord.generation.cpu_gemm): its results against F.linear, rows that do not depend
-on the batch or the thread count, and the fall-back to oneDNN where it cannot be built."""
+"""accord's compiled CPU kernels (accord.generation.cpu_gemm): the product against F.linear, the decoding attention
+against a softmax over each row's sequence, the norm and the rotary embedding against torch's; rows that do not depend
+on the batch or the thread count, and the fall-back to oneDNN where they cannot be built."""
 
 from __future__ import annotations
 
@@ -97,6 +98,15 @@ def test_without_a_working_compiler_or_when_turned_off_the_products_stay_with_on
     assert not list((tmp_path / "kernels").glob("*.so"))
 
 
+def test_a_setting_other_than_0_or_1_is_refused_in_one_line(tmp_path):
+    """``ACCORD_CPU_GEMM=off`` meant off: the kernels stayed on with a warning."""
+    refused = _probe({"ACCORD_CPU_GEMM": "off"}, tmp_path)
+    assert refused.returncode != 0
+    assert ("accord.config.base.ConfigError: ACCORD_CPU_GEMM='off' is neither 0 nor 1; set ACCORD_CPU_GEMM=0 to "
+            "decode without accord's CPU kernels") in refused.stderr, refused.stderr
+    assert not list((tmp_path / "kernels").glob("*.so"))
+
+
 def test_no_rows_give_no_rows_and_a_weight_it_cannot_read_is_named():
     packed = cpu_gemm.pack(torch.randn(20, 8))
     assert cpu_gemm.linear(torch.empty(0, 8), packed, 20).shape == (0, 20)
@@ -112,3 +122,100 @@ def test_column_factors_packed_in_are_the_products_of_the_scaled_weight():
     assert torch.equal(cpu_gemm.pack(weight, columns), cpu_gemm.pack(weight * columns))
     with pytest.raises(ValueError, match=r"^accord's CPU kernel: \(69,\) column factors for a weight of 70 inputs$"):
         cpu_gemm.pack(weight, columns[:69])
+
+
+def _attention_case(generator, rows_of_prompt: list[int], lengths: list[int], kv_heads: int, group: int,
+                    head_dim: int, steps: int):
+    prompts, width = len(lengths), max(lengths)
+    prefix_keys, prefix_values = torch.randn(2, prompts, kv_heads, width, head_dim, generator=generator)
+    for p, n in enumerate(lengths):   # what lies past a prompt's length must not count: poison it
+        prefix_keys[p, :, n:] = 1e4
+        prefix_values[p, :, n:] = float("nan")
+    row_prompt = torch.tensor([p for p, n in enumerate(rows_of_prompt) for _ in range(n)])
+    keys, values = torch.randn(2, row_prompt.numel(), kv_heads, steps, head_dim, generator=generator)
+    return prefix_keys, prefix_values, row_prompt, keys, values
+
+
+def _threads(n: int, fn):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("head_dim", [4, 12, 64, 72, 128])
+def test_decoding_attention_is_a_softmax_over_each_rows_prompt_and_own_tokens(head_dim):
+    """Each row's queries attend to its prompt's first positions (past them poisoned: they must not count) and its own
+    generated ones, the new key and value written first; head widths under one vector, with tails, of the kernel's
+    64-float blocks and past them; a row's result is the same bits alone, in any batch and on one thread or two."""
+    generator = torch.Generator().manual_seed(4)
+    kv_heads, group, steps = 2, 3, 6
+    lengths = [7, 3, 12]
+    prefix_keys, prefix_values, row_prompt, keys, values = _attention_case(
+        generator, [2, 0, 3], lengths, kv_heads, group, head_dim, steps)
+    lengths_t = torch.tensor(lengths)
+    rows = row_prompt.numel()
+    for t in range(steps):
+        q = torch.randn(rows, kv_heads, group, head_dim, generator=generator) / head_dim ** 0.5
+        qkv = torch.randn(rows, 2 * kv_heads * head_dim + 5, generator=generator)   # k and v read at a row stride
+        k = qkv[:, :kv_heads * head_dim].view(rows, kv_heads, head_dim)
+        v = qkv[:, kv_heads * head_dim:2 * kv_heads * head_dim].view(rows, kv_heads, head_dim)
+        got = cpu_gemm.attend(q, k, v, prefix_keys, prefix_values, row_prompt, lengths_t, keys, values, t)
+        assert torch.equal(keys[:, :, t], k) and torch.equal(values[:, :, t], v)
+        for r, p in enumerate(row_prompt.tolist()):
+            n = lengths[p]
+            seq_k = torch.cat((prefix_keys[p, :, :n], keys[r, :, :t + 1]), 1).double()
+            seq_v = torch.cat((prefix_values[p, :, :n], values[r, :, :t + 1]), 1).double()
+            want = torch.softmax(q[r].double() @ seq_k.transpose(1, 2), -1) @ seq_v
+            assert torch.allclose(got[r].double(), want, atol=2e-6, rtol=1e-5), (t, r, (got[r] - want).abs().max())
+            alone = cpu_gemm.attend(q[r:r + 1], k[r:r + 1], v[r:r + 1], prefix_keys, prefix_values,
+                                    row_prompt[r:r + 1], lengths_t, keys[r:r + 1].clone(), values[r:r + 1].clone(), t)
+            assert torch.equal(alone[0], got[r]), (t, r)
+        one_thread = _threads(1, lambda: cpu_gemm.attend(q, k, v, prefix_keys, prefix_values, row_prompt, lengths_t,
+                                                         keys.clone(), values.clone(), t))
+        assert torch.equal(one_thread, got), t
+
+
+def test_decoding_attention_of_far_apart_scores_keeps_the_largest():
+    """Scores hundreds apart (one position dominating, others underflowing to nothing) give that position's value,
+    not a NaN or a blend."""
+    generator = torch.Generator().manual_seed(5)
+    prefix_keys, prefix_values, row_prompt, keys, values = _attention_case(generator, [1], [9], 1, 1, 16, 1)
+    q = torch.zeros(1, 1, 1, 16)
+    q[..., 0] = 100.0
+    prefix_keys[0, 0, :, 0] = torch.linspace(-5.0, 3.0, 9)   # scores -500 ... 300
+    k = torch.zeros(1, 1, 16)
+    k[..., 0] = -8.0                                           # the own token: -800
+    v = torch.randn(1, 1, 16, generator=generator)
+    got = cpu_gemm.attend(q, k, v, prefix_keys, prefix_values, row_prompt, torch.tensor([9]), keys, values, 0)
+    assert torch.allclose(got[0, 0, 0], prefix_values[0, 0, 8], atol=1e-6)
+
+
+def test_the_norm_is_torchs_rms_norm_to_rounding_and_each_row_its_own():
+    generator = torch.Generator().manual_seed(6)
+    for k in (1, 7, 8, 64, 576, 1000):
+        x = torch.randn(11, k, generator=generator) * 3
+        got = cpu_gemm.rms_norm(x, 1e-5)
+        assert torch.allclose(got, F.rms_norm(x, (k,), None, 1e-5), atol=1e-6, rtol=1e-5), k
+        assert torch.equal(cpu_gemm.rms_norm(x[4:5], 1e-5), got[4:5]), k
+    assert torch.allclose(cpu_gemm.rms_norm(torch.zeros(2, 5), 0.25), torch.zeros(2, 5))
+    assert torch.equal(cpu_gemm.rms_norm(torch.full((1, 4), 2.0), 0.0), torch.ones(1, 4))
+
+
+def test_the_rotary_embedding_in_place_is_torchs_three_operations_bit_for_bit():
+    """x * cos + roll(x, half) * sin of the first heads of each row, in place in a wider row (the values and
+    whatever follows untouched), at each row's own position of the tables."""
+    generator = torch.Generator().manual_seed(7)
+    for head_dim in (4, 12, 64):
+        heads, rows = 5, 6
+        cos, sin = torch.randn(2, 40, head_dim, generator=generator)
+        positions = torch.tensor([0, 39, 3, 3, 17, 8])
+        x = torch.randn(rows, heads * head_dim + 9, generator=generator)
+        heads_part = x[:, :(heads - 1) * head_dim].view(rows, heads - 1, head_dim)
+        want = heads_part * cos[positions][:, None] + heads_part.roll(head_dim // 2, -1) * sin[positions][:, None]
+        rest = x[:, (heads - 1) * head_dim:].clone()
+        cpu_gemm.rotate(x, heads - 1, head_dim, cos, sin, positions)
+        assert torch.equal(x[:, :(heads - 1) * head_dim].view(rows, heads - 1, head_dim), want), head_dim
+        assert torch.equal(x[:, (heads - 1) * head_dim:], rest), head_dim

@@ -290,7 +290,8 @@ def test_direct_decode_step_matches_the_model_forward(name, kernel, monkeypatch)
                     assert torch.allclose(keys[u, :, :len(prompts[r])], layer.keys[0], atol=1e-5), (name, "keys", u)
                     assert torch.allclose(values[u, :, :len(prompts[r])], layer.values[0], atol=1e-5), (name, u)
                     assert not keys[u, :, len(prompts[r]):].any()  # right padding
-        cache = SharedPrefixCache(prefix, lengths, torch.tensor([index[r] for r in order]), steps)
+        cache = SharedPrefixCache(prefix, lengths, torch.tensor([index[r] for r in order]), steps,
+                                  compiled=step.compiled)
         sequences = [list(prompts[r]) for r in order]
         rows = list(range(len(order)))
         tokens = torch.randint(1, config.vocab_size, (steps, len(order)))
@@ -309,12 +310,17 @@ def test_direct_decode_step_matches_the_model_forward(name, kernel, monkeypatch)
         assert cache.length == steps
 
 
-def test_shared_prefix_cache_attends_as_each_row_over_its_own_sequence():
-    """SharedPrefixCache's attention (the prompt part in the prompts' slot layout, each row's own tokens apart) is,
-    row by row, plain softmax attention over the row's prompt and its own tokens: prompts with uneven numbers of
-    rows, one with none, padding past a shorter prompt, and rows leaving midway (a prompt losing its last row, the
-    slots per prompt shrinking)."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["accord's kernel", "torch"])
+def test_shared_prefix_cache_attends_as_each_row_over_its_own_sequence(compiled):
+    """SharedPrefixCache's attention (accord's compiled CPU kernel, or torch's operators with the prompt part in the
+    prompts' slot layout, each row's own tokens apart) is, row by row, plain softmax attention over the row's prompt
+    and its own tokens: prompts with uneven numbers of rows, one with none, padding past a shorter prompt, and rows
+    leaving midway (a prompt losing its last row, the slots per prompt shrinking)."""
+    from accord.generation import cpu_gemm
     from accord.generation.fast_decode import SharedPrefixCache
+
+    if compiled and cpu_gemm._unavailable() is not None:
+        pytest.skip(f"accord's CPU kernel does not apply here: {cpu_gemm._unavailable()}")
 
     torch.manual_seed(0)
     kv_heads, group, head_dim, steps = 2, 3, 8, 7
@@ -324,7 +330,7 @@ def test_shared_prefix_cache_attends_as_each_row_over_its_own_sequence():
         keys[u, :, n:] = 0
         values[u, :, n:] = 0
     row_prompt = torch.tensor([0, 0, 0, 1, 2, 2])
-    cache = SharedPrefixCache([(keys, values)], torch.tensor(lengths), row_prompt, steps)
+    cache = SharedPrefixCache([(keys, values)], torch.tensor(lengths), row_prompt, steps, compiled=compiled)
     rows = list(range(6))
     own = {r: ([], []) for r in rows}   # each row's generated keys and values so far
     for t in range(steps):
