@@ -6,7 +6,8 @@ row counts the oneDNN kernels that :class:`~accord.generation.fast_decode.Projec
 the rate of the machine's large products on AVX2 CPUs; this kernel is faster there (``bench/README.md``,
 *generation_speed.py*, measures both side by side). It is a register-blocked product: the weight laid out once in
 panels of 16 output columns, each panel read in order (the next 16 KB fetched ahead) while up to six rows accumulate
-against it in 12 vector registers, panels split between torch's OpenMP threads. Each output is one fused
+against it in 12 vector registers (7-24 rows: 32 inputs at a time through each block of rows in turn, so that later
+blocks find them in the first level of cache), panels split between torch's OpenMP threads. Each output is one fused
 multiply-add chain over the inputs in their order, whatever rows sit beside it and however many threads run: a row's
 result does not depend on the batch (rows that finish leave it) nor on the thread count.
 
@@ -91,18 +92,19 @@ static inline void store_row(float* y, int n0, int n, __m256 c0, __m256 c1, cons
     }
 }
 
-/* the two accumulators and the input row of row r of a block; one input's step; the row's store */
-#define DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps(); \
-    const float* x##r = x + (long)(r) * k;
+/* A block's rows accumulate inputs [i0, i1) of a panel: the accumulators come from `acc` (two vectors a row) and go
+   back there, unless i1 is the last input, when the row is stored. Each sum is one multiply-add chain in the inputs'
+   order however the inputs are split. */
+#define DECL(r) __m256 c##r##0 = acc[2 * (r)], c##r##1 = acc[2 * (r) + 1]; const float* x##r = x + (long)(r) * k;
 #define FMA(r) a = _mm256_broadcast_ss(x##r + i); \
     c##r##0 = _mm256_fmadd_ps(a, b0, c##r##0); c##r##1 = _mm256_fmadd_ps(a, b1, c##r##1);
-#define STORE(r) store_row(y + (long)(r) * n, n0, n, c##r##0, c##r##1, bias, post, \
-    other ? other + (long)(r) * n : 0);
+#define STORE(r) if (i1 < k) { acc[2 * (r)] = c##r##0; acc[2 * (r) + 1] = c##r##1; } \
+    else store_row(y + (long)(r) * n, n0, n, c##r##0, c##r##1, bias, post, other ? other + (long)(r) * n : 0);
 #define BLOCK(name, D, F, S) \
-static void name(const float* x, int k, const float* b, float* y, int n0, int n, const float* bias, int post, \
-                 const float* other) { \
+static void name(const float* x, int k, int i0, int i1, const float* b, float* y, int n0, int n, const float* bias, \
+                 int post, const float* other, __m256* acc) { \
     D __m256 a; \
-    for (int i = 0; i < k; i++) { \
+    for (int i = i0; i < i1; i++) { \
         __m256 b0 = _mm256_load_ps(b + (long)i * NR), b1 = _mm256_load_ps(b + (long)i * NR + 8); \
         _mm_prefetch((const char*)(b + (long)i * NR + AHEAD), _MM_HINT_T0); \
         F \
@@ -118,7 +120,8 @@ BLOCK(rows5, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4), FMA(0) FMA(1) FMA(2) FMA(3
 BLOCK(rows6, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5),
       STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5))
 
-typedef void (*block_fn)(const float*, int, const float*, float*, int, int, const float*, int, const float*);
+typedef void (*block_fn)(const float*, int, int, int, const float*, float*, int, int, const float*, int, const float*,
+                         __m256*);
 static const block_fn BLOCKS[7] = {0, rows1, rows2, rows3, rows4, rows5, rows6};
 
 /* The weight w (n x k, rows of k), each input i multiplied by columns[i] (unless NULL), as panels
@@ -143,8 +146,12 @@ void accord_pack(const float* w, float* packed, int n, int k, const float* colum
 
 /* y (m x n) = x (m x k) times the weight (n x k) laid out as panels [n / 16][k][16], plus bias (n or NULL), then
    post 0 (nothing), 1 (+ other, m x n) or 2 (* other); panels split among `threads` OpenMP threads. Rows go in
-   chunks of CHUNK, whose inputs stay in the caches while every panel passes (a long prompt's prefill). */
+   chunks of CHUNK, whose inputs stay in the caches while every panel passes (a long prompt's prefill). For 7 to 24
+   rows (two to four blocks: a decoding step) a panel's inputs go KC at a time through each block in turn, so that
+   the blocks after the first read that stretch from the first level of cache while the next is on its way from
+   memory (1.1-1.2x at 7-16 rows on a Zen 3 EPYC; no gain at more rows). */
 #define CHUNK 96
+#define KC 32
 void accord_gemm(const float* x, int m, int k, const float* packed, int n, const float* bias, float* y, int post,
                  const float* other, int threads) {
     int panels = (n + NR - 1) / NR;
@@ -153,12 +160,19 @@ void accord_gemm(const float* x, int m, int k, const float* packed, int n, const
         #pragma omp parallel for num_threads(threads) schedule(static)
         for (int p = 0; p < panels; p++) {
             const float* b = packed + (long)p * k * NR;
-            for (int r = first; r < last;) {
-                int left = last - r, blocks = (left + 5) / 6, rows = (left + blocks - 1) / blocks;  /* 7: 4 + 3 */
-                BLOCKS[rows](x + (long)r * k, k, b, y + (long)r * n, p * NR, n, bias, post,
-                             other ? other + (long)r * n : 0);
-                r += rows;
-            }
+            __m256 acc[2 * CHUNK];
+            for (int j = 0; j < 2 * (last - first); j++) acc[j] = _mm256_setzero_ps();
+            int i0 = 0, kc = last - first > 6 && last - first <= 24 ? KC : k;
+            do {  /* once at least: no inputs still store the bias */
+                int i1 = k - i0 < kc ? k : i0 + kc;
+                for (int r = first; r < last;) {
+                    int left = last - r, blocks = (left + 5) / 6, rows = (left + blocks - 1) / blocks;  /* 7: 4 + 3 */
+                    BLOCKS[rows](x + (long)r * k, k, i0, i1, b, y + (long)r * n, p * NR, n, bias, post,
+                                 other ? other + (long)r * n : 0, acc + 2 * (r - first));
+                    r += rows;
+                }
+                i0 = i1;
+            } while (i0 < k);
         }
     }
 }

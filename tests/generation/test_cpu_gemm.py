@@ -43,8 +43,9 @@ def test_products_match_f_linear_at_every_row_count_and_width(post):
 
 
 def test_a_row_is_the_same_alone_in_any_batch_and_on_any_number_of_threads():
-    """Each output is one chain of fused multiply-adds in the inputs' order: the same bits for a row alone, beside
-    12 others (blocks of 5 and 4 rows) and on one thread or two."""
+    """Each output is one chain of fused multiply-adds in the inputs' order: the same bits for a row alone (its 300
+    inputs in one pass), beside 12 others (blocks of 5 and 4 rows, the inputs 32 at a time through each block) and on
+    one thread or two."""
     generator = torch.Generator().manual_seed(1)
     weight, x = torch.randn(200, 300, generator=generator), torch.randn(13, 300, generator=generator)
     packed = cpu_gemm.pack(weight)
