@@ -38,7 +38,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -490,6 +490,16 @@ def _self_test(functions: Kernel) -> bool:
     return bool(torch.equal(keys[:, :, t], k[:, :, 0]))
 
 
+def _run(function: ctypes._CFuncPtr, args: tuple, label: str | Callable[[], str]) -> None:
+    """Call a compiled function; under torch's profiler inside a range of its own named ``label`` (a function for a
+    name built only then), as the kernels are no torch operators."""
+    if torch.autograd._profiler_enabled():
+        with torch.autograd.profiler.record_function(label if isinstance(label, str) else label()):
+            function(*args)
+    else:
+        function(*args)
+
+
 def pack(weight: torch.Tensor, columns: torch.Tensor | None = None, functions: Kernel | None = None) -> torch.Tensor:
     """``weight`` (n x k), times ``columns`` (k: a factor per input, as ``weight * columns`` computes it), laid out
     as the kernel reads it: panels of 16 output columns, [panels][k][16] (the last panel padded with zeros)."""
@@ -508,11 +518,7 @@ def pack(weight: torch.Tensor, columns: torch.Tensor | None = None, functions: K
         raise RuntimeError("accord's CPU kernel needs 32-byte aligned weights; torch allocated another alignment")
     args = (weight.data_ptr(), packed.data_ptr(), n, k, None if columns is None else columns.data_ptr(),
             torch.get_num_threads())
-    if torch.autograd._profiler_enabled():
-        with torch.autograd.profiler.record_function("accord::pack"):
-            functions.pack(*args)
-    else:
-        functions.pack(*args)
+    _run(functions.pack, args, "accord::pack")
     return packed
 
 
@@ -532,11 +538,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | N
         return y
     args = (x.data_ptr(), m, k, packed.data_ptr(), n, None if bias is None else bias.data_ptr(), y.data_ptr(),
             0 if post == "swish" else POSTS[post], None if other is None else other.data_ptr(), torch.get_num_threads())
-    if torch.autograd._profiler_enabled():   # the kernel is no torch operator: a range of its own, named by shape
-        with torch.autograd.profiler.record_function(f"accord::gemm [{m}, {k}] -> {n}"):
-            functions.gemm(*args)
-    else:
-        functions.gemm(*args)
+    _run(functions.gemm, args, lambda: f"accord::gemm [{m}, {k}] -> {n}")
     return F.silu(y, inplace=True) if post == "swish" else y
 
 
@@ -566,12 +568,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_keys: torch
             head_dim, prefix_keys.data_ptr(), prefix_values.data_ptr(), width, row_prompt.data_ptr(),
             prompt_lengths.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.size(2), t, out.data_ptr(),
             scratch.data_ptr(), room, threads)
-    if torch.autograd._profiler_enabled():
-        label = f"accord::attend [{rows}, {kv_heads}, {group}] over {width + t + 1}"
-        with torch.autograd.profiler.record_function(label):
-            functions.attend(*args)
-    else:
-        functions.attend(*args)
+    _run(functions.attend, args, lambda: f"accord::attend [{rows}, {kv_heads}, {group}] over {width + t + 1}")
     return out
 
 
@@ -585,11 +582,7 @@ def rms_norm(x: torch.Tensor, eps: float, functions: Kernel | None = None) -> to
     if not x.numel():
         return y
     args = (x.data_ptr(), x.size(0), x.size(1), eps, y.data_ptr())
-    if torch.autograd._profiler_enabled():
-        with torch.autograd.profiler.record_function("accord::rms_norm"):
-            functions.rms_norm(*args)
-    else:
-        functions.rms_norm(*args)
+    _run(functions.rms_norm, args, "accord::rms_norm")
     return y
 
 
@@ -607,8 +600,4 @@ def rotate(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: t
     if not x.size(0):
         return
     args = (x.data_ptr(), x.stride(0), x.size(0), heads, head_dim, cos.data_ptr(), sin.data_ptr(), positions.data_ptr())
-    if torch.autograd._profiler_enabled():
-        with torch.autograd.profiler.record_function("accord::rotate"):
-            functions.rotate(*args)
-    else:
-        functions.rotate(*args)
+    _run(functions.rotate, args, "accord::rotate")

@@ -319,8 +319,8 @@ def test_shared_prefix_cache_attends_as_each_row_over_its_own_sequence(compiled)
     from accord.generation import cpu_gemm
     from accord.generation.fast_decode import SharedPrefixCache
 
-    if compiled and cpu_gemm._unavailable() is not None:
-        pytest.skip(f"accord's CPU kernel does not apply here: {cpu_gemm._unavailable()}")
+    if compiled and cpu_gemm.kernel() is None:
+        pytest.skip("accord's CPU kernel does not apply here (or did not build)")
 
     torch.manual_seed(0)
     kv_heads, group, head_dim, steps = 2, 3, 8, 7
