@@ -17,6 +17,7 @@ the moved policy samples outside the reference's own top-k / top-p set, and the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -112,9 +113,22 @@ def _top_p_ranked(flat: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor
         drop_ranked = values < values.gather(-1, last_kept)
         # a row is decided once a ranked token lies below its boundary (every token tied with it is then ranked),
         # or when every token is ranked
-        if k == vocab or bool((drop_ranked[:, -1] | (limit >= 1.0).squeeze(1)).all()):
+        open_rows = ~(drop_ranked[:, -1] | (limit >= 1.0).squeeze(1))
+        if k == vocab or not bool(open_rows.any()):
             return values, index, drop_ranked
-        k = min(vocab, k * 8)
+        k = _top_p_next_k(k, vocab, probs[open_rows], limit[open_rows])
+
+
+def _top_p_next_k(k: int, vocab: int, probs: torch.Tensor, limit: torch.Tensor) -> int:
+    """How many tokens the search ranks next, after ``k`` left the rows of ``probs`` (their k largest
+    probabilities, rows, k) short of their ``limit``: eight times as many, or twice what a row needs at least if
+    that is more (a token not yet ranked is no likelier than the k-th, so a row needs at least ``(limit - mass) /
+    p_k`` more: the flat rows of an untrained model rank the vocabulary at once, not in three rounds), and the whole
+    vocabulary once that is half of it (``topk`` of half the vocabulary costs about what all of it does)."""
+    short = (limit - probs.sum(-1, keepdim=True)) / probs[:, -1:]
+    need = float(short.nan_to_num(nan=float(vocab), posinf=float(vocab)).clamp(0, vocab).max())
+    k = max(k * 8, k + 2 * math.ceil(need))
+    return vocab if 2 * k >= vocab else k
 
 
 def sampling_logits(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0, top_k: int | torch.Tensor = 0,

@@ -5,16 +5,18 @@ A decoding step multiplies a handful of rows (one per sequence still writing) by
 row counts the oneDNN kernels that :class:`~accord.generation.fast_decode.Projection` otherwise uses run well below
 the rate of the machine's large products on AVX2 CPUs; this kernel is faster there (``bench/README.md``,
 *generation_speed.py*, measures both side by side). It is a register-blocked product: the weight laid out once in
-panels of 16 output columns, each panel read in order (the next 16 KB fetched ahead) while up to six rows accumulate
-against it in 12 vector registers (7-24 rows: 32 inputs at a time through each block of rows in turn, so that later
-blocks find them in the first level of cache), panels split between torch's OpenMP threads. Each output is one fused
+panels of 16 output columns, each panel read in order (the next 16 KB fetched ahead; at 7-12 rows 32 KB ahead into
+the second level of cache and 2 KB ahead from there) while up to six rows accumulate against it in 12 vector registers
+(7-24 rows: 32 inputs at a time through each block of rows in turn, so that later blocks find them in the first level
+of cache), panels split between torch's OpenMP threads. Each output is one fused
 multiply-add chain over the inputs in their order, whatever rows sit beside it and however many threads run: a row's
 result does not depend on the batch (rows that finish leave it) nor on the thread count.
 
 Between the products, a decoding layer's other work is a few microseconds of arithmetic spread over dozens of torch
 operators, each with its own dispatch: :func:`attend` (one position's attention of every row, each row and key head
-alone: scores, a softmax with a vectorised exponential, the weighted sum of values), :func:`rms_norm` and
-:func:`rotate` (in place, the same bits as torch's three operators) do theirs in one call each.
+alone, the head's group of queries together over each stretch of 32 keys and values: scores, eight keys' sums reduced
+at once, a softmax with a vectorised exponential, the weighted sum of values), :func:`rms_norm` and :func:`rotate` (in
+place, the same bits as torch's three operators) do theirs in one call each.
 
 The source is compiled once per machine and compiler with the system's C compiler (``CC``, else ``cc``; about a
 second) into ``kernels`` of accord's cache (``$ACCORD_CACHE``, default ``~/.cache/accord``) and loaded with
@@ -58,8 +60,15 @@ SOURCE = r"""
 #include <omp.h>
 #include <string.h>
 #define NR 16
-/* panel floats fetched ahead of the one being read: 16 KB, so that the next weights arrive while these multiply */
+/* panel floats fetched ahead of the one being read: 16 KB into the first level of cache, so that the next weights
+   arrive while these multiply; for two blocks of rows (7-12 rows) 32 KB ahead into the second level and 2 KB ahead
+   from there into the first (1.1-1.17x at 7-8 rows on a Zen 3 EPYC, 4 % slower at up to 6 rows, even at 10-12) */
 #define AHEAD (256 * NR)
+#define FAR (512 * NR)
+#define NEAR (32 * NR)
+#define PREFETCH _mm_prefetch((const char*)(b + (long)i * NR + AHEAD), _MM_HINT_T0);
+#define PREFETCH_FAR _mm_prefetch((const char*)(b + (long)i * NR + FAR), _MM_HINT_T1); \
+    _mm_prefetch((const char*)(b + (long)i * NR + NEAR), _MM_HINT_T0);
 
 /* One row's 16 sums of the panel starting at column n0, plus bias, then "other" added (post 1) or multiplied
    (post 2) elementwise; columns past n are not written. */
@@ -100,29 +109,38 @@ static inline void store_row(float* y, int n0, int n, __m256 c0, __m256 c1, cons
     c##r##0 = _mm256_fmadd_ps(a, b0, c##r##0); c##r##1 = _mm256_fmadd_ps(a, b1, c##r##1);
 #define STORE(r) if (i1 < k) { acc[2 * (r)] = c##r##0; acc[2 * (r) + 1] = c##r##1; } \
     else store_row(y + (long)(r) * n, n0, n, c##r##0, c##r##1, bias, post, other ? other + (long)(r) * n : 0);
-#define BLOCK(name, D, F, S) \
+#define BLOCK(name, D, F, S, P) \
 static void name(const float* x, int k, int i0, int i1, const float* b, float* y, int n0, int n, const float* bias, \
                  int post, const float* other, __m256* acc) { \
     D __m256 a; \
     for (int i = i0; i < i1; i++) { \
         __m256 b0 = _mm256_load_ps(b + (long)i * NR), b1 = _mm256_load_ps(b + (long)i * NR + 8); \
-        _mm_prefetch((const char*)(b + (long)i * NR + AHEAD), _MM_HINT_T0); \
+        P \
         F \
     } \
     S \
 }
-BLOCK(rows1, DECL(0), FMA(0), STORE(0))
-BLOCK(rows2, DECL(0) DECL(1), FMA(0) FMA(1), STORE(0) STORE(1))
-BLOCK(rows3, DECL(0) DECL(1) DECL(2), FMA(0) FMA(1) FMA(2), STORE(0) STORE(1) STORE(2))
-BLOCK(rows4, DECL(0) DECL(1) DECL(2) DECL(3), FMA(0) FMA(1) FMA(2) FMA(3), STORE(0) STORE(1) STORE(2) STORE(3))
+BLOCK(rows1, DECL(0), FMA(0), STORE(0), PREFETCH)
+BLOCK(rows2, DECL(0) DECL(1), FMA(0) FMA(1), STORE(0) STORE(1), PREFETCH)
+BLOCK(rows3, DECL(0) DECL(1) DECL(2), FMA(0) FMA(1) FMA(2), STORE(0) STORE(1) STORE(2), PREFETCH)
+BLOCK(rows4, DECL(0) DECL(1) DECL(2) DECL(3), FMA(0) FMA(1) FMA(2) FMA(3),
+      STORE(0) STORE(1) STORE(2) STORE(3), PREFETCH)
 BLOCK(rows5, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4))
+      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4), PREFETCH)
 BLOCK(rows6, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5))
+      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5), PREFETCH)
+BLOCK(far3, DECL(0) DECL(1) DECL(2), FMA(0) FMA(1) FMA(2), STORE(0) STORE(1) STORE(2), PREFETCH_FAR)
+BLOCK(far4, DECL(0) DECL(1) DECL(2) DECL(3), FMA(0) FMA(1) FMA(2) FMA(3),
+      STORE(0) STORE(1) STORE(2) STORE(3), PREFETCH_FAR)
+BLOCK(far5, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4),
+      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4), PREFETCH_FAR)
+BLOCK(far6, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5),
+      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5), PREFETCH_FAR)
 
 typedef void (*block_fn)(const float*, int, int, int, const float*, float*, int, int, const float*, int, const float*,
                          __m256*);
 static const block_fn BLOCKS[7] = {0, rows1, rows2, rows3, rows4, rows5, rows6};
+static const block_fn FAR_BLOCKS[7] = {0, 0, 0, far3, far4, far5, far6};  /* two blocks: 3 to 6 rows each */
 
 /* The weight w (n x k, rows of k), each input i multiplied by columns[i] (unless NULL), as panels
    [ceil(n / 16)][k][16], the last panel's missing columns 0. */
@@ -163,11 +181,12 @@ void accord_gemm(const float* x, int m, int k, const float* packed, int n, const
             __m256 acc[2 * CHUNK];
             for (int j = 0; j < 2 * (last - first); j++) acc[j] = _mm256_setzero_ps();
             int i0 = 0, kc = last - first > 6 && last - first <= 24 ? KC : k;
+            const block_fn* kernels = last - first > 6 && last - first <= 12 ? FAR_BLOCKS : BLOCKS;
             do {  /* once at least: no inputs still store the bias */
                 int i1 = k - i0 < kc ? k : i0 + kc;
                 for (int r = first; r < last;) {
                     int left = last - r, blocks = (left + 5) / 6, rows = (left + blocks - 1) / blocks;  /* 7: 4 + 3 */
-                    BLOCKS[rows](x + (long)r * k, k, i0, i1, b, y + (long)r * n, p * NR, n, bias, post,
+                    kernels[rows](x + (long)r * k, k, i0, i1, b, y + (long)r * n, p * NR, n, bias, post,
                                  other ? other + (long)r * n : 0, acc + 2 * (r - first));
                     r += rows;
                 }
@@ -204,6 +223,92 @@ static inline float dot(const float* a, const float* b, int d) {
     }
     for (; i < d; i++) s += a[i] * b[i];
     return s;
+}
+
+/* dot()'s vector part (its first d / 8 * 8 floats, d >= 8) before the horizontal sum, for the four keys
+   k, k + d, k + 2 d, k + 3 d at once (v[0..3]) */
+static inline __attribute__((always_inline)) void dot_vectors4(const float* q, const float* k, int d, __m256* v) {
+    const float *k1 = k + d, *k2 = k + 2 * d, *k3 = k + 3 * d;
+    __m256 qa = _mm256_loadu_ps(q);
+    if (d < 16) {
+        v[0] = _mm256_mul_ps(qa, _mm256_loadu_ps(k));
+        v[1] = _mm256_mul_ps(qa, _mm256_loadu_ps(k1));
+        v[2] = _mm256_mul_ps(qa, _mm256_loadu_ps(k2));
+        v[3] = _mm256_mul_ps(qa, _mm256_loadu_ps(k3));
+        return;
+    }
+    __m256 qb = _mm256_loadu_ps(q + 8);
+    __m256 a0 = _mm256_mul_ps(qa, _mm256_loadu_ps(k)), b0 = _mm256_mul_ps(qb, _mm256_loadu_ps(k + 8));
+    __m256 a1 = _mm256_mul_ps(qa, _mm256_loadu_ps(k1)), b1 = _mm256_mul_ps(qb, _mm256_loadu_ps(k1 + 8));
+    __m256 a2 = _mm256_mul_ps(qa, _mm256_loadu_ps(k2)), b2 = _mm256_mul_ps(qb, _mm256_loadu_ps(k2 + 8));
+    __m256 a3 = _mm256_mul_ps(qa, _mm256_loadu_ps(k3)), b3 = _mm256_mul_ps(qb, _mm256_loadu_ps(k3 + 8));
+    int i = 16;
+    #pragma GCC unroll 8
+    for (; i + 16 <= d; i += 16) {
+        qa = _mm256_loadu_ps(q + i);
+        qb = _mm256_loadu_ps(q + i + 8);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k + i), a0);
+        b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k + i + 8), b0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + i), a1);
+        b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + i + 8), b1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + i), a2);
+        b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + i + 8), b2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + i), a3);
+        b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + i + 8), b3);
+    }
+    if (i + 8 <= d) {
+        qa = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k + i), a0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + i), a1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + i), a2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + i), a3);
+    }
+    v[0] = _mm256_add_ps(a0, b0);
+    v[1] = _mm256_add_ps(a1, b1);
+    v[2] = _mm256_add_ps(a2, b2);
+    v[3] = _mm256_add_ps(a3, b3);
+}
+
+/* The horizontal sums of v[0..7], each added in hsum()'s order (the halves, then lanes two apart, then the two
+   left), as the eight lanes of one vector */
+static inline __m256 hsum8(const __m256* v) {
+    __m256 s[4], t[2];
+    for (int u = 0; u < 4; u++)  /* [v[u]'s halves summed | v[u + 4]'s] */
+        s[u] = _mm256_add_ps(_mm256_permute2f128_ps(v[u], v[u + 4], 0x20),
+                             _mm256_permute2f128_ps(v[u], v[u + 4], 0x31));
+    for (int u = 0; u < 2; u++)  /* per half: lanes 0 + 2 and 1 + 3 of s[u] and s[u + 2], interleaved */
+        t[u] = _mm256_add_ps(_mm256_unpacklo_ps(s[u], s[u + 2]), _mm256_unpackhi_ps(s[u], s[u + 2]));
+    __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* r holds v[0], v[2], v[1], v[3] | v[4], v[6], v[5], v[7] */
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7));
+}
+
+/* s[j] = dot(query, keys + j * d, d) for j < n, the same bits: eight keys at a time, their sums reduced together */
+static inline __attribute__((always_inline)) void scores_of(const float* query, const float* keys, long n, int d,
+                                                            float* s) {
+    long j = 0;
+    if (d >= 8) {
+        int tail = d / 8 * 8;
+        for (; j + 8 <= n; j += 8) {
+            __m256 v[8];
+            dot_vectors4(query, keys + j * d, d, v);
+            dot_vectors4(query, keys + (j + 4) * d, d, v + 4);
+            _mm256_storeu_ps(s + j, hsum8(v));
+            for (int u = 0; u < 8 && tail < d; u++) {
+                float x = s[j + u];
+                for (int i = tail; i < d; i++) x += query[i] * keys[(j + u) * d + i];
+                s[j + u] = x;
+            }
+        }
+    }
+    for (; j < n; j++) s[j] = dot(query, keys + j * d, d);
+}
+
+static void scores(const float* query, const float* keys, long n, int d, float* s) {
+    if (d == 64) scores_of(query, keys, n, 64, s);  /* the common widths with their loops unrolled */
+    else if (d == 128) scores_of(query, keys, n, 128, s);
+    else scores_of(query, keys, n, d, s);
 }
 
 /* o (d floats) += the sum over j < n of p[j] * x_j, x_j = x + j * d: 64 floats at a time in eight registers, the
@@ -260,56 +365,93 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+/* The softmax of scores s[0, n) in place (their exponentials, each less the largest, padded with zeros to a multiple
+   of 8 past n; s has room for that) and the inverse of their sum */
+static float softmax_in_place(float* s, long n) {
+    long padded = (n + 7) / 8 * 8;
+    for (long j = n; j < padded; j++) s[j] = -INFINITY;
+    __m256 top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
+    for (long j = 0; j < padded; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j));
+    __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    __m256 shift = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half))));
+    for (long j = 0; j < padded; j += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+        if (j + 8 > n)  /* the padding's lanes count nothing */
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(s + j, e);
+        total = _mm256_add_ps(total, e);
+    }
+    return 1.0f / hsum(total);
+}
+
+/* keys (or values) read KEYS at a time by every query of a group, so that they come from the first level of cache
+   for all but the first (8 KB of 64-float heads) */
+#define KEYS 32
+
 /* One decoding position's attention for `rows` rows, each over its prompt's keys and values and its own generated
    ones (SharedPrefixCache's layout). Row r's new key and value (k and v, kv heads of d floats at a row stride) are
    first written at position t of its generated keys and values gk, gv (rows x kv x steps x d). Its query heads
    (q: kv x group heads of d floats at a row stride, already scaled) attend to positions [0, prompt_len[p]) of its
    prompt p = row_prompt[r] (pk, pv: prompts x kv x width x d) and [0, t] of its own, one softmax over both;
-   out (rows x kv x group x d); scratch: room for `room` scores per thread. Each (row, key head) is computed alone,
-   in one order: a row's result depends neither on the rows beside it nor on the thread count. */
+   out (rows x kv x group x d); scratch: room for `room` scores per query of a group, per thread. Each (row, key
+   head) is computed alone, its group's queries side by side over each stretch of keys and values, each score and
+   each output float in one order: a row's result depends neither on the rows beside it nor on the thread count. */
 void accord_attend(const float* q, long q_stride, const float* k, long k_stride, const float* v, long v_stride,
                    int rows, int kv, int group, int d, const float* pk, const float* pv, int width,
                    const long* row_prompt, const long* prompt_len, float* gk, float* gv, int steps, int t,
                    float* out, float* scratch, long room, int threads) {
     #pragma omp parallel num_threads(threads)
     {
-        float* s = scratch + omp_get_thread_num() * room;
+        float* s = scratch + (long)omp_get_thread_num() * room * group;
         #pragma omp for schedule(static)
         for (int task = 0; task < rows * kv; task++) {
             int r = task / kv, h = task % kv;
-            long p = row_prompt[r], len = prompt_len[p], n = len + t + 1, padded = (n + 7) / 8 * 8;
+            long p = row_prompt[r], len = prompt_len[p], n = len + t + 1;
             float* own_k = gk + ((long)r * kv + h) * steps * d;
             float* own_v = gv + ((long)r * kv + h) * steps * d;
             memcpy(own_k + (long)t * d, k + r * k_stride + (long)h * d, d * sizeof(float));
             memcpy(own_v + (long)t * d, v + r * v_stride + (long)h * d, d * sizeof(float));
             const float* keys = pk + (p * kv + h) * width * d;
             const float* values = pv + (p * kv + h) * width * d;
-            for (int g = 0; g < group; g++) {
-                const float* query = q + r * q_stride + ((long)h * group + g) * d;
-                float* o = out + (((long)r * kv + h) * group + g) * d;
-                for (long j = 0; j < len; j++) s[j] = dot(query, keys + j * d, d);
-                for (long j = 0; j <= t; j++) s[len + j] = dot(query, own_k + j * d, d);
-                for (long j = n; j < padded; j++) s[j] = -INFINITY;
-                __m256 top = _mm256_set1_ps(-INFINITY), total = _mm256_setzero_ps();
-                for (long j = 0; j < padded; j += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(s + j));
-                __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-                half = _mm_max_ps(half, _mm_movehl_ps(half, half));
-                __m256 shift = _mm256_set1_ps(_mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half))));
-                for (long j = 0; j < padded; j += 8) {
-                    __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
-                    if (j + 8 > n)  /* the padding's lanes count nothing */
-                        e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                            _mm256_set1_epi32((int)(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-                    _mm256_storeu_ps(s + j, e);
-                    total = _mm256_add_ps(total, e);
+            const float* query = q + r * q_stride + (long)h * group * d;  /* the group's queries, d floats apart */
+            float* o = out + ((long)r * kv + h) * group * d;
+            for (long j = 0; j < n; j += KEYS) {  /* positions [j, j + KEYS): the prompt's, then the row's own */
+                long m = (n - j < KEYS ? n - j : KEYS);
+                for (int g = 0; g < group; g++) {
+                    const float* qg = query + (long)g * d;
+                    float* sg = s + g * room;
+                    if (j + m <= len) scores(qg, keys + j * d, m, d, sg + j);
+                    else if (j >= len) scores(qg, own_k + (j - len) * d, m, d, sg + j);
+                    else {
+                        scores(qg, keys + j * d, len - j, d, sg + j);
+                        scores(qg, own_k, j + m - len, d, sg + len);
+                    }
                 }
-                memset(o, 0, d * sizeof(float));
-                weighted_sum(s, values, len, d, o);
-                weighted_sum(s + len, own_v, t + 1, d, o);
-                __m256 scale = _mm256_set1_ps(1.0f / hsum(total));
+            }
+            float inverse[group];
+            for (int g = 0; g < group; g++) inverse[g] = softmax_in_place(s + g * room, n);
+            memset(o, 0, (long)group * d * sizeof(float));
+            for (long j = 0; j < n; j += KEYS) {
+                long m = (n - j < KEYS ? n - j : KEYS);
+                for (int g = 0; g < group; g++) {
+                    const float* sg = s + g * room;
+                    float* og = o + (long)g * d;
+                    if (j + m <= len) weighted_sum(sg + j, values + j * d, m, d, og);
+                    else if (j >= len) weighted_sum(sg + j, own_v + (j - len) * d, m, d, og);
+                    else {
+                        weighted_sum(sg + j, values + j * d, len - j, d, og);
+                        weighted_sum(sg + len, own_v, j + m - len, d, og);
+                    }
+                }
+            }
+            for (int g = 0; g < group; g++) {
+                float* og = o + (long)g * d;
+                __m256 scale = _mm256_set1_ps(inverse[g]);
                 int i = 0;
-                for (; i + 8 <= d; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), scale));
-                for (; i < d; i++) o[i] *= _mm256_cvtss_f32(scale);
+                for (; i + 8 <= d; i += 8) _mm256_storeu_ps(og + i, _mm256_mul_ps(_mm256_loadu_ps(og + i), scale));
+                for (; i < d; i++) og[i] *= inverse[g];
             }
         }
     }
@@ -341,16 +483,24 @@ void accord_rms_norm(const float* x, int m, int k, float eps, float* y) {
 void accord_rotate(float* x, long stride, int rows, int heads, int d, const float* cos, const float* sin,
                    const long* positions) {
     int half = d / 2;
-    float copy[d];
     for (int r = 0; r < rows; r++) {
         const float* c = cos + positions[r] * d;
         const float* s = sin + positions[r] * d;
         for (int h = 0; h < heads; h++) {
-            float* head = x + r * stride + (long)h * d;
-            memcpy(copy, head, d * sizeof(float));
-            for (int i = 0; i < d; i++) {
-                float a = copy[i] * c[i], b = copy[i < half ? i + half : i - half] * s[i];
-                head[i] = a + b;
+            float* lo = x + r * stride + (long)h * d;  /* x[i] and its partner x[i + half], both halves at once */
+            float* hi = lo + half;
+            int i = 0;
+            for (; i + 8 <= half; i += 8) {
+                __m256 a = _mm256_loadu_ps(lo + i), b = _mm256_loadu_ps(hi + i);
+                _mm256_storeu_ps(lo + i, _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(c + i)),
+                                                       _mm256_mul_ps(b, _mm256_loadu_ps(s + i))));
+                _mm256_storeu_ps(hi + i, _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(c + half + i)),
+                                                       _mm256_mul_ps(a, _mm256_loadu_ps(s + half + i))));
+            }
+            for (; i < half; i++) {
+                float a = lo[i], b = hi[i];
+                lo[i] = a * c[i] + b * s[i];
+                hi[i] = b * c[half + i] + a * s[half + i];
             }
         }
     }
@@ -563,7 +713,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_keys: torch
         return out
     threads = torch.get_num_threads()
     room = -(-(width + t + 1) // 8) * 8
-    scratch = q.new_empty(threads, room)
+    scratch = q.new_empty(threads, group, room)
     args = (q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), rows, kv_heads, group,
             head_dim, prefix_keys.data_ptr(), prefix_values.data_ptr(), width, row_prompt.data_ptr(),
             prompt_lengths.data_ptr(), keys.data_ptr(), values.data_ptr(), keys.size(2), t, out.data_ptr(),
@@ -593,6 +743,8 @@ def rotate(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: t
     rows (``cos``, ``sin``: positions x head_dim, contiguous, sin's first half negated) at ``positions`` (int64),
     the same bits as those three tensor operations."""
     functions = functions or kernel()
+    if head_dim % 2:
+        raise ValueError(f"accord's CPU rotary embedding rotates heads of an even width, not {head_dim}")
     if x.stride(1) != 1 or positions.dtype != torch.long or not (cos.is_contiguous() and sin.is_contiguous()):
         raise ValueError("accord's CPU rotary embedding takes rows of contiguous floats, contiguous tables and int64 "
                          "positions")

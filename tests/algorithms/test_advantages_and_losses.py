@@ -174,6 +174,35 @@ def test_top_p_keeps_every_token_tied_with_its_boundary_whatever_the_rows_beside
         assert not bool(alone[:40].any())
 
 
+def test_top_p_search_ranks_flat_rows_whole_in_two_rounds_and_peaked_rows_in_one(monkeypatch):
+    """The widening search skips the rounds that a row's mass shows to be too few (an untrained model's flat rows
+    ranked 64, 512, then every token: three ``topk`` calls each step, slower than one sort of the vocabulary); a
+    row decided among the first 64 still takes one round, and the kept tokens are those of a full sort."""
+    from accord.algorithms import losses
+
+    calls = []
+    topk = torch.topk
+    monkeypatch.setattr(torch, "topk", lambda x, k, **kw: calls.append(k) or topk(x, k, **kw))
+    g = torch.Generator().manual_seed(5)
+    vocab = 3000
+    flat, peaked = torch.randn(4, vocab, generator=g) * 0.1, torch.randn(4, vocab, generator=g) * 8.0
+    for logits, rounds in ((flat, [64, vocab]), (peaked, [64]), (torch.cat([peaked, flat]), [64, vocab])):
+        calls.clear()
+        got = losses._top_p_drop(logits, 0.9)
+        assert calls == rounds
+        monkeypatch.setattr(torch, "topk", topk)
+        assert torch.equal(got, sorted_top_p_drop(logits, torch.tensor(0.9)))
+        monkeypatch.setattr(torch, "topk", lambda x, k, **kw: calls.append(k) or topk(x, k, **kw))
+    # a row whose nucleus holds about 640 tokens, more than the second round's 512: two rounds, the second
+    # ranking 64 + twice the 576 or so that the first round's mass shows it lacks
+    middle = torch.cat([2.0 + torch.rand(1, 700, generator=g) * 0.01, torch.randn(1, 20000, generator=g) - 6.0], 1)
+    calls.clear()
+    got = losses._top_p_drop(middle, 0.9)
+    assert len(calls) == 2 and calls[0] == 64 and 1100 < calls[1] < 1300, calls
+    monkeypatch.setattr(torch, "topk", topk)
+    assert torch.equal(got, sorted_top_p_drop(middle, torch.tensor(0.9)))
+
+
 def test_sampling_logits_are_process_logits_and_their_support_draws_the_same_tokens():
     """The sampler's truncation: the same logits as process_logits bit for bit (temperature, per-row top-k, EOS
     blocked, per-row and single top-p), the support its kept tokens in ascending order, and the sampler's draw

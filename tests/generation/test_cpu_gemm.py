@@ -150,12 +150,15 @@ def _threads(n: int, fn):
 def test_decoding_attention_is_a_softmax_over_each_rows_prompt_and_own_tokens(head_dim):
     """Each row's queries attend to its prompt's first positions (past them poisoned: they must not count) and its own
     generated ones, the new key and value written first; head widths under one vector, with tails, of the kernel's
-    64-float blocks and past them; a row's result is the same bits alone, in any batch and on one thread or two."""
+    64-float blocks and past them; sequences shorter and longer than a stretch of keys; a row's result is the same
+    bits alone, in any batch and on one thread or two."""
     generator = torch.Generator().manual_seed(4)
     kv_heads, group, steps = 2, 3, 6
-    lengths = [7, 3, 12]
+    # (prompts of 30 and 45 positions: the kernel's stretches of 32 keys end inside a row's own keys or straddle
+    # the prompt's end)
+    lengths = [7, 3, 12, 45, 30]
     prefix_keys, prefix_values, row_prompt, keys, values = _attention_case(
-        generator, [2, 0, 3], lengths, kv_heads, group, head_dim, steps)
+        generator, [2, 0, 3, 1, 1], lengths, kv_heads, group, head_dim, steps)
     lengths_t = torch.tensor(lengths)
     rows = row_prompt.numel()
     for t in range(steps):
@@ -209,7 +212,7 @@ def test_the_rotary_embedding_in_place_is_torchs_three_operations_bit_for_bit():
     """x * cos + roll(x, half) * sin of the first heads of each row, in place in a wider row (the values and
     whatever follows untouched), at each row's own position of the tables."""
     generator = torch.Generator().manual_seed(7)
-    for head_dim in (4, 12, 64):
+    for head_dim in (4, 12, 20, 64):   # halves of 2, 6, 8 + 2 and 32 floats
         heads, rows = 5, 6
         cos, sin = torch.randn(2, 40, head_dim, generator=generator)
         positions = torch.tensor([0, 39, 3, 3, 17, 8])
@@ -220,3 +223,10 @@ def test_the_rotary_embedding_in_place_is_torchs_three_operations_bit_for_bit():
         cpu_gemm.rotate(x, heads - 1, head_dim, cos, sin, positions)
         assert torch.equal(x[:, :(heads - 1) * head_dim].view(rows, heads - 1, head_dim), want), head_dim
         assert torch.equal(x[:, (heads - 1) * head_dim:], rest), head_dim
+
+
+def test_a_rotary_embedding_of_an_odd_head_width_is_refused_in_one_line():
+    x, table = torch.zeros(1, 6), torch.zeros(4, 3)
+    with pytest.raises(ValueError, match=r"^accord's CPU rotary embedding rotates heads of an even width, not 3$"):
+        cpu_gemm.rotate(x, 2, 3, table, table, torch.tensor([1]))
+    assert torch.equal(x, torch.zeros(1, 6))
