@@ -120,22 +120,33 @@ static void name(const float* x, int k, int i0, int i1, const float* b, float* y
     } \
     S \
 }
-BLOCK(rows1, DECL(0), FMA(0), STORE(0), PREFETCH)
-BLOCK(rows2, DECL(0) DECL(1), FMA(0) FMA(1), STORE(0) STORE(1), PREFETCH)
-BLOCK(rows3, DECL(0) DECL(1) DECL(2), FMA(0) FMA(1) FMA(2), STORE(0) STORE(1) STORE(2), PREFETCH)
-BLOCK(rows4, DECL(0) DECL(1) DECL(2) DECL(3), FMA(0) FMA(1) FMA(2) FMA(3),
-      STORE(0) STORE(1) STORE(2) STORE(3), PREFETCH)
-BLOCK(rows5, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4), PREFETCH)
-BLOCK(rows6, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5), PREFETCH)
-BLOCK(far3, DECL(0) DECL(1) DECL(2), FMA(0) FMA(1) FMA(2), STORE(0) STORE(1) STORE(2), PREFETCH_FAR)
-BLOCK(far4, DECL(0) DECL(1) DECL(2) DECL(3), FMA(0) FMA(1) FMA(2) FMA(3),
-      STORE(0) STORE(1) STORE(2) STORE(3), PREFETCH_FAR)
-BLOCK(far5, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4), PREFETCH_FAR)
-BLOCK(far6, DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5), FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5),
-      STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5), PREFETCH_FAR)
+/* blocks of 1 to 6 rows (D, F, S of rows 0 to r - 1), rows3 to rows6 also as far3 to far6 (the far prefetch) */
+#define D1 DECL(0)
+#define F1 FMA(0)
+#define S1 STORE(0)
+#define D2 D1 DECL(1)
+#define F2 F1 FMA(1)
+#define S2 S1 STORE(1)
+#define D3 D2 DECL(2)
+#define F3 F2 FMA(2)
+#define S3 S2 STORE(2)
+#define D4 D3 DECL(3)
+#define F4 F3 FMA(3)
+#define S4 S3 STORE(3)
+#define D5 D4 DECL(4)
+#define F5 F4 FMA(4)
+#define S5 S4 STORE(4)
+#define D6 D5 DECL(5)
+#define F6 F5 FMA(5)
+#define S6 S5 STORE(5)
+#define NEAR_BLOCK(r) BLOCK(rows##r, D##r, F##r, S##r, PREFETCH)
+#define BOTH_BLOCKS(r) NEAR_BLOCK(r) BLOCK(far##r, D##r, F##r, S##r, PREFETCH_FAR)
+NEAR_BLOCK(1)
+NEAR_BLOCK(2)
+BOTH_BLOCKS(3)
+BOTH_BLOCKS(4)
+BOTH_BLOCKS(5)
+BOTH_BLOCKS(6)
 
 typedef void (*block_fn)(const float*, int, int, int, const float*, float*, int, int, const float*, int, const float*,
                          __m256*);
