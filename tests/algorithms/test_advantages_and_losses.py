@@ -175,9 +175,9 @@ def test_top_p_keeps_every_token_tied_with_its_boundary_whatever_the_rows_beside
 
 
 def test_top_p_search_ranks_flat_rows_whole_in_two_rounds_and_peaked_rows_in_one(monkeypatch):
-    """The widening search skips the rounds that a row's mass shows to be too few (an untrained model's flat rows
-    ranked 64, 512, then every token: three ``topk`` calls each step, slower than one sort of the vocabulary); a
-    row decided among the first 64 still takes one round, and the kept tokens are those of a full sort."""
+    """The widening search skips the rounds that a row's ranked mass shows to be too few: an untrained model's flat
+    rows take two ``topk`` calls (64, then every token), not three (64, 512, every token); a row decided among the
+    first 64 takes one, and the kept tokens are those of a full sort."""
     from accord.algorithms import losses
 
     calls = []
