@@ -62,7 +62,7 @@ SOURCE = r"""
 #define NR 16
 /* panel floats fetched ahead of the one being read: 16 KB into the first level of cache, so that the next weights
    arrive while these multiply; for two blocks of rows (7-12 rows) 32 KB ahead into the second level and 2 KB ahead
-   from there into the first (1.1-1.17x at 7-8 rows on a Zen 3 EPYC, 4 % slower at up to 6 rows, even at 10-12) */
+   from there into the first (1.1-1.17x at 7-8 rows on a Zen 3 EPYC, 4 % slower at up to 6 rows, about even at 10-12) */
 #define AHEAD (256 * NR)
 #define FAR (512 * NR)
 #define NEAR (32 * NR)
@@ -430,15 +430,12 @@ void accord_attend(const float* q, long q_stride, const float* k, long k_stride,
             float* o = out + ((long)r * kv + h) * group * d;
             for (long j = 0; j < n; j += KEYS) {  /* positions [j, j + KEYS): the prompt's, then the row's own */
                 long m = (n - j < KEYS ? n - j : KEYS);
+                long a = j >= len ? 0 : len - j < m ? len - j : m;  /* of them in the prompt; the rest the row's */
                 for (int g = 0; g < group; g++) {
                     const float* qg = query + (long)g * d;
-                    float* sg = s + g * room;
-                    if (j + m <= len) scores(qg, keys + j * d, m, d, sg + j);
-                    else if (j >= len) scores(qg, own_k + (j - len) * d, m, d, sg + j);
-                    else {
-                        scores(qg, keys + j * d, len - j, d, sg + j);
-                        scores(qg, own_k, j + m - len, d, sg + len);
-                    }
+                    float* sg = s + g * room + j;
+                    if (a) scores(qg, keys + j * d, a, d, sg);
+                    if (a < m) scores(qg, own_k + (j + a - len) * d, m - a, d, sg + a);
                 }
             }
             float inverse[group];
@@ -446,15 +443,12 @@ void accord_attend(const float* q, long q_stride, const float* k, long k_stride,
             memset(o, 0, (long)group * d * sizeof(float));
             for (long j = 0; j < n; j += KEYS) {
                 long m = (n - j < KEYS ? n - j : KEYS);
+                long a = j >= len ? 0 : len - j < m ? len - j : m;
                 for (int g = 0; g < group; g++) {
-                    const float* sg = s + g * room;
+                    const float* sg = s + g * room + j;
                     float* og = o + (long)g * d;
-                    if (j + m <= len) weighted_sum(sg + j, values + j * d, m, d, og);
-                    else if (j >= len) weighted_sum(sg + j, own_v + (j - len) * d, m, d, og);
-                    else {
-                        weighted_sum(sg + j, values + j * d, len - j, d, og);
-                        weighted_sum(sg + len, own_v, j + m - len, d, og);
-                    }
+                    if (a) weighted_sum(sg, values + j * d, a, d, og);
+                    if (a < m) weighted_sum(sg + a, own_v + (j + a - len) * d, m - a, d, og);
                 }
             }
             for (int g = 0; g < group; g++) {
